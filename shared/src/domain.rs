@@ -1,0 +1,339 @@
+//! Domain types both services speak: the vocabulary enums, approval requests and the event log
+//! entry. Handlers convert to and from the generated proto types at the edge (`convert`), so
+//! nothing past a handler sees prost types.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value as Json};
+
+/// Lifecycle of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RunStatus {
+    Queued,
+    Running,
+    Suspended,
+    Succeeded,
+    Failed,
+    Cancelled,
+    Superseded,
+}
+
+impl RunStatus {
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Succeeded | Self::Failed | Self::Cancelled | Self::Superseded
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "QUEUED",
+            Self::Running => "RUNNING",
+            Self::Suspended => "SUSPENDED",
+            Self::Succeeded => "SUCCEEDED",
+            Self::Failed => "FAILED",
+            Self::Cancelled => "CANCELLED",
+            Self::Superseded => "SUPERSEDED",
+        }
+    }
+}
+
+/// What a suspension waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SuspensionCategory {
+    RequireApproval,
+    RequireUserInput,
+    RequireExternalExecution,
+}
+
+impl SuspensionCategory {
+    pub fn reason(self) -> SuspensionReason {
+        match self {
+            Self::RequireApproval => SuspensionReason::ApprovalPending,
+            Self::RequireUserInput => SuspensionReason::AwaitingUserInput,
+            Self::RequireExternalExecution => SuspensionReason::ExternalResultPending,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SuspensionReason {
+    ApprovalPending,
+    AwaitingUserInput,
+    ExternalResultPending,
+}
+
+/// Active → Inactive (withdrawn) or Cleared (decision consumed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SuspensionState {
+    Active,
+    Inactive,
+    Cleared,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ApprovalKind {
+    /// An `approval` gate around a subtree.
+    Node,
+    /// A guarded tool call whose policy said `ask`.
+    Tool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ApprovalPhase {
+    Before,
+    After,
+}
+
+/// What a pending approval becomes when its deadline passes. Fail-closed default: reject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum TimeoutAction {
+    #[default]
+    Reject,
+    Approve,
+}
+
+/// A decision on an approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DecisionKind {
+    Approve,
+    Reject,
+    /// Approve with new tool arguments.
+    Edit,
+    /// A result that stands in for the tool's own.
+    Respond,
+}
+
+impl DecisionKind {
+    /// How the runner acts on this decision.
+    pub fn action(self) -> ResolveAction {
+        match self {
+            Self::Reject => ResolveAction::Cancel,
+            Self::Approve | Self::Edit | Self::Respond => ResolveAction::Resume,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Approve => "approve",
+            Self::Reject => "reject",
+            Self::Edit => "edit",
+            Self::Respond => "respond",
+        }
+    }
+}
+
+/// How a delivered decision acts on the suspended node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ResolveAction {
+    Resume,
+    Cancel,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum DecisionSource {
+    #[default]
+    Person,
+    Policy,
+    Timeout,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum JobStatus {
+    Queued,
+    Claimed,
+    Accepted,
+    DeadLetter,
+    Cancelled,
+    Superseded,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum JobOrigin {
+    #[default]
+    User,
+    A2a,
+    Internal,
+}
+
+/// Why a job wakes its run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum JobKind {
+    Start,
+    Resume,
+    Timer,
+    Cancel,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum RunMode {
+    /// Persist and park at the first suspension.
+    #[default]
+    Yield,
+    /// Keep ticking other branches while a suspension is pending.
+    Wait,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum RestorePolicy {
+    Never,
+    #[default]
+    IfExists,
+    Required,
+}
+
+/// Everything a person needs to decide an approval without another call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRequest {
+    pub request_id: String,
+    pub run_id: String,
+    pub thread_id: String,
+    pub tree_id: String,
+    pub tree_version: u32,
+    pub node_locator: String,
+    pub node_name: String,
+    pub kind: ApprovalKind,
+    /// Tool approvals: the tool, its resolved args and the call id; empty for gates.
+    pub tool_name: String,
+    #[serde(with = "crate::json::as_text")]
+    pub tool_args: Json,
+    pub tool_call_id: String,
+    pub title: String,
+    #[serde(with = "crate::json::as_text")]
+    pub context: Map<String, Json>,
+    pub phase: ApprovalPhase,
+    /// Absolute deadline (epoch ms); 0 when the gate has none.
+    pub deadline_ms: u64,
+    pub on_timeout: TimeoutAction,
+    pub allowed_decisions: Vec<DecisionKind>,
+    pub submitted_by: String,
+    pub requested_at_ms: u64,
+}
+
+/// The event kinds of DESIGN §6, plus `SuspensionWithdrawn`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EventKind {
+    RunQueued,
+    RunStarted,
+    ApprovalRequested,
+    ExecutionSuspended,
+    ApprovalResolved,
+    ExecutionResumed,
+    ApprovalConsumed,
+    CheckpointSaved,
+    CheckpointRestored,
+    RunSucceeded,
+    RunFailed,
+    RunCancelled,
+    RunSuperseded,
+    JobDeadLettered,
+    SuspensionWithdrawn,
+}
+
+/// One durable event-log entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub seq: u64,
+    pub run_id: String,
+    pub thread_id: String,
+    pub time_ms: u64,
+    pub detail: EventDetail,
+    /// W3C trace context of the operation that produced the event ("" when none).
+    pub traceparent: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum EventDetail {
+    RunQueued {
+        job_id: String,
+        tree_id: String,
+        tree_version: u32,
+        priority: i32,
+        job_kind: JobKind,
+    },
+    RunStarted {
+        tree_id: String,
+        tree_version: u32,
+        attempt: u32,
+    },
+    ApprovalRequested(Box<ApprovalRequest>),
+    ExecutionSuspended {
+        request_id: String,
+        category: SuspensionCategory,
+        message: String,
+        #[serde(with = "crate::json::as_text")]
+        payload: Json,
+        node_locator: String,
+    },
+    ApprovalResolved {
+        request_id: String,
+        decision_id: String,
+        action: ResolveAction,
+        reason: String,
+        decided_by: String,
+        category: SuspensionCategory,
+        source: DecisionSource,
+    },
+    ExecutionResumed {
+        request_ids: Vec<String>,
+        job_kind: JobKind,
+    },
+    ApprovalConsumed {
+        request_id: String,
+        decision_id: String,
+    },
+    CheckpointSaved {
+        step: u64,
+        size_bytes: u64,
+    },
+    CheckpointRestored {
+        step: u64,
+        cause: String,
+    },
+    /// Terminal: the kind follows the status.
+    RunFinished {
+        status: RunStatus,
+        error: String,
+        #[serde(with = "crate::json::as_text")]
+        blackboard: Map<String, Json>,
+    },
+    JobDeadLettered {
+        job_id: String,
+        attempt_count: u32,
+        last_error: String,
+    },
+    SuspensionWithdrawn {
+        request_id: String,
+        reason: String,
+    },
+}
+
+impl EventDetail {
+    pub fn kind(&self) -> EventKind {
+        match self {
+            Self::RunQueued { .. } => EventKind::RunQueued,
+            Self::RunStarted { .. } => EventKind::RunStarted,
+            Self::ApprovalRequested(_) => EventKind::ApprovalRequested,
+            Self::ExecutionSuspended { .. } => EventKind::ExecutionSuspended,
+            Self::ApprovalResolved { .. } => EventKind::ApprovalResolved,
+            Self::ExecutionResumed { .. } => EventKind::ExecutionResumed,
+            Self::ApprovalConsumed { .. } => EventKind::ApprovalConsumed,
+            Self::CheckpointSaved { .. } => EventKind::CheckpointSaved,
+            Self::CheckpointRestored { .. } => EventKind::CheckpointRestored,
+            Self::RunFinished { status, .. } => match status {
+                RunStatus::Failed => EventKind::RunFailed,
+                RunStatus::Cancelled => EventKind::RunCancelled,
+                RunStatus::Superseded => EventKind::RunSuperseded,
+                _ => EventKind::RunSucceeded,
+            },
+            Self::JobDeadLettered { .. } => EventKind::JobDeadLettered,
+            Self::SuspensionWithdrawn { .. } => EventKind::SuspensionWithdrawn,
+        }
+    }
+}
+
+impl Event {
+    pub fn kind(&self) -> EventKind {
+        self.detail.kind()
+    }
+}
