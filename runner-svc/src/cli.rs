@@ -16,7 +16,11 @@ use tonic::{service::interceptor::InterceptedService, transport::Channel};
 use crate::{ServeConfig, engine::GuardConfig};
 
 #[derive(Debug, Parser)]
-#[command(name = "runner-svc", version, about = "Arbor runner: durable behaviour-tree runs with human-in-the-loop suspensions")]
+#[command(
+    name = "runner-svc",
+    version,
+    about = "Arbor runner: durable behaviour-tree runs with human-in-the-loop suspensions"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -157,7 +161,11 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct ClientArgs {
-    #[arg(long, env = "ARBOR_RUNNER_ADDR", default_value = "http://127.0.0.1:50051")]
+    #[arg(
+        long,
+        env = "ARBOR_RUNNER_ADDR",
+        default_value = "http://127.0.0.1:50051"
+    )]
     pub addr: String,
     #[arg(long, env = "ARBOR_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -248,17 +256,25 @@ async fn client(command: Command) -> Result<(), String> {
             println!("{}", arbor_shared::auth::hash_token(&token));
             Ok(())
         }
-        Command::Submit { file, input, thread, priority, client } => {
+        Command::Submit {
+            file,
+            input,
+            thread,
+            priority,
+            client,
+        } => {
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-            let yaml = file
-                .extension()
-                .is_some_and(|e| e == "yaml" || e == "yml");
+            let yaml = file.extension().is_some_and(|e| e == "yaml" || e == "yml");
             let mut c = connect(&client).await?;
             let tree = c
                 .register_tree(pb::RegisterTreeRequest {
                     document: text,
-                    format: if yaml { pb::TreeFormat::Yaml } else { pb::TreeFormat::Json } as i32,
+                    format: if yaml {
+                        pb::TreeFormat::Yaml
+                    } else {
+                        pb::TreeFormat::Json
+                    } as i32,
                 })
                 .await
                 .map_err(status_err)?
@@ -289,14 +305,21 @@ async fn client(command: Command) -> Result<(), String> {
             println!("run {} submitted (thread {})", run.run_id, run.thread_id);
             Ok(())
         }
-        Command::Runs { status, thread, client } => {
+        Command::Runs {
+            status,
+            thread,
+            client,
+        } => {
             let statuses = match status {
                 Some(s) => vec![parse_run_status(&s)? as i32],
                 None => Vec::new(),
             };
             let mut c = connect(&client).await?;
             let mut token = String::new();
-            println!("{:<38} {:<11} {:<24} {:>5}  {}", "RUN", "STATUS", "TREE", "STEP", "WAITING ON");
+            println!(
+                "{:<38} {:<11} {:<24} {:>5}  WAITING ON",
+                "RUN", "STATUS", "TREE", "STEP"
+            );
             loop {
                 let page = c
                     .list_runs(pb::ListRunsRequest {
@@ -311,7 +334,11 @@ async fn client(command: Command) -> Result<(), String> {
                     .into_inner();
                 for r in &page.runs {
                     let status = pb::RunStatus::try_from(r.status)
-                        .map(|s| s.as_str_name().trim_start_matches("RUN_STATUS_").to_string())
+                        .map(|s| {
+                            s.as_str_name()
+                                .trim_start_matches("RUN_STATUS_")
+                                .to_string()
+                        })
                         .unwrap_or_default();
                     let waiting: Vec<String> = r
                         .suspensions
@@ -342,10 +369,19 @@ async fn client(command: Command) -> Result<(), String> {
                 .into_inner()
                 .run
                 .unwrap_or_default();
-            println!("{}", serde_json::to_string_pretty(&run_json(&run)).unwrap_or_default());
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&run_json(&run)).unwrap_or_default()
+            );
             Ok(())
         }
-        Command::Events { follow, after, run, subscriber, client } => {
+        Command::Events {
+            follow,
+            after,
+            run,
+            subscriber,
+            client,
+        } => {
             let mut c = connect(&client).await?;
             let mut stream = c
                 .stream_events(pb::StreamEventsRequest {
@@ -364,14 +400,26 @@ async fn client(command: Command) -> Result<(), String> {
                 let Some(event) = item.event else { continue };
                 println!("{}", event_line(&event));
                 if let Some(sub) = &subscriber {
-                    c.ack(pb::AckRequest { subscriber_id: sub.clone(), seq: event.seq })
-                        .await
-                        .map_err(status_err)?;
+                    c.ack(pb::AckRequest {
+                        subscriber_id: sub.clone(),
+                        seq: event.seq,
+                    })
+                    .await
+                    .map_err(status_err)?;
                 }
             }
             Ok(())
         }
-        Command::Resolve { run_id, request_id, text, value, result, cancel, reason, client } => {
+        Command::Resolve {
+            run_id,
+            request_id,
+            text,
+            value,
+            result,
+            cancel,
+            reason,
+            client,
+        } => {
             let result = if let Some(t) = text {
                 serde_json::json!({"text": t})
             } else if let Some(v) = value {
@@ -387,7 +435,11 @@ async fn client(command: Command) -> Result<(), String> {
                     run_id,
                     request_id,
                     decision_id: uuid::Uuid::now_v7().to_string(),
-                    action: if cancel { pb::ResolveAction::Cancel } else { pb::ResolveAction::Resume } as i32,
+                    action: if cancel {
+                        pb::ResolveAction::Cancel
+                    } else {
+                        pb::ResolveAction::Resume
+                    } as i32,
                     result: Some(to_proto_value(&result)),
                     reason,
                     ..Default::default()
@@ -395,10 +447,17 @@ async fn client(command: Command) -> Result<(), String> {
                 .await
                 .map_err(status_err)?
                 .into_inner();
-            println!("decision accepted{}", if resp.duplicate { " (duplicate)" } else { "" });
+            println!(
+                "decision accepted{}",
+                if resp.duplicate { " (duplicate)" } else { "" }
+            );
             Ok(())
         }
-        Command::Cancel { run_id, reason, client } => {
+        Command::Cancel {
+            run_id,
+            reason,
+            client,
+        } => {
             let run = connect(&client)
                 .await?
                 .cancel_run(pb::CancelRunRequest { run_id, reason })
@@ -410,10 +469,18 @@ async fn client(command: Command) -> Result<(), String> {
             println!("run {} is {}", run.run_id, status_name(run.status));
             Ok(())
         }
-        Command::Interrupt { thread_id, reason, client } => {
+        Command::Interrupt {
+            thread_id,
+            reason,
+            client,
+        } => {
             let resp = connect(&client)
                 .await?
-                .interrupt_thread(pb::InterruptThreadRequest { thread_id, reason, next: None })
+                .interrupt_thread(pb::InterruptThreadRequest {
+                    thread_id,
+                    reason,
+                    next: None,
+                })
                 .await
                 .map_err(status_err)?
                 .into_inner();
@@ -422,14 +489,23 @@ async fn client(command: Command) -> Result<(), String> {
                 "generation {}; superseded {} queued job(s); running job: {}",
                 i.new_generation,
                 i.superseded_count,
-                i.active_job.map(|j| j.job_id).unwrap_or_else(|| "none".into())
+                i.active_job
+                    .map(|j| j.job_id)
+                    .unwrap_or_else(|| "none".into())
             );
             Ok(())
         }
-        Command::Jobs { thread, status, client } => {
+        Command::Jobs {
+            thread,
+            status,
+            client,
+        } => {
             let statuses = match status {
-                Some(s) => vec![pb::JobStatus::from_str_name(&format!("JOB_STATUS_{}", s.to_uppercase()))
-                    .ok_or_else(|| format!("unknown job status {s}"))? as i32],
+                Some(s) => vec![
+                    pb::JobStatus::from_str_name(&format!("JOB_STATUS_{}", s.to_uppercase()))
+                        .ok_or_else(|| format!("unknown job status {s}"))?
+                        as i32,
+                ],
                 None => Vec::new(),
             };
             let resp = connect(&client)
@@ -443,13 +519,23 @@ async fn client(command: Command) -> Result<(), String> {
                 .await
                 .map_err(status_err)?
                 .into_inner();
-            println!("{:<44} {:<12} {:<8} {:>8}  {}", "JOB", "STATUS", "KIND", "ATTEMPTS", "RUN");
+            println!(
+                "{:<44} {:<12} {:<8} {:>8}  RUN",
+                "JOB", "STATUS", "KIND", "ATTEMPTS"
+            );
             for j in resp.jobs {
                 println!(
                     "{:<44} {:<12} {:<8} {:>8}  {}",
                     j.job_id,
-                    pb::JobStatus::try_from(j.status).map(|s| s.as_str_name().trim_start_matches("JOB_STATUS_").to_string()).unwrap_or_default(),
-                    pb::JobKind::try_from(j.kind).map(|s| s.as_str_name().trim_start_matches("JOB_KIND_").to_string()).unwrap_or_default(),
+                    pb::JobStatus::try_from(j.status)
+                        .map(|s| s
+                            .as_str_name()
+                            .trim_start_matches("JOB_STATUS_")
+                            .to_string())
+                        .unwrap_or_default(),
+                    pb::JobKind::try_from(j.kind)
+                        .map(|s| s.as_str_name().trim_start_matches("JOB_KIND_").to_string())
+                        .unwrap_or_default(),
                     format!("{}/{}", j.attempt_count, j.max_attempts),
                     j.run_id
                 );
@@ -505,16 +591,35 @@ fn run_json(r: &pb::Run) -> serde_json::Value {
 
 fn event_line(e: &pb::Event) -> String {
     let kind = pb::EventKind::try_from(e.kind)
-        .map(|k| k.as_str_name().trim_start_matches("EVENT_KIND_").to_string())
+        .map(|k| {
+            k.as_str_name()
+                .trim_start_matches("EVENT_KIND_")
+                .to_string()
+        })
         .unwrap_or_default();
     let detail = match arbor_shared::domain::Event::try_from(e) {
         Ok(ev) => match ev.detail {
-            EventDetail::ApprovalRequested(r) => format!("request={} title={:?}", r.request_id, r.title),
-            EventDetail::ExecutionSuspended { request_id, category, .. } => format!("request={request_id} category={category:?}"),
-            EventDetail::ApprovalResolved { request_id, action, decided_by, .. } => format!("request={request_id} action={action:?} by={decided_by}"),
+            EventDetail::ApprovalRequested(r) => {
+                format!("request={} title={:?}", r.request_id, r.title)
+            }
+            EventDetail::ExecutionSuspended {
+                request_id,
+                category,
+                ..
+            } => format!("request={request_id} category={category:?}"),
+            EventDetail::ApprovalResolved {
+                request_id,
+                action,
+                decided_by,
+                ..
+            } => format!("request={request_id} action={action:?} by={decided_by}"),
             EventDetail::ApprovalConsumed { request_id, .. } => format!("request={request_id}"),
-            EventDetail::RunFinished { error, .. } if !error.is_empty() => format!("error={error:?}"),
-            EventDetail::SuspensionWithdrawn { request_id, reason } => format!("request={request_id} reason={reason:?}"),
+            EventDetail::RunFinished { error, .. } if !error.is_empty() => {
+                format!("error={error:?}")
+            }
+            EventDetail::SuspensionWithdrawn { request_id, reason } => {
+                format!("request={request_id} reason={reason:?}")
+            }
             _ => String::new(),
         },
         Err(_) => String::new(),

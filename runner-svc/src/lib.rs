@@ -3,9 +3,9 @@
 //!
 //! `main.rs` parses flags and calls [`run`]; tests call the same `run` on port 0.
 
+pub mod cli;
 pub mod engine;
 pub mod error;
-pub mod cli;
 pub mod events;
 pub mod grpc;
 pub mod mailbox;
@@ -81,15 +81,16 @@ pub const LEDGER_TREE: &str = "ledger";
 /// inspect a stopped runner's data).
 pub async fn open_runner(cfg: &ServeConfig) -> Result<Arc<Runner>, ServeError> {
     let store = Store::open(&cfg.data_dir, cfg.cache_bytes)?;
-    let ledger = LedgerTool::new(
-        store
-            .db()
-            .open_tree(LEDGER_TREE)
-            .map_err(|e| store::OpenError::Open {
-                path: cfg.data_dir.display().to_string(),
-                source: e,
-            })?,
-    );
+    let ledger =
+        LedgerTool::new(
+            store
+                .db()
+                .open_tree(LEDGER_TREE)
+                .map_err(|e| store::OpenError::Open {
+                    path: cfg.data_dir.display().to_string(),
+                    source: e,
+                })?,
+        );
     let tools = Arc::new(ToolRegistry::with_builtins(ledger, cfg.guards.clone()));
     let opts = RunnerOptions {
         mailbox: MailboxConfig {

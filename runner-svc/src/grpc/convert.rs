@@ -82,7 +82,10 @@ pub fn job(j: &Job) -> pb::Job {
     }
 }
 
-pub fn submit_input(r: &pb::SubmitRunRequest, submitted_by: &str) -> Result<SubmitInput, ConvertError> {
+pub fn submit_input(
+    r: &pb::SubmitRunRequest,
+    submitted_by: &str,
+) -> Result<SubmitInput, ConvertError> {
     Ok(SubmitInput {
         tree_id: r.tree_id.clone(),
         tree_version: r.tree_version,

@@ -48,13 +48,20 @@ fn ok<T>(t: T) -> Res<T> {
 
 #[tonic::async_trait]
 impl RunnerService for RunnerGrpc {
-    async fn register_tree(&self, req: Request<pb::RegisterTreeRequest>) -> Res<pb::RegisterTreeResponse> {
+    async fn register_tree(
+        &self,
+        req: Request<pb::RegisterTreeRequest>,
+    ) -> Res<pb::RegisterTreeResponse> {
         principal_of(&req).require(&[Role::Submitter, Role::Operator], "register trees")?;
         let r = req.into_inner();
         let format = match pb::TreeFormat::try_from(r.format) {
             Ok(pb::TreeFormat::Unspecified | pb::TreeFormat::Json) => TreeFormat::Json,
             Ok(pb::TreeFormat::Yaml) => TreeFormat::Yaml,
-            Err(_) => return Err(RunnerError::invalid("format", format!("unknown format {}", r.format)).into()),
+            Err(_) => {
+                return Err(
+                    RunnerError::invalid("format", format!("unknown format {}", r.format)).into(),
+                );
+            }
         };
         let (tree, already_registered) = self.runner.register_tree(&r.document, format).await?;
         ok(pb::RegisterTreeResponse {
@@ -77,7 +84,8 @@ impl RunnerService for RunnerGrpc {
     async fn submit_run(&self, req: Request<pb::SubmitRunRequest>) -> Res<pb::SubmitRunResponse> {
         let principal = principal_of(&req);
         principal.require(&[Role::Submitter, Role::Operator], "submit runs")?;
-        let input = convert::submit_input(req.get_ref(), &principal.name).map_err(RunnerError::from)?;
+        let input =
+            convert::submit_input(req.get_ref(), &principal.name).map_err(RunnerError::from)?;
         let submitted = self.runner.submit(input).await?;
         let view = self.runner.get_run(&submitted.run.run_id)?;
         ok(pb::SubmitRunResponse {
@@ -127,7 +135,10 @@ impl RunnerService for RunnerGrpc {
         })
     }
 
-    async fn interrupt_thread(&self, req: Request<pb::InterruptThreadRequest>) -> Res<pb::InterruptThreadResponse> {
+    async fn interrupt_thread(
+        &self,
+        req: Request<pb::InterruptThreadRequest>,
+    ) -> Res<pb::InterruptThreadResponse> {
         let principal = principal_of(&req);
         principal.require(&[Role::Submitter, Role::Operator], "interrupt threads")?;
         let r = req.into_inner();
@@ -150,17 +161,34 @@ impl RunnerService for RunnerGrpc {
         })
     }
 
-    type StreamEventsStream = Pin<Box<dyn Stream<Item = Result<pb::StreamEventsResponse, Status>> + Send>>;
+    type StreamEventsStream =
+        Pin<Box<dyn Stream<Item = Result<pb::StreamEventsResponse, Status>> + Send>>;
 
-    async fn stream_events(&self, req: Request<pb::StreamEventsRequest>) -> Res<Self::StreamEventsStream> {
+    async fn stream_events(
+        &self,
+        req: Request<pb::StreamEventsRequest>,
+    ) -> Res<Self::StreamEventsStream> {
         let r = req.into_inner();
         let filter = EventFilter {
-            run_id: r.filter.as_ref().map(|f| f.run_id.clone()).unwrap_or_default(),
-            thread_id: r.filter.as_ref().map(|f| f.thread_id.clone()).unwrap_or_default(),
+            run_id: r
+                .filter
+                .as_ref()
+                .map(|f| f.run_id.clone())
+                .unwrap_or_default(),
+            thread_id: r
+                .filter
+                .as_ref()
+                .map(|f| f.thread_id.clone())
+                .unwrap_or_default(),
             kinds: r
                 .filter
                 .as_ref()
-                .map(|f| f.kinds.iter().map(|k| EventKind::from_wire(*k, "filter.kinds")).collect::<Result<Vec<_>, _>>())
+                .map(|f| {
+                    f.kinds
+                        .iter()
+                        .map(|k| EventKind::from_wire(*k, "filter.kinds"))
+                        .collect::<Result<Vec<_>, _>>()
+                })
                 .transpose()
                 .map_err(RunnerError::from)?
                 .unwrap_or_default(),
@@ -171,7 +199,10 @@ impl RunnerService for RunnerGrpc {
         let events = self.runner.events().clone();
         let cursor = match r.after_seq {
             Some(seq) => seq,
-            None if !r.subscriber_id.is_empty() => events.cursor(&r.subscriber_id).map_err(RunnerError::from)?.unwrap_or(0),
+            None if !r.subscriber_id.is_empty() => events
+                .cursor(&r.subscriber_id)
+                .map_err(RunnerError::from)?
+                .unwrap_or(0),
             None => 0,
         };
         let first = events.first_seq().map_err(RunnerError::from)?;
@@ -231,7 +262,12 @@ impl RunnerService for RunnerGrpc {
     async fn resolve(&self, req: Request<pb::ResolveRequest>) -> Res<pb::ResolveResponse> {
         let principal = principal_of(&req);
         principal.require(
-            &[Role::Submitter, Role::Approver, Role::Operator, Role::Service],
+            &[
+                Role::Submitter,
+                Role::Approver,
+                Role::Operator,
+                Role::Service,
+            ],
             "resolve suspensions",
         )?;
         let r = req.into_inner();
@@ -291,7 +327,10 @@ impl RunnerService for RunnerGrpc {
         })
     }
 
-    async fn requeue_job(&self, req: Request<pb::RequeueJobRequest>) -> Res<pb::RequeueJobResponse> {
+    async fn requeue_job(
+        &self,
+        req: Request<pb::RequeueJobRequest>,
+    ) -> Res<pb::RequeueJobResponse> {
         principal_of(&req).require(&[Role::Operator], "requeue jobs")?;
         let job = self.runner.requeue_job(&req.get_ref().job_id).await?;
         ok(pb::RequeueJobResponse {

@@ -22,7 +22,7 @@ pub use resolve::ResolveInput;
 pub use submit::{SubmitInput, Submitted};
 
 use crate::{
-    engine::{TreeFormat, TreeSpec, ToolRegistry, parse_tree},
+    engine::{ToolRegistry, TreeFormat, TreeSpec, parse_tree},
     error::RunnerError,
     events::EventLog,
     mailbox::{Clock, MailboxConfig, MailboxStore, Reaped, SledMailbox},
@@ -109,8 +109,8 @@ impl Runner {
     }
 
     /// Resolves when a job may have become claimable.
-    pub async fn work_available(&self) {
-        self.work.notified().await;
+    pub fn work_available(&self) -> tokio::sync::futures::Notified<'_> {
+        self.work.notified()
     }
 
     /// Commits one transaction that also appends events, waits until it is durable, then
@@ -158,7 +158,9 @@ impl Runner {
     pub fn tree_record(&self, id: &str, version: u32) -> Result<TreeRecord, RunnerError> {
         let tree = self.store.tree(T::Trees);
         let found = if version == 0 {
-            tree.scan_prefix(codec::prefix(id)).next_back().transpose()?
+            tree.scan_prefix(codec::prefix(id))
+                .next_back()
+                .transpose()?
         } else {
             tree.get(records::tree_key(id, version))?
                 .map(|v| (sled::IVec::default(), v))

@@ -260,5 +260,4 @@ impl Runner {
         })
         .await
     }
-
 }

@@ -64,7 +64,12 @@ pub fn get_run(tx: &Tx<'_>, run_id: &str) -> TxResult<Option<RunRecord>, RunnerE
 
 pub fn must_get_run(tx: &Tx<'_>, run_id: &str) -> TxResult<RunRecord, RunnerError> {
     get_run(tx, run_id)?.map_or_else(
-        || abort(RunnerError::NotFound(format!("run '{}' not found", codec_clip(run_id)))),
+        || {
+            abort(RunnerError::NotFound(format!(
+                "run '{}' not found",
+                codec_clip(run_id)
+            )))
+        },
         Ok,
     )
 }

@@ -127,7 +127,10 @@ impl Runner {
                     Ok(d) => d,
                     Err(e) => {
                         return abort(RunnerError::InvalidArgument {
-                            summary: format!("decision rejected for request '{}'", input.request_id),
+                            summary: format!(
+                                "decision rejected for request '{}'",
+                                input.request_id
+                            ),
                             violations: vec![arbor_shared::status::FieldViolation::new(
                                 e.field.clone(),
                                 e.description.clone(),

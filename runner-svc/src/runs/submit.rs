@@ -1,8 +1,6 @@
 //! Registering trees, submitting runs and interrupting threads.
 
-use arbor_shared::domain::{
-    EventDetail, JobKind, JobOrigin, RestorePolicy, RunMode, RunStatus,
-};
+use arbor_shared::domain::{EventDetail, JobKind, JobOrigin, RestorePolicy, RunMode, RunStatus};
 use serde_json::{Map, Value as Json};
 use sha1::{Digest, Sha1};
 
@@ -14,7 +12,7 @@ use crate::{
     engine::{Checkpoint, TreeFormat, parse_tree},
     error::RunnerError,
     events::{self, NewEvent},
-    mailbox::{EnqueueRequest, MailboxInterrupt, MailboxStore, tx as mtx},
+    mailbox::{EnqueueRequest, MailboxInterrupt, tx as mtx},
     store::{T, Tx, TxResult, abort, codec, lift},
 };
 
@@ -70,12 +68,11 @@ impl Runner {
         document: &str,
         format: TreeFormat,
     ) -> Result<(TreeRecord, bool), RunnerError> {
-        let spec = parse_tree(document, format).map_err(|violations| {
-            RunnerError::InvalidArgument {
+        let spec =
+            parse_tree(document, format).map_err(|violations| RunnerError::InvalidArgument {
                 summary: "invalid tree".into(),
                 violations,
-            }
-        })?;
+            })?;
         let canonical = spec.canonical_json();
         let record = TreeRecord {
             id: spec.id().to_string(),
@@ -86,25 +83,27 @@ impl Runner {
             registered_at_ms: arbor_shared::time::now_ms(),
         };
         let key = records::tree_key(&record.id, record.version);
-        let (stored, existed) = self.commit(|tx| {
-            if let Some(bytes) = tx.tree(T::Trees).get(&key)? {
-                let existing: TreeRecord = match codec::decode("tree", &bytes) {
-                    Ok(t) => t,
-                    Err(e) => return abort(e),
-                };
-                if existing.digest == record.digest {
-                    return Ok(((existing, true), Vec::new()));
-                }
-                return abort(RunnerError::AlreadyExists(format!(
-                    "tree '{}' version {} is already registered with a different document; \
+        let (stored, existed) = self
+            .commit(|tx| {
+                if let Some(bytes) = tx.tree(T::Trees).get(&key)? {
+                    let existing: TreeRecord = match codec::decode("tree", &bytes) {
+                        Ok(t) => t,
+                        Err(e) => return abort(e),
+                    };
+                    if existing.digest == record.digest {
+                        return Ok(((existing, true), Vec::new()));
+                    }
+                    return abort(RunnerError::AlreadyExists(format!(
+                        "tree '{}' version {} is already registered with a different document; \
                      register a new version",
-                    record.id, record.version
-                )));
-            }
-            tx.tree(T::Trees).insert(key.clone(), codec::encode(&record))?;
-            Ok(((record.clone(), false), Vec::new()))
-        })
-        .await?;
+                        record.id, record.version
+                    )));
+                }
+                tx.tree(T::Trees)
+                    .insert(key.clone(), codec::encode(&record))?;
+                Ok(((record.clone(), false), Vec::new()))
+            })
+            .await?;
         Ok((stored, existed))
     }
 

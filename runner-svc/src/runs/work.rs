@@ -4,9 +4,7 @@
 
 use std::panic::AssertUnwindSafe;
 
-use arbor_shared::domain::{
-    EventDetail, JobKind, JobOrigin, RunStatus, SuspensionState,
-};
+use arbor_shared::domain::{EventDetail, JobKind, JobOrigin, RunStatus, SuspensionState};
 
 use super::{Runner, records};
 use crate::{
@@ -16,6 +14,9 @@ use crate::{
     mailbox::{Claim, EnqueueRequest, MailboxStore, tx as mtx},
     store::{T, abort, codec, lift},
 };
+
+/// Ticks one wake may take back to back before yielding the worker.
+const IMMEDIATE_RETICKS: usize = 64;
 
 /// How processing a job ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,7 +58,10 @@ impl Runner {
                 let permanent = matches!(e, RunnerError::Corrupt(_));
                 let message = e.to_string();
                 tracing::error!(job = %job.job_id, run = %job.run_id, permanent, "job failed: {message}");
-                match self.mailbox.nack(&job.job_id, &claim.token, &message, permanent) {
+                match self
+                    .mailbox
+                    .nack(&job.job_id, &claim.token, &message, permanent)
+                {
                     Ok(nacked) => {
                         if nacked.status == arbor_shared::domain::JobStatus::DeadLetter
                             && let Err(e) = self.record_dead_letter(&nacked).await
@@ -97,10 +101,12 @@ impl Runner {
             .store
             .tree(T::Checkpoints)
             .get(run.run_id.as_bytes())?
-            .ok_or_else(|| RunnerError::Corrupt(codec::Corrupt {
-                what: "checkpoint",
-                message: format!("run {} has no checkpoint", run.run_id),
-            }))?;
+            .ok_or_else(|| {
+                RunnerError::Corrupt(codec::Corrupt {
+                    what: "checkpoint",
+                    message: format!("run {} has no checkpoint", run.run_id),
+                })
+            })?;
         let mut ck = Checkpoint::decode(&ck_bytes)
             .and_then(|ck| ck.check_matches(&spec).map(|_| ck))
             .map_err(|e| codec::Corrupt {
@@ -166,7 +172,20 @@ impl Runner {
                 tools: &self.tools,
             };
             let ticked = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                let out = engine::tick(&spec, &mut ck, decisions, &env);
+                let mut out = engine::tick(&spec, &mut ck, decisions, &env);
+                // `next_wake_ms <= now` asks for another tick at once (a Yield-mode tick that
+                // stopped early, or a spent work budget): do it here rather than through a job.
+                let mut rounds = 0;
+                while out.status == TickStatus::Running
+                    && out.next_wake_ms.is_some_and(|at| at <= now)
+                    && rounds < IMMEDIATE_RETICKS
+                {
+                    let mut again = engine::tick(&spec, &mut ck, Vec::new(), &env);
+                    out.effects.append(&mut again.effects);
+                    again.effects = std::mem::take(&mut out.effects);
+                    out = again;
+                    rounds += 1;
+                }
                 (out, ck)
             }));
             let (out, ck) = ticked.map_err(|_| {
@@ -320,7 +339,9 @@ fn effects_to_events(
         match effect {
             Effect::Suspended { record } => {
                 if let Some(approval) = &record.approval {
-                    out.push(ev(EventDetail::ApprovalRequested(Box::new(approval.clone()))));
+                    out.push(ev(EventDetail::ApprovalRequested(Box::new(
+                        approval.clone(),
+                    ))));
                 }
                 out.push(ev(EventDetail::ExecutionSuspended {
                     request_id: record.request_id.clone(),
@@ -346,7 +367,9 @@ fn effects_to_events(
             Effect::Discarded {
                 request_id,
                 decision_id,
-            } => tracing::info!(%request_id, %decision_id, "decision for a withdrawn request dropped"),
+            } => {
+                tracing::info!(%request_id, %decision_id, "decision for a withdrawn request dropped")
+            }
             Effect::Log {
                 node_locator,
                 message,
