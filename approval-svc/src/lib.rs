@@ -1,1 +1,22 @@
-//! placeholder
+//! Arbor's approval service: it subscribes to the runner's event log, keeps every approval in a
+//! durable store, applies the approval policy, lets people and bots decide, and delivers each
+//! decision back to the runner exactly once.
+
+pub mod approvals;
+pub mod config;
+pub mod convert;
+pub mod deadline;
+pub mod error;
+pub mod grpc;
+pub mod lifecycle;
+pub mod metrics;
+pub mod model;
+pub mod policy;
+pub mod runner;
+pub mod server;
+pub mod store;
+
+pub use config::{ServeConfig, Tuning};
+pub use error::Error;
+pub use server::{ServeError, run};
+pub use store::{ApprovalStore, SledStore};

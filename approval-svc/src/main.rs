@@ -1,1 +1,45 @@
-fn main() {}
+//! The `approval-svc` binary: `serve` runs the service; the other subcommands are the client
+//! people use to list and decide approvals.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use cli::{Cli, Command, ServeArgs};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = match cli.command {
+        Command::Serve(args) => runtime.block_on(serve(args)),
+        client => runtime.block_on(cli::client::execute(client)),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let cfg = args.config()?;
+    arbor_shared::server::init_tracing(args.log_json);
+    arbor_shared::server::check_bind(args.listen, cfg.auth.is_enabled(), args.insecure)
+        .map_err(anyhow::Error::msg)?;
+    if !cfg.auth.is_enabled() {
+        tracing::warn!("authentication is OFF (no --tokens): every caller is 'anonymous'");
+    }
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    arbor_approval_svc::run(cfg, listener, arbor_shared::server::shutdown_signal()).await?;
+    Ok(())
+}

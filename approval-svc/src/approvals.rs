@@ -1,0 +1,245 @@
+//! The one door every change to an approval goes through, whoever causes it (the runner's
+//! events, a person, the policy, the deadline timer, the delivery task). After the store has
+//! made a change durable this publishes it to watchers and wakes the task that acts next, so a
+//! policy decision travels exactly the same path as a person's.
+
+use std::sync::Arc;
+
+use arbor_shared::{auth::Principal, domain::ApprovalRequest};
+use tokio::sync::{Notify, broadcast};
+
+use crate::{
+    error::{Error, Result},
+    lifecycle::ApprovalState,
+    metrics::Metrics,
+    model::{Approval, NewDecision},
+    policy::{Policy, Subject},
+    store::{ApprovalStore, DeliveryOutcome, Resolved},
+};
+
+/// How many changes a watcher may fall behind before it is ended with RESOURCE_EXHAUSTED.
+pub const CHANGE_BUFFER: usize = 1024;
+
+/// Cheap to clone; every clone drives the same store.
+pub struct Approvals<S> {
+    store: Arc<S>,
+    policy: Arc<Policy>,
+    changes: broadcast::Sender<Approval>,
+    delivery: Arc<Notify>,
+    deadlines: Arc<Notify>,
+    metrics: Arc<Metrics>,
+}
+
+impl<S> Clone for Approvals<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            policy: self.policy.clone(),
+            changes: self.changes.clone(),
+            delivery: self.delivery.clone(),
+            deadlines: self.deadlines.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+impl<S: ApprovalStore> Approvals<S> {
+    pub fn new(store: Arc<S>, policy: Policy) -> Self {
+        Self {
+            store,
+            policy: Arc::new(policy),
+            changes: broadcast::channel(CHANGE_BUFFER).0,
+            delivery: Arc::new(Notify::new()),
+            deadlines: Arc::new(Notify::new()),
+            metrics: Arc::new(Metrics::default()),
+        }
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Every durable change, in the order this process made them durable.
+    pub fn subscribe(&self) -> broadcast::Receiver<Approval> {
+        self.changes.subscribe()
+    }
+
+    /// Notified when a decision is waiting to be delivered.
+    pub fn delivery_wake(&self) -> Arc<Notify> {
+        self.delivery.clone()
+    }
+
+    /// Notified when a new deadline may be earlier than the one the timer sleeps on.
+    pub fn deadline_wake(&self) -> Arc<Notify> {
+        self.deadlines.clone()
+    }
+
+    fn publish(&self, a: &Approval) {
+        // No receiver is fine: nobody is watching.
+        let _ = self.changes.send(a.clone());
+        if a.needs_delivery() {
+            self.delivery.notify_one();
+        }
+    }
+
+    /// APPROVAL_REQUESTED: store it (idempotent), then let the policy decide if it can.
+    /// Re-running this for a request that is still PENDING re-applies the policy, so a crash
+    /// between storing and deciding is healed by the replayed event.
+    pub async fn request(
+        &self,
+        request: ApprovalRequest,
+        unknown_kind: Option<i32>,
+    ) -> Result<Approval> {
+        let put = self.store.put_request(request, unknown_kind).await?;
+        if put.created {
+            self.publish(&put.approval);
+        }
+        let approval = put.approval;
+        if approval.state != ApprovalState::Pending {
+            return Ok(approval);
+        }
+        let verdict = self.policy.evaluate(&Subject::from(&approval));
+        if let Some(decision) = verdict.decision() {
+            tracing::info!(request_id = approval.id(), rule = %verdict.rule,
+                decision = decision.kind.as_str(), "decided by policy");
+            return match self.decide(approval.id(), decision).await {
+                Ok(r) => Ok(r.approval),
+                // Someone else decided first; their decision stands.
+                Err(e) if e.code() == tonic::Code::FailedPrecondition => {
+                    Ok(self.store.get(approval.id())?.unwrap_or(approval))
+                }
+                Err(e) => Err(e),
+            };
+        }
+        if approval.request.deadline_ms > 0 {
+            self.deadlines.notify_one();
+        }
+        Ok(approval)
+    }
+
+    /// Stores a decision (single winner) and hands it to delivery.
+    pub async fn decide(&self, request_id: &str, decision: NewDecision) -> Result<Resolved> {
+        let resolved = self.store.resolve_request(request_id, decision).await?;
+        if !resolved.duplicate {
+            self.publish(&resolved.approval);
+        }
+        Ok(resolved)
+    }
+
+    /// A person's decision: nobody may decide on a run they submitted, unless authentication
+    /// is off (then everyone is `anonymous` and there is nobody to tell apart).
+    pub async fn decide_as(
+        &self,
+        principal: &Principal,
+        auth_enabled: bool,
+        request_id: &str,
+        decision: NewDecision,
+    ) -> Result<Resolved> {
+        let approval = self
+            .store
+            .get(request_id)?
+            .ok_or_else(|| Error::NotFound(request_id.to_string()))?;
+        let submitter = &approval.request.submitted_by;
+        if auth_enabled && !submitter.is_empty() && *submitter == principal.name {
+            return Err(Error::PermissionDenied(format!(
+                "principal '{}' submitted run {} and may not decide its approvals",
+                principal.name, approval.request.run_id
+            )));
+        }
+        self.decide(request_id, decision).await
+    }
+
+    /// The deadline passed. `None` when it was decided or withdrawn in the meantime.
+    pub async fn expire(&self, request_id: &str) -> Result<Option<Approval>> {
+        match self.store.expire(request_id).await {
+            Ok(a) => {
+                tracing::info!(request_id, "approval expired; resolved by its on_timeout");
+                self.publish(&a);
+                Ok(Some(a))
+            }
+            Err(Error::InvalidTransition { .. } | Error::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// SUSPENSION_WITHDRAWN, or a runner that refused a delivery as stale.
+    pub async fn withdraw(&self, request_id: &str, actor: &str, reason: &str) -> Result<()> {
+        match self.store.cancel(request_id, actor, reason).await {
+            Ok(a) => {
+                tracing::info!(request_id, reason, "approval cancelled");
+                self.publish(&a);
+                Ok(())
+            }
+            // Unknown, or already consumed, pruned or cancelled: nothing left to withdraw.
+            Err(Error::InvalidTransition { .. } | Error::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// RUN_CANCELLED / RUN_SUPERSEDED: the run will never consume anything again.
+    pub async fn withdraw_run(&self, run_id: &str, actor: &str, reason: &str) -> Result<()> {
+        for a in self.store.cancel_run(run_id, actor, reason).await? {
+            tracing::info!(
+                request_id = a.id(),
+                run_id,
+                reason,
+                "approval cancelled with its run"
+            );
+            self.publish(&a);
+        }
+        Ok(())
+    }
+
+    /// APPROVAL_CONSUMED: ack the result, then prune it. Safe to repeat: a replayed event finds
+    /// the approval already ACKED or PRUNED and finishes whatever is left.
+    pub async fn consumed(&self, request_id: &str, decision_id: &str) -> Result<()> {
+        let Some(a) = self.store.get(request_id)? else {
+            tracing::debug!(
+                request_id,
+                "consumption of an approval this service never saw"
+            );
+            return Ok(());
+        };
+        let holds = a
+            .decision
+            .as_ref()
+            .is_some_and(|d| d.decision_id == decision_id);
+        if !holds {
+            tracing::warn!(request_id, decision_id, state = %a.state,
+                "runner consumed a decision this service did not take; ignored");
+            return Ok(());
+        }
+        if a.state.awaits_delivery() {
+            let acked = self.store.ack_result(request_id, decision_id).await?;
+            self.publish(&acked);
+        }
+        match self.store.prune_result(request_id).await {
+            Ok(pruned) => self.publish(&pruned),
+            Err(Error::InvalidTransition { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// Counts a delivery attempt; an accepted one stops further attempts.
+    pub async fn record_delivery(
+        &self,
+        request_id: &str,
+        decision_id: &str,
+        outcome: DeliveryOutcome,
+    ) -> Result<()> {
+        if let Some(a) = self
+            .store
+            .record_delivery(request_id, decision_id, outcome)
+            .await?
+        {
+            // Without re-waking delivery: a failed attempt is retried on its own backoff.
+            let _ = self.changes.send(a);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,184 @@
+//! The client subcommands: thin calls to the ApprovalService that print for people.
+
+use anyhow::{Context, anyhow};
+use arbor_shared::{
+    auth::BearerToken,
+    json::to_proto_value,
+    proto::{
+        approval::v1::{self as pb, approval_service_client::ApprovalServiceClient},
+        runner::v1::DecisionKind,
+    },
+    server::MAX_MESSAGE_BYTES,
+    status::field_violations,
+};
+use tonic::{Status, service::interceptor::InterceptedService, transport::Channel};
+
+use super::{Command, Conn, render};
+
+type Client = ApprovalServiceClient<InterceptedService<Channel, BearerToken>>;
+
+async fn connect(conn: &Conn) -> anyhow::Result<Client> {
+    let channel = Channel::from_shared(conn.addr.clone())
+        .with_context(|| format!("bad --addr {}", conn.addr))?
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {}", conn.addr))?;
+    let token = BearerToken::new(conn.token.as_deref()).map_err(status_error)?;
+    Ok(ApprovalServiceClient::with_interceptor(channel, token)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+/// A failed call as people read it: code, message and any bad fields.
+fn status_error(s: Status) -> anyhow::Error {
+    let mut text = format!("{:?}: {}", s.code(), s.message());
+    for v in field_violations(&s) {
+        text.push_str(&format!("\n  {}: {}", v.field, v.description));
+    }
+    anyhow!(text)
+}
+
+fn json_arg(text: &str, flag: &str) -> anyhow::Result<prost_types::Value> {
+    let json: serde_json::Value =
+        serde_json::from_str(text).with_context(|| format!("{flag} is not valid JSON"))?;
+    Ok(to_proto_value(&json))
+}
+
+pub async fn execute(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Serve(_) => Err(anyhow!("serve is not a client command")),
+        Command::Pending { conn, run, tool } => {
+            let filter = pb::ApprovalFilter {
+                states: vec![pb::ApprovalState::Pending as i32],
+                run_id: run.unwrap_or_default(),
+                tool_name: tool.unwrap_or_default(),
+                ..Default::default()
+            };
+            pending(&mut connect(&conn).await?, filter).await
+        }
+        Command::Show { conn, id } => {
+            let resp = connect(&conn)
+                .await?
+                .get_approval(pb::GetApprovalRequest { request_id: id })
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            let approval = resp.approval.unwrap_or_default();
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&render::approval_json(&approval))?
+            );
+            Ok(())
+        }
+        Command::Approve { conn, id, reason } => {
+            decide(&conn, id, DecisionKind::Approve, reason, None, None).await
+        }
+        Command::Reject { conn, id, reason } => {
+            decide(&conn, id, DecisionKind::Reject, reason, None, None).await
+        }
+        Command::Edit {
+            conn,
+            id,
+            args,
+            reason,
+        } => {
+            let args = json_arg(&args, "--args")?;
+            decide(&conn, id, DecisionKind::Edit, reason, Some(args), None).await
+        }
+        Command::Respond {
+            conn,
+            id,
+            result,
+            reason,
+        } => {
+            let result = json_arg(&result, "--result")?;
+            decide(&conn, id, DecisionKind::Respond, reason, None, Some(result)).await
+        }
+        Command::Watch { conn, pending } => {
+            let filter = pending.then(|| pb::ApprovalFilter {
+                states: vec![pb::ApprovalState::Pending as i32],
+                ..Default::default()
+            });
+            watch(&mut connect(&conn).await?, filter).await
+        }
+    }
+}
+
+async fn pending(client: &mut Client, filter: pb::ApprovalFilter) -> anyhow::Result<()> {
+    let mut rows = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let resp = client
+            .list_approvals(pb::ListApprovalsRequest {
+                filter: Some(filter.clone()),
+                page_size: 1000,
+                page_token,
+            })
+            .await
+            .map_err(status_error)?
+            .into_inner();
+        rows.extend(resp.approvals);
+        if resp.next_page_token.is_empty() {
+            break;
+        }
+        page_token = resp.next_page_token;
+    }
+    print!(
+        "{}",
+        render::pending_table(&rows, arbor_shared::time::now_ms())
+    );
+    Ok(())
+}
+
+async fn decide(
+    conn: &Conn,
+    request_id: String,
+    kind: DecisionKind,
+    reason: String,
+    args: Option<prost_types::Value>,
+    result: Option<prost_types::Value>,
+) -> anyhow::Result<()> {
+    let resp = connect(conn)
+        .await?
+        .resolve(pb::ResolveRequest {
+            request_id,
+            decision: kind as i32,
+            reason,
+            args,
+            result,
+        })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    let approval = resp.approval.unwrap_or_default();
+    let decision_id = approval
+        .decision
+        .as_ref()
+        .map(|d| d.decision_id.as_str())
+        .unwrap_or("");
+    println!(
+        "{} {} ({}, decision {decision_id}){}",
+        approval.request_id,
+        render::state_name(approval.state),
+        render::decision_name(kind as i32),
+        if resp.duplicate {
+            " — already decided the same way"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+async fn watch(client: &mut Client, filter: Option<pb::ApprovalFilter>) -> anyhow::Result<()> {
+    let mut stream = client
+        .watch_approvals(pb::WatchApprovalsRequest { filter })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    let now = arbor_shared::time::now_ms;
+    while let Some(item) = stream.message().await.map_err(status_error)? {
+        println!("{}", render::change_line(&item, now()));
+    }
+    Ok(())
+}

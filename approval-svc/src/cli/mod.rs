@@ -1,0 +1,154 @@
+//! The binary's command line (not part of the library): `serve` and the client subcommands.
+
+pub mod client;
+mod render;
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use anyhow::Context;
+use arbor_approval_svc::{ServeConfig, policy::Policy};
+use arbor_shared::auth::Authenticator;
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "approval-svc",
+    version,
+    about = "Arbor approval service and its client"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the service.
+    Serve(ServeArgs),
+    /// List pending approvals as a table.
+    Pending {
+        #[command(flatten)]
+        conn: Conn,
+        /// Only approvals of this run.
+        #[arg(long)]
+        run: Option<String>,
+        /// Only tool approvals whose tool matches this glob.
+        #[arg(long)]
+        tool: Option<String>,
+    },
+    /// Print one approval as JSON.
+    Show {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+    },
+    /// Approve.
+    Approve {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Reject (the run's node fails or is skipped, the tool never runs).
+    Reject {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Approve with new tool arguments.
+    Edit {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        /// The new arguments, as JSON.
+        #[arg(long)]
+        args: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Answer with a result that stands in for the tool's own.
+    Respond {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        /// The result, as JSON.
+        #[arg(long)]
+        result: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Print every change to approvals as it happens.
+    Watch {
+        #[command(flatten)]
+        conn: Conn,
+        /// Only pending approvals (changes that take one out of PENDING are still shown).
+        #[arg(long)]
+        pending: bool,
+    },
+}
+
+/// Where the client connects and as whom.
+#[derive(Debug, Clone, Args)]
+pub struct Conn {
+    #[arg(long, env = "ARBOR_ADDR", default_value = "http://127.0.0.1:50052")]
+    pub addr: String,
+    #[arg(long, env = "ARBOR_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[arg(long, env = "ARBOR_LISTEN", default_value = "127.0.0.1:50052")]
+    pub listen: SocketAddr,
+    #[arg(long, env = "ARBOR_DATA_DIR", default_value = "./data/approval")]
+    pub data_dir: PathBuf,
+    /// The runner's gRPC address.
+    #[arg(
+        long,
+        env = "ARBOR_RUNNER_URL",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    pub runner: String,
+    /// Approval policy (TOML); without it every approval waits for a person.
+    #[arg(long, env = "ARBOR_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// Bearer tokens of the callers (TOML); without it only loopback is served.
+    #[arg(long, env = "ARBOR_TOKENS")]
+    pub tokens: Option<PathBuf>,
+    /// File holding the token this service presents to the runner.
+    #[arg(long, env = "ARBOR_RUNNER_TOKEN_FILE")]
+    pub runner_token_file: Option<PathBuf>,
+    /// Allow serving a non-loopback address without authentication.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Log as JSON lines.
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+impl ServeArgs {
+    pub fn config(&self) -> anyhow::Result<ServeConfig> {
+        let mut cfg = ServeConfig::new(&self.data_dir, &self.runner);
+        if let Some(path) = &self.policy {
+            cfg.policy = Policy::from_file(path)?;
+        }
+        if let Some(path) = &self.tokens {
+            cfg.auth = Authenticator::from_file(path)?;
+        }
+        if let Some(path) = &self.runner_token_file {
+            let token = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read runner token file {}", path.display()))?;
+            let token = token.trim();
+            anyhow::ensure!(
+                !token.is_empty(),
+                "runner token file {} is empty",
+                path.display()
+            );
+            cfg.runner_token = Some(token.to_string());
+        }
+        Ok(cfg)
+    }
+}

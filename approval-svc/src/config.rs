@@ -1,0 +1,69 @@
+//! What `run` needs to serve: resolved settings, not command-line text, so tests build one
+//! directly and the binary builds one from flags and environment.
+
+use std::{path::PathBuf, time::Duration};
+
+use arbor_shared::auth::Authenticator;
+
+use crate::policy::Policy;
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub data_dir: PathBuf,
+    /// The runner's gRPC address (`http://host:port`).
+    pub runner_url: String,
+    /// Bearer token this service presents to the runner (role `service`).
+    pub runner_token: Option<String>,
+    pub policy: Policy,
+    /// Who may call this service; disabled means everyone is `anonymous` with every role.
+    pub auth: Authenticator,
+    pub tuning: Tuning,
+}
+
+impl ServeConfig {
+    /// Defaults for everything but where the data lives and where the runner is.
+    pub fn new(data_dir: impl Into<PathBuf>, runner_url: impl Into<String>) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            runner_url: runner_url.into(),
+            runner_token: None,
+            policy: Policy::default(),
+            auth: Authenticator::disabled(),
+            tuning: Tuning::default(),
+        }
+    }
+}
+
+/// Timings of the loops with the runner. The defaults suit production; tests shorten them.
+#[derive(Debug, Clone)]
+pub struct Tuning {
+    /// Ack the event cursor after this many processed events…
+    pub ack_every: u32,
+    /// …or this long after the first unacknowledged one.
+    pub ack_interval: Duration,
+    /// Reconnect backoff of the event subscription (exponential with jitter).
+    pub reconnect_min: Duration,
+    pub reconnect_max: Duration,
+    /// Retry backoff of a decision the runner did not accept yet.
+    pub delivery_min: Duration,
+    pub delivery_max: Duration,
+    /// Deadline of one call to the runner.
+    pub rpc_timeout: Duration,
+    /// How long in-flight calls may run after a shutdown signal.
+    pub drain_timeout: Duration,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            ack_every: 64,
+            ack_interval: Duration::from_millis(100),
+            reconnect_min: Duration::from_millis(250),
+            reconnect_max: Duration::from_secs(30),
+            delivery_min: Duration::from_millis(250),
+            delivery_max: Duration::from_secs(30),
+            rpc_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}

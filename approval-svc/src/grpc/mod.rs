@@ -1,0 +1,241 @@
+//! `arbor.approval.v1.ApprovalService`: thin handlers that check the caller, convert the wire
+//! request, call `Approvals` / the store, and convert back.
+
+mod decision;
+mod watch;
+
+use arbor_shared::{
+    auth::{Principal, Role, principal_of},
+    proto::approval::v1::{self as pb, approval_service_server::ApprovalService},
+    time::now_ms,
+};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::{
+    approvals::Approvals,
+    convert::filter_from_pb,
+    error::{Error, Result},
+    lifecycle::ApprovalState,
+    model::AuditQuery,
+    store::ApprovalStore,
+};
+
+const READERS: &[Role] = &[Role::Approver, Role::Operator, Role::Service];
+const DECIDERS: &[Role] = &[Role::Approver, Role::Operator];
+
+pub const DEFAULT_PAGE_SIZE: usize = 100;
+pub const MAX_PAGE_SIZE: usize = 1000;
+
+pub struct ApprovalApi<S> {
+    approvals: Approvals<S>,
+    auth_enabled: bool,
+    shutdown: CancellationToken,
+}
+
+impl<S: ApprovalStore> ApprovalApi<S> {
+    pub fn new(approvals: Approvals<S>, auth_enabled: bool, shutdown: CancellationToken) -> Self {
+        Self {
+            approvals,
+            auth_enabled,
+            shutdown,
+        }
+    }
+
+    fn store(&self) -> &S {
+        self.approvals.store()
+    }
+}
+
+fn require(p: &Principal, roles: &[Role], action: &str) -> Result<()> {
+    if p.has_any(roles) {
+        return Ok(());
+    }
+    let names: Vec<String> = roles
+        .iter()
+        .map(|r| format!("{r:?}").to_lowercase())
+        .collect();
+    Err(Error::PermissionDenied(format!(
+        "principal '{}' may not {action} (needs one of: {})",
+        p.name,
+        names.join(", ")
+    )))
+}
+
+/// 0 means the default; larger than the maximum is clamped to it.
+fn page_size(requested: u32) -> usize {
+    match requested as usize {
+        0 => DEFAULT_PAGE_SIZE,
+        n => n.min(MAX_PAGE_SIZE),
+    }
+}
+
+fn token(t: &str) -> Option<&str> {
+    (!t.is_empty()).then_some(t)
+}
+
+fn required<'a>(value: &'a str, field: &str) -> Result<&'a str> {
+    if value.is_empty() {
+        return Err(Error::invalid(field, "required"));
+    }
+    Ok(value)
+}
+
+#[tonic::async_trait]
+impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
+    async fn list_approvals(
+        &self,
+        req: Request<pb::ListApprovalsRequest>,
+    ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
+        require(&principal_of(&req), READERS, "list approvals")?;
+        let r = req.into_inner();
+        let filter = filter_from_pb(r.filter.as_ref(), "filter")?;
+        let page = self.store().list(
+            &filter,
+            page_size(r.page_size),
+            token(&r.page_token),
+            now_ms(),
+        )?;
+        Ok(Response::new(pb::ListApprovalsResponse {
+            approvals: page.items.iter().map(Into::into).collect(),
+            next_page_token: page.next.unwrap_or_default(),
+        }))
+    }
+
+    async fn get_approval(
+        &self,
+        req: Request<pb::GetApprovalRequest>,
+    ) -> Result<Response<pb::GetApprovalResponse>, Status> {
+        require(&principal_of(&req), READERS, "read approvals")?;
+        let id = required(&req.get_ref().request_id, "request_id")?;
+        let approval = self
+            .store()
+            .get(id)?
+            .ok_or_else(|| Error::NotFound(id.to_string()))?;
+        Ok(Response::new(pb::GetApprovalResponse {
+            approval: Some((&approval).into()),
+        }))
+    }
+
+    async fn resolve(
+        &self,
+        req: Request<pb::ResolveRequest>,
+    ) -> Result<Response<pb::ResolveResponse>, Status> {
+        let principal = principal_of(&req);
+        require(&principal, DECIDERS, "decide approvals")?;
+        let r = req.into_inner();
+        let id = required(&r.request_id, "request_id")?;
+        let decision = decision::from_wire(
+            r.decision,
+            &r.reason,
+            r.args.as_ref(),
+            r.result.as_ref(),
+            &principal,
+        )?;
+        let resolved = self
+            .approvals
+            .decide_as(&principal, self.auth_enabled, id, decision)
+            .await?;
+        Ok(Response::new(pb::ResolveResponse {
+            approval: Some((&resolved.approval).into()),
+            duplicate: resolved.duplicate,
+        }))
+    }
+
+    async fn bulk_resolve(
+        &self,
+        req: Request<pb::BulkResolveRequest>,
+    ) -> Result<Response<pb::BulkResolveResponse>, Status> {
+        let principal = principal_of(&req);
+        require(&principal, DECIDERS, "decide approvals")?;
+        let r = req.into_inner();
+        let decision = decision::from_wire(
+            r.decision,
+            &r.reason,
+            r.args.as_ref(),
+            r.result.as_ref(),
+            &principal,
+        )?;
+        let ids = decision::bulk_targets(self.store(), &r)?;
+        let mut items = Vec::with_capacity(ids.len());
+        for id in ids {
+            let outcome = self
+                .approvals
+                .decide_as(&principal, self.auth_enabled, &id, decision.clone())
+                .await;
+            items.push(match outcome {
+                Ok(resolved) => pb::BulkResolveItem {
+                    request_id: id,
+                    code: 0,
+                    message: if resolved.duplicate {
+                        "duplicate".into()
+                    } else {
+                        String::new()
+                    },
+                    approval: Some((&resolved.approval).into()),
+                },
+                Err(e @ Error::Storage(_)) => return Err(e.into()),
+                Err(e) => pb::BulkResolveItem {
+                    approval: self.store().get(&id)?.as_ref().map(Into::into),
+                    request_id: id,
+                    code: e.code() as i32,
+                    message: e.to_string(),
+                },
+            });
+        }
+        Ok(Response::new(pb::BulkResolveResponse { items }))
+    }
+
+    type WatchApprovalsStream = ReceiverStream<Result<pb::WatchApprovalsResponse, Status>>;
+
+    async fn watch_approvals(
+        &self,
+        req: Request<pb::WatchApprovalsRequest>,
+    ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
+        require(&principal_of(&req), READERS, "watch approvals")?;
+        if self.shutdown.is_cancelled() {
+            return Err(Error::ShuttingDown.into());
+        }
+        let filter = filter_from_pb(req.get_ref().filter.as_ref(), "filter")?;
+        Ok(Response::new(watch::start(
+            self.approvals.clone(),
+            filter,
+            self.shutdown.clone(),
+        )))
+    }
+
+    async fn get_audit_log(
+        &self,
+        req: Request<pb::GetAuditLogRequest>,
+    ) -> Result<Response<pb::GetAuditLogResponse>, Status> {
+        require(&principal_of(&req), READERS, "read the audit log")?;
+        let r = req.into_inner();
+        let query = match (r.request_id.is_empty(), r.run_id.is_empty()) {
+            (false, true) => {
+                if self.store().get(&r.request_id)?.is_none() {
+                    return Err(Error::NotFound(r.request_id).into());
+                }
+                AuditQuery::Request(r.request_id)
+            }
+            (true, false) => AuditQuery::Run(r.run_id),
+            _ => {
+                return Err(Error::invalid(
+                    "request_id",
+                    "give exactly one of request_id or run_id",
+                )
+                .into());
+            }
+        };
+        let page = self
+            .store()
+            .audit(&query, page_size(r.page_size), token(&r.page_token))?;
+        Ok(Response::new(pb::GetAuditLogResponse {
+            entries: page.items.iter().map(Into::into).collect(),
+            next_page_token: page.next.unwrap_or_default(),
+        }))
+    }
+}
+
+/// The states a bulk decision by filter covers: only what can still be decided.
+const BULK_STATES: [ApprovalState; 1] = [ApprovalState::Pending];

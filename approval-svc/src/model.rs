@@ -1,0 +1,247 @@
+//! The service's own domain types: an approval record with its decision, audit entries and the
+//! list filter. They are what the store persists and what the handlers convert to proto.
+
+use arbor_shared::domain::{ApprovalKind, ApprovalRequest, DecisionKind, DecisionSource};
+use globset::GlobMatcher;
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json;
+
+use crate::lifecycle::ApprovalState;
+
+/// One approval: the runner's request plus everything that happened to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Approval {
+    pub request: ApprovalRequest,
+    /// Set when the runner sent a kind this service does not know; `request.kind` is then a
+    /// placeholder and the policy rejects the request (fail closed).
+    pub unknown_kind: Option<i32>,
+    pub state: ApprovalState,
+    pub decision: Option<Decision>,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+    /// Bumped by every change, so watchers can drop a change older than one they already sent.
+    pub version: u64,
+    pub delivery_attempts: u32,
+    pub last_delivery_error: String,
+    /// When the runner accepted the decision (0: not yet).
+    pub delivered_at_ms: u64,
+    /// Why it was cancelled, when it was.
+    pub cancel_reason: String,
+}
+
+impl Approval {
+    pub fn id(&self) -> &str {
+        &self.request.request_id
+    }
+
+    /// The kind the policy sees: `None` when the runner sent one this service does not know.
+    pub fn kind(&self) -> Option<ApprovalKind> {
+        match self.unknown_kind {
+            Some(_) => None,
+            None => Some(self.request.kind),
+        }
+    }
+
+    /// A decision is held that the runner still has to accept.
+    pub fn needs_delivery(&self) -> bool {
+        self.state.awaits_delivery() && self.delivered_at_ms == 0
+    }
+
+    /// Approve and reject are always possible (a person can always refuse); edit and respond
+    /// only where the runner said the node supports them.
+    pub fn allows(&self, kind: DecisionKind) -> bool {
+        matches!(kind, DecisionKind::Approve | DecisionKind::Reject)
+            || self.request.allowed_decisions.contains(&kind)
+    }
+}
+
+/// A stored decision. `decision_id` is generated once, when the decision is stored, and reused
+/// on every delivery attempt so the runner can deduplicate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub decision_id: String,
+    pub kind: DecisionKind,
+    pub reason: String,
+    /// EDIT: the new tool arguments (null otherwise).
+    #[serde(with = "arbor_shared::json::as_text")]
+    pub args: Json,
+    /// RESPOND: the stand-in result (null otherwise).
+    #[serde(with = "arbor_shared::json::as_text")]
+    pub result: Json,
+    pub decided_by: String,
+    pub source: DecisionSource,
+    /// The policy rule, when `source` is POLICY.
+    pub rule: String,
+    pub decided_at_ms: u64,
+}
+
+impl Decision {
+    /// What the runner's `Resolve.result` carries for this decision.
+    pub fn runner_result(&self) -> Json {
+        match self.kind {
+            DecisionKind::Edit => self.args.clone(),
+            DecisionKind::Respond => self.result.clone(),
+            DecisionKind::Approve | DecisionKind::Reject => Json::Null,
+        }
+    }
+}
+
+/// A decision someone wants to take; it becomes a `Decision` when the store accepts it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewDecision {
+    pub kind: DecisionKind,
+    pub reason: String,
+    pub args: Json,
+    pub result: Json,
+    pub decided_by: String,
+    pub source: DecisionSource,
+    pub rule: String,
+}
+
+impl NewDecision {
+    pub fn person(kind: DecisionKind, decided_by: impl Into<String>) -> Self {
+        Self {
+            kind,
+            reason: String::new(),
+            args: Json::Null,
+            result: Json::Null,
+            decided_by: decided_by.into(),
+            source: DecisionSource::Person,
+            rule: String::new(),
+        }
+    }
+
+    pub fn with_reason(mut self, reason: impl Into<String>) -> Self {
+        self.reason = reason.into();
+        self
+    }
+
+    /// The same decision taken again: same kind and payload. Who asked and why do not matter;
+    /// the first decision stands either way. A pruned decision lost its payload, so only the
+    /// kind can be compared then.
+    pub fn repeats(&self, existing: &Decision, pruned: bool) -> bool {
+        self.kind == existing.kind
+            && (pruned || (self.args == existing.args && self.result == existing.result))
+    }
+
+    pub fn into_decision(self, decision_id: String, now_ms: u64) -> Decision {
+        Decision {
+            decision_id,
+            kind: self.kind,
+            reason: self.reason,
+            args: self.args,
+            result: self.result,
+            decided_by: self.decided_by,
+            source: self.source,
+            rule: self.rule,
+            decided_at_ms: now_ms,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AuditAction {
+    Requested,
+    Decided,
+    Delivered,
+    Acked,
+    Pruned,
+    Expired,
+    Cancelled,
+}
+
+/// One line of the audit trail; it outlives pruning.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub id: u64,
+    pub request_id: String,
+    pub run_id: String,
+    pub time_ms: u64,
+    pub action: AuditAction,
+    /// Principal (person), rule name (policy), "timeout", or "runner" / "approval-svc".
+    pub actor: String,
+    pub decision: Option<DecisionKind>,
+    pub reason: String,
+    pub source: Option<DecisionSource>,
+    pub rule: String,
+    pub decision_id: String,
+}
+
+impl AuditEntry {
+    /// An entry about `approval`; the store assigns `id` and `time_ms`.
+    pub fn about(approval: &Approval, action: AuditAction, actor: impl Into<String>) -> Self {
+        Self {
+            id: 0,
+            request_id: approval.request.request_id.clone(),
+            run_id: approval.request.run_id.clone(),
+            time_ms: 0,
+            action,
+            actor: actor.into(),
+            decision: None,
+            reason: String::new(),
+            source: None,
+            rule: String::new(),
+            decision_id: String::new(),
+        }
+    }
+
+    pub fn with_decision(mut self, d: &Decision) -> Self {
+        self.decision = Some(d.kind);
+        self.source = Some(d.source);
+        self.rule = d.rule.clone();
+        self.decision_id = d.decision_id.clone();
+        if self.reason.is_empty() {
+            self.reason = d.reason.clone();
+        }
+        self
+    }
+
+    pub fn with_reason(mut self, reason: impl Into<String>) -> Self {
+        self.reason = reason.into();
+        self
+    }
+}
+
+/// Which approvals a list, watch or bulk decision covers. Empty fields match everything.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub states: Vec<ApprovalState>,
+    pub run_id: String,
+    pub thread_id: String,
+    pub tool_glob: Option<GlobMatcher>,
+    pub tree_id: String,
+    pub min_age_ms: u64,
+    /// 0: no bound.
+    pub max_age_ms: u64,
+}
+
+impl Filter {
+    pub fn matches(&self, a: &Approval, now_ms: u64) -> bool {
+        let r = &a.request;
+        let age = now_ms.saturating_sub(a.created_at_ms);
+        (self.states.is_empty() || self.states.contains(&a.state))
+            && (self.run_id.is_empty() || self.run_id == r.run_id)
+            && (self.thread_id.is_empty() || self.thread_id == r.thread_id)
+            && (self.tree_id.is_empty() || self.tree_id == r.tree_id)
+            && self
+                .tool_glob
+                .as_ref()
+                .is_none_or(|g| !r.tool_name.is_empty() && g.is_match(&r.tool_name))
+            && age >= self.min_age_ms
+            && (self.max_age_ms == 0 || age <= self.max_age_ms)
+    }
+}
+
+/// One page of a listing; `next` is the opaque token of the following page.
+#[derive(Debug, Clone)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next: Option<String>,
+}
+
+/// Which audit entries to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditQuery {
+    Request(String),
+    Run(String),
+}

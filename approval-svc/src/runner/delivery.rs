@@ -1,0 +1,184 @@
+//! Delivery: sends every stored decision the runner has not accepted yet to
+//! `RunnerService.Resolve`, with the decision id fixed at decision time so retries are
+//! idempotent, until the runner says OK (durable in the run's inbox) or says the request is dead.
+//! Sleeps until woken by a new decision or the next retry is due; never polls.
+
+use std::collections::HashMap;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+
+use super::{RunnerClient, backoff::Backoff};
+use crate::{
+    approvals::Approvals,
+    config::Tuning,
+    convert::runner_resolve,
+    error::Error,
+    metrics::Metrics,
+    model::Approval,
+    store::{ApprovalStore, DeliveryOutcome},
+};
+
+/// Who the audit trail names when the runner refuses a delivery.
+const ACTOR: &str = "runner";
+
+pub struct Delivery<S> {
+    pub approvals: Approvals<S>,
+    pub client: RunnerClient,
+    pub tuning: Tuning,
+    pub shutdown: CancellationToken,
+}
+
+struct Retry {
+    backoff: Backoff,
+    at: Instant,
+}
+
+enum Attempt {
+    Accepted {
+        duplicate: bool,
+    },
+    /// NOT_FOUND / FAILED_PRECONDITION: the request is gone on the runner side.
+    Refused(String),
+    Failed(String),
+}
+
+impl<S: ApprovalStore> Delivery<S> {
+    pub async fn run(self) {
+        let wake = self.approvals.delivery_wake();
+        let mut retries: HashMap<String, Retry> = HashMap::new();
+        loop {
+            // Registered before reading the store, so a decision stored meanwhile still wakes us.
+            let woken = wake.notified();
+            let next = match self.approvals.store().undelivered() {
+                Ok(due) => self.deliver_due(due, &mut retries).await,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot read undelivered decisions");
+                    Some(Instant::now() + self.tuning.delivery_max)
+                }
+            };
+            if self.shutdown.is_cancelled() {
+                return;
+            }
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = woken => {}
+                _ = sleep_until(next) => {}
+            }
+        }
+    }
+
+    /// Attempts every due decision; returns when the next retry is due.
+    async fn deliver_due(
+        &self,
+        due: Vec<Approval>,
+        retries: &mut HashMap<String, Retry>,
+    ) -> Option<Instant> {
+        retries.retain(|id, _| due.iter().any(|a| a.id() == id));
+        let mut next: Option<Instant> = None;
+        for approval in due {
+            if self.shutdown.is_cancelled() {
+                return None;
+            }
+            let id = approval.id().to_string();
+            if let Some(r) = retries.get(&id)
+                && r.at > Instant::now()
+            {
+                next = Some(next.map_or(r.at, |n| n.min(r.at)));
+                continue;
+            }
+            match self.deliver(&approval).await {
+                Ok(true) => {
+                    retries.remove(&id);
+                }
+                Ok(false) => {
+                    let tuning = &self.tuning;
+                    let r = retries.entry(id).or_insert_with(|| Retry {
+                        backoff: Backoff::new(tuning.delivery_min, tuning.delivery_max),
+                        at: Instant::now(),
+                    });
+                    r.at = Instant::now() + r.backoff.next_delay();
+                    next = Some(next.map_or(r.at, |n| n.min(r.at)));
+                }
+                Err(e) => {
+                    tracing::error!(request_id = %id, error = %e, "delivery bookkeeping failed");
+                    next = Some(Instant::now() + self.tuning.delivery_max);
+                }
+            }
+        }
+        next
+    }
+
+    /// One attempt. `Ok(true)`: finished (accepted or refused), `Ok(false)`: retry later.
+    async fn deliver(&self, approval: &Approval) -> Result<bool, Error> {
+        let Some(decision) = &approval.decision else {
+            return Ok(true);
+        };
+        let (request_id, decision_id) = (approval.id(), decision.decision_id.as_str());
+        let metrics = self.approvals.metrics();
+        match self.attempt(approval).await {
+            Attempt::Accepted { duplicate } => {
+                Metrics::inc(&metrics.deliveries_accepted);
+                tracing::info!(request_id, decision_id, duplicate, "decision delivered");
+                self.approvals
+                    .record_delivery(request_id, decision_id, DeliveryOutcome::Accepted)
+                    .await?;
+                Ok(true)
+            }
+            Attempt::Refused(why) => {
+                Metrics::inc(&metrics.deliveries_refused);
+                tracing::warn!(request_id, decision_id, why = %why,
+                    "runner refused the decision; the request is dead there");
+                self.approvals
+                    .record_delivery(
+                        request_id,
+                        decision_id,
+                        DeliveryOutcome::Failed(why.clone()),
+                    )
+                    .await?;
+                let reason = format!("runner refused the decision: {why}");
+                self.approvals.withdraw(request_id, ACTOR, &reason).await?;
+                Ok(true)
+            }
+            Attempt::Failed(why) => {
+                let n = Metrics::inc(&metrics.delivery_failures);
+                tracing::warn!(request_id, decision_id, why = %why, failures_total = n,
+                    "delivery failed; will retry");
+                self.approvals
+                    .record_delivery(request_id, decision_id, DeliveryOutcome::Failed(why))
+                    .await?;
+                Ok(false)
+            }
+        }
+    }
+
+    async fn attempt(&self, approval: &Approval) -> Attempt {
+        let Some(decision) = &approval.decision else {
+            return Attempt::Refused("no decision".into());
+        };
+        let mut request = tonic::Request::new(runner_resolve(approval, decision));
+        request.set_timeout(self.tuning.rpc_timeout);
+        let mut client = self.client.clone();
+        let call = tokio::select! {
+            _ = self.shutdown.cancelled() => return Attempt::Failed("shutting down".into()),
+            r = client.resolve(request) => r,
+        };
+        match call {
+            Ok(resp) => Attempt::Accepted {
+                duplicate: resp.into_inner().duplicate,
+            },
+            Err(s) if matches!(s.code(), Code::NotFound | Code::FailedPrecondition) => {
+                Attempt::Refused(format!("{:?}: {}", s.code(), s.message()))
+            }
+            Err(s) => Attempt::Failed(format!("{:?}: {}", s.code(), s.message())),
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending::<()>().await,
+    }
+}

@@ -1,0 +1,34 @@
+//! The loops with the runner: the event subscription that feeds the store, and the delivery of
+//! decisions back. Both share one lazily connected channel that carries this service's token.
+
+pub mod backoff;
+pub mod delivery;
+pub mod subscriber;
+
+use arbor_shared::{
+    auth::BearerToken, proto::runner::v1::runner_service_client::RunnerServiceClient,
+    server::MAX_MESSAGE_BYTES,
+};
+use tonic::{service::interceptor::InterceptedService, transport::Channel};
+
+use crate::error::{Error, Result};
+
+/// The subscriber id this service's cursor is stored under on the runner.
+pub const SUBSCRIBER_ID: &str = "approval-svc";
+
+pub type RunnerClient = RunnerServiceClient<InterceptedService<Channel, BearerToken>>;
+
+/// A client that connects on first use and reconnects by itself, so start-up does not depend
+/// on the runner being up.
+pub fn connect_lazy(url: &str, token: Option<&str>) -> Result<RunnerClient> {
+    let endpoint = Channel::from_shared(url.to_string())
+        .map_err(|e| Error::invalid("runner_url", e.to_string()))?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .tcp_nodelay(true);
+    let token = BearerToken::new(token).map_err(|e| Error::invalid("runner_token", e.message()))?;
+    Ok(
+        RunnerServiceClient::with_interceptor(endpoint.connect_lazy(), token)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    )
+}

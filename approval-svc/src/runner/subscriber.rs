@@ -1,0 +1,252 @@
+//! The event subscription: follows the runner's durable event log as subscriber `approval-svc`,
+//! applies each event to the store idempotently, and acknowledges the cursor only after the
+//! store writes of every event up to it are durable. Reconnects with backoff and resumes from
+//! the runner-side cursor, so a crash anywhere replays events rather than losing them.
+
+use arbor_shared::proto::runner::v1::{
+    self as runner_pb, AckRequest, EventKind, StreamEventsRequest, event::Detail,
+};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Status};
+use tonic_health::{ServingStatus, server::HealthReporter};
+
+use super::{RunnerClient, SUBSCRIBER_ID, backoff::Backoff};
+use crate::{
+    approvals::Approvals, config::Tuning, convert::request_from_event, error::Error,
+    metrics::Metrics, store::ApprovalStore,
+};
+
+/// Health-check name that reports whether the event subscription is live. It is NOT_SERVING
+/// while disconnected and after the runner compacted the log past our cursor.
+pub const SUBSCRIPTION_HEALTH: &str = "arbor.approval.v1.RunnerSubscription";
+
+/// Who the audit trail names for cancellations the runner caused.
+const ACTOR: &str = "runner";
+
+enum SessionEnd {
+    /// The runner ended the stream or was unreachable.
+    Runner(Status),
+    /// Our own store failed; the event was not applied and will be replayed.
+    Store(Error),
+    Shutdown,
+}
+
+pub struct Subscriber<S> {
+    pub approvals: Approvals<S>,
+    pub client: RunnerClient,
+    pub tuning: Tuning,
+    pub health: HealthReporter,
+    pub shutdown: CancellationToken,
+}
+
+/// The processed-but-unacknowledged tail of the stream.
+struct Cursor {
+    processed: Option<u64>,
+    acked: Option<u64>,
+    since_ack: u32,
+    /// When the oldest unacknowledged event was processed.
+    dirty_since: Option<Instant>,
+}
+
+impl<S: ApprovalStore> Subscriber<S> {
+    pub async fn run(mut self) {
+        let mut backoff = Backoff::new(self.tuning.reconnect_min, self.tuning.reconnect_max);
+        let mut cursor = Cursor {
+            processed: None,
+            acked: None,
+            since_ack: 0,
+            dirty_since: None,
+        };
+        loop {
+            let end = self.session(&mut cursor, &mut backoff).await;
+            self.ack(&mut cursor).await;
+            self.set_health(ServingStatus::NotServing).await;
+            match end {
+                SessionEnd::Shutdown => return,
+                SessionEnd::Runner(status) if status.code() == Code::OutOfRange => {
+                    let lost = Metrics::inc(&self.approvals.metrics().cursor_lost);
+                    // Events between our cursor and the runner's oldest one are gone; approvals
+                    // they carried exist only on the runner now. Never skip past that silently.
+                    // After a restart only the locally remembered cursor is known.
+                    let known = cursor
+                        .acked
+                        .or_else(|| self.approvals.store().cursor().ok().flatten());
+                    tracing::error!(
+                        cursor = ?known,
+                        runner_message = status.message(),
+                        cursor_lost_total = lost,
+                        "EVENT CURSOR LOST: the runner compacted its event log past this \
+                         subscriber's cursor; approvals may be missing. Retrying; an operator \
+                         must reconcile (runner-svc ListRuns / suspensions)"
+                    );
+                }
+                SessionEnd::Runner(status) => {
+                    tracing::warn!(code = ?status.code(), message = status.message(),
+                        "event stream from the runner ended; reconnecting");
+                }
+                SessionEnd::Store(e) => {
+                    tracing::error!(error = %e, "could not apply an event; it will be replayed");
+                }
+            }
+            Metrics::inc(&self.approvals.metrics().stream_reconnects);
+            let delay = backoff.next_delay();
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+
+    async fn set_health(&self, status: ServingStatus) {
+        self.health
+            .set_service_status(SUBSCRIPTION_HEALTH, status)
+            .await;
+    }
+
+    async fn session(&mut self, cursor: &mut Cursor, backoff: &mut Backoff) -> SessionEnd {
+        let request = StreamEventsRequest {
+            subscriber_id: SUBSCRIBER_ID.into(),
+            after_seq: None,
+            filter: None,
+            follow: true,
+        };
+        let opened = tokio::select! {
+            _ = self.shutdown.cancelled() => return SessionEnd::Shutdown,
+            r = self.client.stream_events(request) => r,
+        };
+        let mut stream = match opened {
+            Ok(r) => r.into_inner(),
+            Err(status) => return SessionEnd::Runner(status),
+        };
+        self.set_health(ServingStatus::Serving).await;
+        tracing::info!(acked = ?cursor.acked, "following the runner's event log");
+        loop {
+            let ack_due = cursor.dirty_since.map(|t| t + self.tuning.ack_interval);
+            tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => return SessionEnd::Shutdown,
+                _ = sleep_until(ack_due), if ack_due.is_some() => self.ack(cursor).await,
+                message = stream.message() => match message {
+                    Ok(Some(resp)) => {
+                        let Some(event) = resp.event else { continue };
+                        if let Err(e) = self.apply(cursor, &event).await {
+                            return SessionEnd::Store(e);
+                        }
+                        backoff.reset();
+                        if cursor.since_ack >= self.tuning.ack_every {
+                            self.ack(cursor).await;
+                        }
+                    }
+                    Ok(None) => return SessionEnd::Runner(Status::unavailable("stream closed")),
+                    Err(status) => return SessionEnd::Runner(status),
+                },
+            }
+        }
+    }
+
+    /// Applies one event; afterwards everything it changed is durable.
+    async fn apply(&self, cursor: &mut Cursor, event: &runner_pb::Event) -> Result<(), Error> {
+        if let Some(done) = cursor.processed {
+            if event.seq <= done {
+                return Ok(()); // replayed after a reconnect; already applied
+            }
+            if event.seq > done + 1 {
+                tracing::warn!(
+                    after = done,
+                    got = event.seq,
+                    "gap in the runner's event sequence"
+                );
+            }
+        }
+        self.handle(event).await?;
+        Metrics::inc(&self.approvals.metrics().events_processed);
+        cursor.processed = Some(event.seq);
+        cursor.since_ack += 1;
+        cursor.dirty_since.get_or_insert_with(Instant::now);
+        Ok(())
+    }
+
+    async fn handle(&self, event: &runner_pb::Event) -> Result<(), Error> {
+        let a = &self.approvals;
+        match &event.detail {
+            Some(Detail::ApprovalRequested(r)) => match request_from_event(r) {
+                Ok((request, unknown_kind)) if valid_id(&request.request_id) => {
+                    a.request(request, unknown_kind).await?;
+                }
+                Ok(_) => self.malformed(event, "request_id holds a NUL byte"),
+                Err(e) => self.malformed(event, &e.to_string()),
+            },
+            Some(Detail::ApprovalConsumed(c)) => a.consumed(&c.request_id, &c.decision_id).await?,
+            Some(Detail::SuspensionWithdrawn(w)) => {
+                let reason = if w.reason.is_empty() {
+                    "suspension withdrawn by the runner".to_string()
+                } else {
+                    format!("suspension withdrawn: {}", w.reason)
+                };
+                a.withdraw(&w.request_id, ACTOR, &reason).await?;
+            }
+            _ if event.kind == EventKind::RunCancelled as i32 => {
+                a.withdraw_run(&event.run_id, ACTOR, "run cancelled")
+                    .await?;
+            }
+            _ if event.kind == EventKind::RunSuperseded as i32 => {
+                a.withdraw_run(&event.run_id, ACTOR, "run superseded")
+                    .await?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// An event that cannot be stored is logged and counted, then passed over: replaying it
+    /// forever would stop every approval behind it.
+    fn malformed(&self, event: &runner_pb::Event, why: &str) {
+        let n = Metrics::inc(&self.approvals.metrics().malformed_events);
+        tracing::error!(seq = event.seq, run_id = %event.run_id, why, malformed_total = n,
+            "malformed APPROVAL_REQUESTED event skipped");
+    }
+
+    /// Acknowledges everything processed so far. A failed ack is retried on the next tick; the
+    /// runner would only replay events we apply idempotently.
+    async fn ack(&self, cursor: &mut Cursor) {
+        let Some(seq) = cursor.processed else { return };
+        if cursor.acked >= Some(seq) {
+            cursor.dirty_since = None;
+            return;
+        }
+        let mut client = self.client.clone();
+        let mut request = tonic::Request::new(AckRequest {
+            subscriber_id: SUBSCRIBER_ID.into(),
+            seq,
+        });
+        request.set_timeout(self.tuning.rpc_timeout);
+        match client.ack(request).await {
+            Ok(_) => {
+                Metrics::inc(&self.approvals.metrics().acks_sent);
+                cursor.acked = Some(seq);
+                cursor.since_ack = 0;
+                cursor.dirty_since = None;
+                if let Err(e) = self.approvals.store().set_cursor(seq) {
+                    tracing::warn!(error = %e, "could not remember the acked cursor locally");
+                }
+            }
+            Err(status) => {
+                tracing::warn!(seq, code = ?status.code(), message = status.message(),
+                    "ack failed; will retry");
+                cursor.dirty_since = Some(Instant::now());
+            }
+        }
+    }
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.contains('\0')
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending::<()>().await,
+    }
+}

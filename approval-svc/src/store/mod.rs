@@ -1,0 +1,138 @@
+//! The ApprovalStore: the one durable owner of approvals and their audit trail. Every state
+//! change is one transaction together with its audit entry, and a write answers only once it is
+//! on disk, so whatever a caller was told OK survives a crash.
+//!
+//! Results follow sled's style: `Err` is either a storage failure or a business outcome that
+//! changed nothing (`Error::NotFound`, `Error::InvalidTransition`, `Error::AlreadyDecided`, …).
+
+mod codec;
+mod query;
+mod sled_store;
+
+use std::future::Future;
+
+use arbor_shared::domain::ApprovalRequest;
+
+pub use sled_store::SledStore;
+
+use crate::{
+    error::Result,
+    model::{Approval, AuditEntry, AuditQuery, Filter, NewDecision, Page},
+};
+
+/// The answer to `put_request`.
+#[derive(Debug, Clone)]
+pub struct Put {
+    pub approval: Approval,
+    /// False when the request id was already known (the stored record is returned unchanged).
+    pub created: bool,
+}
+
+/// The answer to `resolve_request`.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub approval: Approval,
+    /// The same decision had already been taken; nothing changed.
+    pub duplicate: bool,
+}
+
+/// How a delivery attempt went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryOutcome {
+    Accepted,
+    Failed(String),
+}
+
+/// Durable approvals. Writes resolve once durable; reads see every answered write.
+pub trait ApprovalStore: Send + Sync + 'static {
+    /// Stores a runner request as PENDING. Idempotent by request id: a known id, including a
+    /// pruned tombstone or a cancelled one, returns the stored record unchanged.
+    fn put_request(
+        &self,
+        request: ApprovalRequest,
+        unknown_kind: Option<i32>,
+    ) -> impl Future<Output = Result<Put>> + Send;
+
+    /// PENDING → RESOLVED, single winner. The same decision again is a duplicate (OK, nothing
+    /// changes); a different one is `AlreadyDecided` and the first decision stands.
+    fn resolve_request(
+        &self,
+        request_id: &str,
+        decision: NewDecision,
+    ) -> impl Future<Output = Result<Resolved>> + Send;
+
+    /// PENDING → EXPIRED with the request's `on_timeout` decision (source TIMEOUT).
+    fn expire(&self, request_id: &str) -> impl Future<Output = Result<Approval>> + Send;
+
+    /// Counts a delivery attempt of `decision_id`; an accepted one is recorded (with an audit
+    /// entry) so it is not sent again. `None` when the approval no longer awaits that decision.
+    fn record_delivery(
+        &self,
+        request_id: &str,
+        decision_id: &str,
+        outcome: DeliveryOutcome,
+    ) -> impl Future<Output = Result<Option<Approval>>> + Send;
+
+    /// RESOLVED/EXPIRED → ACKED, only for the decision the approval holds.
+    fn ack_result(
+        &self,
+        request_id: &str,
+        decision_id: &str,
+    ) -> impl Future<Output = Result<Approval>> + Send;
+
+    /// ACKED → PRUNED: drops the request payload and the decision's args/result; the record
+    /// stays as a tombstone and the audit trail stays whole.
+    fn prune_result(&self, request_id: &str) -> impl Future<Output = Result<Approval>> + Send;
+
+    /// PENDING/RESOLVED/EXPIRED → CANCELLED.
+    fn cancel(
+        &self,
+        request_id: &str,
+        actor: &str,
+        reason: &str,
+    ) -> impl Future<Output = Result<Approval>> + Send;
+
+    /// Cancels every approval of a run that can still be cancelled; returns the changed ones.
+    fn cancel_run(
+        &self,
+        run_id: &str,
+        actor: &str,
+        reason: &str,
+    ) -> impl Future<Output = Result<Vec<Approval>>> + Send;
+
+    /// Appends a free-standing audit entry (its id and time are assigned here).
+    fn append_audit(&self, entry: AuditEntry) -> impl Future<Output = Result<AuditEntry>> + Send;
+
+    fn get(&self, request_id: &str) -> Result<Option<Approval>>;
+
+    /// Approvals matching `filter`, oldest first.
+    fn list(
+        &self,
+        filter: &Filter,
+        page_size: usize,
+        page_token: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Page<Approval>>;
+
+    /// Audit entries of a request or a run, oldest first.
+    fn audit(
+        &self,
+        query: &AuditQuery,
+        page_size: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<AuditEntry>>;
+
+    /// The earliest deadline among PENDING approvals.
+    fn next_deadline(&self) -> Result<Option<(u64, String)>>;
+
+    /// RESOLVED/EXPIRED approvals whose decision the runner has not accepted yet.
+    fn undelivered(&self) -> Result<Vec<Approval>>;
+
+    /// The last event-log cursor this service acknowledged (for logs after a restart).
+    fn cursor(&self) -> Result<Option<u64>>;
+
+    fn set_cursor(&self, seq: u64) -> Result<()>;
+
+    /// Everything written so far is on disk (shutdown).
+    fn flush(&self) -> impl Future<Output = Result<()>> + Send;
+}

@@ -1,0 +1,519 @@
+//! The sled implementation of `ApprovalStore`: one multi-tree transaction per state change
+//! (record, its indexes and its audit entry), then a group-commit flush before answering.
+
+use std::path::Path;
+
+use arbor_shared::{
+    domain::{ApprovalRequest, DecisionKind, DecisionSource, TimeoutAction},
+    durability::GroupCommit,
+    time::now_ms,
+};
+use serde_json::{Map, Value as Json};
+use sled::{
+    Transactional,
+    transaction::{ConflictableTransactionError, TransactionError, TransactionalTree},
+};
+
+use super::{ApprovalStore, DeliveryOutcome, Put, Resolved, codec};
+use crate::{
+    error::{Error, Result},
+    lifecycle::{ApprovalState, Transition},
+    model::{Approval, AuditAction, AuditEntry, AuditQuery, Filter, NewDecision, Page},
+};
+
+type TxResult<T> = std::result::Result<T, ConflictableTransactionError<Error>>;
+
+const CURSOR_KEY: &[u8] = b"subscriber_cursor";
+
+/// Who the audit trail names for the service's own bookkeeping.
+pub const ACTOR_SERVICE: &str = "approval-svc";
+pub const ACTOR_RUNNER: &str = "runner";
+pub const ACTOR_TIMEOUT: &str = "timeout";
+
+#[derive(Clone)]
+pub(super) struct Trees {
+    pub approvals: sled::Tree,
+    pub by_created: sled::Tree,
+    pub by_run: sled::Tree,
+    pub deadlines: sled::Tree,
+    pub outbox: sled::Tree,
+    pub audit: sled::Tree,
+    pub audit_by_request: sled::Tree,
+    pub audit_by_run: sled::Tree,
+    pub meta: sled::Tree,
+}
+
+/// Approvals in a sled database.
+#[derive(Clone)]
+pub struct SledStore {
+    db: sled::Db,
+    pub(super) trees: Trees,
+    gc: GroupCommit,
+}
+
+impl std::fmt::Debug for SledStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SledStore").finish_non_exhaustive()
+    }
+}
+
+/// The transactional view of every tree a state change touches.
+struct Tx<'a> {
+    approvals: &'a TransactionalTree,
+    by_created: &'a TransactionalTree,
+    by_run: &'a TransactionalTree,
+    deadlines: &'a TransactionalTree,
+    outbox: &'a TransactionalTree,
+    audit: &'a TransactionalTree,
+    audit_by_request: &'a TransactionalTree,
+    audit_by_run: &'a TransactionalTree,
+    now: u64,
+}
+
+fn abort<T>(e: Error) -> TxResult<T> {
+    Err(ConflictableTransactionError::Abort(e))
+}
+
+fn lift<T>(r: Result<T>) -> TxResult<T> {
+    r.map_err(ConflictableTransactionError::Abort)
+}
+
+impl Tx<'_> {
+    fn load(&self, request_id: &str) -> TxResult<Approval> {
+        match self.approvals.get(request_id.as_bytes())? {
+            Some(bytes) => lift(codec::decode(&bytes)),
+            None => abort(Error::NotFound(request_id.to_string())),
+        }
+    }
+
+    fn step(&self, a: &Approval, event: Transition) -> TxResult<ApprovalState> {
+        a.state.apply(event).or_else(|source| {
+            abort(Error::InvalidTransition {
+                request_id: a.id().to_string(),
+                source,
+            })
+        })
+    }
+
+    /// Writes the record and keeps every index in step with its state.
+    fn save(&self, old: Option<&Approval>, new: &Approval) -> TxResult<()> {
+        let id = new.id();
+        self.approvals
+            .insert(id.as_bytes(), lift(codec::encode(new))?)?;
+        if old.is_none() {
+            self.by_created
+                .insert(codec::created_key(new.created_at_ms, id), &[][..])?;
+            self.by_run.insert(
+                codec::owned_key(&new.request.run_id, id.as_bytes()),
+                &[][..],
+            )?;
+        }
+        let deadline = |a: &Approval| {
+            (a.state == ApprovalState::Pending && a.request.deadline_ms > 0)
+                .then(|| codec::deadline_key(a.request.deadline_ms, a.id()))
+        };
+        if let Some(k) = old.and_then(deadline) {
+            self.deadlines.remove(k)?;
+        }
+        if let Some(k) = deadline(new) {
+            self.deadlines.insert(k, &[][..])?;
+        }
+        if new.needs_delivery() {
+            self.outbox.insert(id.as_bytes(), &[][..])?;
+        } else {
+            self.outbox.remove(id.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    fn audit(&self, mut entry: AuditEntry) -> TxResult<AuditEntry> {
+        entry.id = self.audit.generate_id()?;
+        entry.time_ms = self.now;
+        let key = codec::id_key(entry.id);
+        self.audit.insert(&key, lift(codec::encode(&entry))?)?;
+        self.audit_by_request
+            .insert(codec::owned_key(&entry.request_id, &key), &[][..])?;
+        self.audit_by_run
+            .insert(codec::owned_key(&entry.run_id, &key), &[][..])?;
+        Ok(entry)
+    }
+
+    /// A copy of `a` one version on, in `state`.
+    fn next(&self, a: &Approval, state: ApprovalState) -> Approval {
+        let mut n = a.clone();
+        n.state = state;
+        n.version += 1;
+        n.updated_at_ms = self.now;
+        n
+    }
+
+    fn cancel(&self, a: &Approval, actor: &str, reason: &str) -> TxResult<Approval> {
+        let state = self.step(a, Transition::Cancel)?;
+        let mut n = self.next(a, state);
+        n.cancel_reason = reason.to_string();
+        self.save(Some(a), &n)?;
+        let mut entry = AuditEntry::about(&n, AuditAction::Cancelled, actor).with_reason(reason);
+        if let Some(d) = &n.decision {
+            entry = entry.with_decision(d).with_reason(reason);
+        }
+        self.audit(entry)?;
+        Ok(n)
+    }
+}
+
+impl SledStore {
+    pub fn open(path: &Path) -> Result<Self> {
+        Self::from_db(sled::open(path)?)
+    }
+
+    pub fn from_db(db: sled::Db) -> Result<Self> {
+        let trees = Trees {
+            approvals: db.open_tree("approvals")?,
+            by_created: db.open_tree("approvals_by_created")?,
+            by_run: db.open_tree("approvals_by_run")?,
+            deadlines: db.open_tree("pending_deadlines")?,
+            outbox: db.open_tree("delivery_outbox")?,
+            audit: db.open_tree("audit")?,
+            audit_by_request: db.open_tree("audit_by_request")?,
+            audit_by_run: db.open_tree("audit_by_run")?,
+            meta: db.open_tree("meta")?,
+        };
+        let gc = GroupCommit::start(db.clone());
+        Ok(Self { db, trees, gc })
+    }
+
+    /// Runs `f` as one transaction over every tree, then waits until it is durable.
+    async fn commit<T>(&self, f: impl Fn(&Tx<'_>) -> TxResult<T>) -> Result<T> {
+        let t = &self.trees;
+        let now = now_ms();
+        let out = (
+            &t.approvals,
+            &t.by_created,
+            &t.by_run,
+            &t.deadlines,
+            &t.outbox,
+            &t.audit,
+            &t.audit_by_request,
+            &t.audit_by_run,
+        )
+            .transaction(|(a, c, r, d, o, au, aq, ar)| {
+                f(&Tx {
+                    approvals: a,
+                    by_created: c,
+                    by_run: r,
+                    deadlines: d,
+                    outbox: o,
+                    audit: au,
+                    audit_by_request: aq,
+                    audit_by_run: ar,
+                    now,
+                })
+            });
+        let value = match out {
+            Ok(v) => v,
+            Err(TransactionError::Abort(e)) => return Err(e),
+            Err(TransactionError::Storage(e)) => return Err(e.into()),
+        };
+        self.gc.flush().await?;
+        Ok(value)
+    }
+}
+
+impl ApprovalStore for SledStore {
+    async fn put_request(
+        &self,
+        request: ApprovalRequest,
+        unknown_kind: Option<i32>,
+    ) -> Result<Put> {
+        self.commit(|tx| {
+            if let Some(bytes) = tx.approvals.get(request.request_id.as_bytes())? {
+                return Ok(Put {
+                    approval: lift(codec::decode(&bytes))?,
+                    created: false,
+                });
+            }
+            let approval = Approval {
+                request: request.clone(),
+                unknown_kind,
+                state: ApprovalState::Pending,
+                decision: None,
+                created_at_ms: tx.now,
+                updated_at_ms: tx.now,
+                version: 1,
+                delivery_attempts: 0,
+                last_delivery_error: String::new(),
+                delivered_at_ms: 0,
+                cancel_reason: String::new(),
+            };
+            tx.save(None, &approval)?;
+            tx.audit(
+                AuditEntry::about(&approval, AuditAction::Requested, ACTOR_RUNNER)
+                    .with_reason(request.title.clone()),
+            )?;
+            Ok(Put {
+                approval,
+                created: true,
+            })
+        })
+        .await
+    }
+
+    async fn resolve_request(&self, request_id: &str, decision: NewDecision) -> Result<Resolved> {
+        // Generated once per call, outside the closure, so a retried transaction reuses it.
+        let decision_id = uuid::Uuid::now_v7().to_string();
+        self.commit(|tx| {
+            let a = tx.load(request_id)?;
+            if !a.allows(decision.kind) {
+                return abort(Error::not_allowed(
+                    request_id,
+                    decision.kind,
+                    &a.request.allowed_decisions,
+                ));
+            }
+            // A cancelled approval refuses every decision, even the one it held.
+            if let (Some(held), false) = (&a.decision, a.state == ApprovalState::Cancelled) {
+                if decision.repeats(held, a.state == ApprovalState::Pruned) {
+                    return Ok(Resolved {
+                        approval: a,
+                        duplicate: true,
+                    });
+                }
+                return abort(Error::AlreadyDecided {
+                    request_id: request_id.to_string(),
+                    existing: held.kind.as_str(),
+                    decision_id: held.decision_id.clone(),
+                });
+            }
+            let state = tx.step(&a, Transition::Decide)?;
+            let mut n = tx.next(&a, state);
+            let d = decision.clone().into_decision(decision_id.clone(), tx.now);
+            let actor = match d.source {
+                DecisionSource::Person => d.decided_by.clone(),
+                DecisionSource::Policy => d.rule.clone(),
+                DecisionSource::Timeout => ACTOR_TIMEOUT.to_string(),
+            };
+            let entry = AuditEntry::about(&n, AuditAction::Decided, actor).with_decision(&d);
+            n.decision = Some(d);
+            tx.save(Some(&a), &n)?;
+            tx.audit(entry)?;
+            Ok(Resolved {
+                approval: n,
+                duplicate: false,
+            })
+        })
+        .await
+    }
+
+    async fn expire(&self, request_id: &str) -> Result<Approval> {
+        let decision_id = uuid::Uuid::now_v7().to_string();
+        self.commit(|tx| {
+            let a = tx.load(request_id)?;
+            let state = tx.step(&a, Transition::Expire)?;
+            let mut n = tx.next(&a, state);
+            let kind = match a.request.on_timeout {
+                TimeoutAction::Approve => DecisionKind::Approve,
+                TimeoutAction::Reject => DecisionKind::Reject,
+            };
+            let d = NewDecision {
+                kind,
+                reason: "deadline passed".into(),
+                args: Json::Null,
+                result: Json::Null,
+                decided_by: ACTOR_TIMEOUT.into(),
+                source: DecisionSource::Timeout,
+                rule: String::new(),
+            }
+            .into_decision(decision_id.clone(), tx.now);
+            let entry =
+                AuditEntry::about(&n, AuditAction::Expired, ACTOR_TIMEOUT).with_decision(&d);
+            n.decision = Some(d);
+            tx.save(Some(&a), &n)?;
+            tx.audit(entry)?;
+            Ok(n)
+        })
+        .await
+    }
+
+    async fn record_delivery(
+        &self,
+        request_id: &str,
+        decision_id: &str,
+        outcome: DeliveryOutcome,
+    ) -> Result<Option<Approval>> {
+        self.commit(|tx| {
+            let a = tx.load(request_id)?;
+            let holds = a
+                .decision
+                .as_ref()
+                .is_some_and(|d| d.decision_id == decision_id);
+            if !holds || !a.needs_delivery() {
+                return Ok(None);
+            }
+            let mut n = tx.next(&a, a.state);
+            n.delivery_attempts = n.delivery_attempts.saturating_add(1);
+            match &outcome {
+                DeliveryOutcome::Accepted => {
+                    n.delivered_at_ms = tx.now;
+                    n.last_delivery_error.clear();
+                }
+                DeliveryOutcome::Failed(e) => n.last_delivery_error = e.clone(),
+            }
+            tx.save(Some(&a), &n)?;
+            if outcome == DeliveryOutcome::Accepted
+                && let Some(d) = &n.decision
+            {
+                tx.audit(
+                    AuditEntry::about(&n, AuditAction::Delivered, ACTOR_SERVICE).with_decision(d),
+                )?;
+            }
+            Ok(Some(n))
+        })
+        .await
+    }
+
+    async fn ack_result(&self, request_id: &str, decision_id: &str) -> Result<Approval> {
+        self.commit(|tx| {
+            let a = tx.load(request_id)?;
+            let state = tx.step(&a, Transition::Ack)?;
+            let held = a
+                .decision
+                .as_ref()
+                .map(|d| d.decision_id.clone())
+                .unwrap_or_default();
+            if held != decision_id {
+                return abort(Error::DecisionMismatch {
+                    request_id: request_id.to_string(),
+                    held,
+                    given: decision_id.to_string(),
+                });
+            }
+            let n = tx.next(&a, state);
+            tx.save(Some(&a), &n)?;
+            let mut entry = AuditEntry::about(&n, AuditAction::Acked, ACTOR_RUNNER);
+            if let Some(d) = &n.decision {
+                entry = entry.with_decision(d);
+            }
+            tx.audit(entry)?;
+            Ok(n)
+        })
+        .await
+    }
+
+    async fn prune_result(&self, request_id: &str) -> Result<Approval> {
+        self.commit(|tx| {
+            let a = tx.load(request_id)?;
+            let state = tx.step(&a, Transition::Prune)?;
+            let mut n = tx.next(&a, state);
+            n.request.tool_args = Json::Null;
+            n.request.context = Map::new();
+            if let Some(d) = &mut n.decision {
+                d.args = Json::Null;
+                d.result = Json::Null;
+            }
+            tx.save(Some(&a), &n)?;
+            tx.audit(AuditEntry::about(&n, AuditAction::Pruned, ACTOR_SERVICE))?;
+            Ok(n)
+        })
+        .await
+    }
+
+    async fn cancel(&self, request_id: &str, actor: &str, reason: &str) -> Result<Approval> {
+        self.commit(|tx| {
+            let a = tx.load(request_id)?;
+            tx.cancel(&a, actor, reason)
+        })
+        .await
+    }
+
+    async fn cancel_run(&self, run_id: &str, actor: &str, reason: &str) -> Result<Vec<Approval>> {
+        let mut ids = Vec::new();
+        for item in self.trees.by_run.scan_prefix(codec::owner_prefix(run_id)) {
+            let (key, _) = item?;
+            let id = &key[run_id.len() + 1..];
+            ids.push(String::from_utf8_lossy(id).into_owned());
+        }
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.commit(|tx| {
+            let mut changed = Vec::new();
+            for id in &ids {
+                let a = tx.load(id)?;
+                if a.state.apply(Transition::Cancel).is_ok() {
+                    changed.push(tx.cancel(&a, actor, reason)?);
+                }
+            }
+            Ok(changed)
+        })
+        .await
+    }
+
+    async fn append_audit(&self, entry: AuditEntry) -> Result<AuditEntry> {
+        self.commit(|tx| tx.audit(entry.clone())).await
+    }
+
+    fn get(&self, request_id: &str) -> Result<Option<Approval>> {
+        self.trees
+            .approvals
+            .get(request_id.as_bytes())?
+            .map(|b| codec::decode(&b))
+            .transpose()
+    }
+
+    fn list(
+        &self,
+        filter: &Filter,
+        page_size: usize,
+        page_token: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Page<Approval>> {
+        self.list_approvals(filter, page_size, page_token, now_ms)
+    }
+
+    fn audit(
+        &self,
+        query: &AuditQuery,
+        page_size: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<AuditEntry>> {
+        self.list_audit(query, page_size, page_token)
+    }
+
+    fn next_deadline(&self) -> Result<Option<(u64, String)>> {
+        Ok(self
+            .trees
+            .deadlines
+            .first()?
+            .and_then(|(k, _)| codec::split_time_key(&k)))
+    }
+
+    fn undelivered(&self) -> Result<Vec<Approval>> {
+        let mut out = Vec::new();
+        for item in self.trees.outbox.iter() {
+            let (key, _) = item?;
+            if let Some(a) = self.get(&String::from_utf8_lossy(&key))? {
+                out.push(a);
+            }
+        }
+        Ok(out)
+    }
+
+    fn cursor(&self) -> Result<Option<u64>> {
+        Ok(self
+            .trees
+            .meta
+            .get(CURSOR_KEY)?
+            .and_then(|v| Some(u64::from_be_bytes(v.as_ref().try_into().ok()?))))
+    }
+
+    fn set_cursor(&self, seq: u64) -> Result<()> {
+        self.trees.meta.insert(CURSOR_KEY, &seq.to_be_bytes())?;
+        Ok(())
+    }
+
+    async fn flush(&self) -> Result<()> {
+        self.gc.flush().await?;
+        self.db.flush_async().await?;
+        Ok(())
+    }
+}
