@@ -2,7 +2,10 @@
 
 mod checkpoint;
 mod composites;
+mod decorators;
 mod gates;
 mod harness;
+mod inputs;
+mod parallel;
 mod tools;
 mod validation;

@@ -136,3 +136,21 @@ root:
     let locators: Vec<&str> = spec.locators().collect();
     assert_eq!(locators, vec!["deploy", "0", "approve-deploy", "1/0"]);
 }
+
+#[test]
+fn odd_schemas_are_violations_not_panics() {
+    for schema in [
+        json!({"$schema": "http://example.com/unknown-draft"}),
+        json!({"$ref": "http://example.com/remote.json"}),
+        json!({"$ref": "#/definitions/missing"}),
+        json!({"type": 5}),
+        json!("string"),
+        json!({"pattern": "("}),
+    ] {
+        let doc = json!({"id": "t", "version": 1, "root": {"type": "user_input",
+            "input_kind": "json", "prompt": "p", "schema": schema}});
+        let errs = parse_tree(&doc.to_string(), TreeFormat::Json).unwrap_err();
+        assert_eq!(errs.len(), 1, "{schema}: {errs:?}");
+        assert_eq!(errs[0].field, "$.root.schema");
+    }
+}
