@@ -1,1 +1,56 @@
-//! End-to-end harness: starts the real binaries on free ports with fresh data dirs.
+//! End-to-end harness: builds and starts the real `runner-svc` and `approval-svc` binaries on
+//! free ports with fresh data dirs, kills and restarts them, and gives tests gRPC clients.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+pub mod process;
+
+use std::{future::Future, time::Duration};
+
+pub use process::{Binaries, Cluster, Profile, Service, ServiceKind};
+
+/// Polls `f` until it returns `Some`, or panics with `what` after `timeout`. Tests never sleep a
+/// fixed time and hope.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+/// The demo tree of DESIGN §1a (gate around a ledger tool, then a user input).
+pub fn demo_tree() -> String {
+    include_str!("../../deploy/demo/deploy-service.json").to_string()
+}
+
+/// A tree with one approval gate around a ledger append; `on_reject` is `failure` or
+/// `success_skip`.
+pub fn gate_tree(id: &str, on_reject: &str) -> String {
+    serde_json::json!({
+        "id": id, "version": 1,
+        "root": {"type": "sequence", "name": "main", "children": [
+            {"type": "set", "name": "plan", "key": "plan", "value": {"service": "billing", "replicas": 3}},
+            {"type": "approval", "name": "gate", "phase": "before", "on_reject": on_reject,
+             "title": "Ship it?", "context": ["plan"],
+             "child": {"type": "tool", "name": "ship", "tool": "ledger.append",
+                       "args": {"entry": {"$ref": "plan"}}, "output": "receipt"}},
+            {"type": "set", "name": "done", "key": "done", "value": true}
+        ]}
+    })
+    .to_string()
+}
+
+/// Seconds to wait for anything in an end-to-end test before failing.
+pub const WAIT: Duration = Duration::from_secs(30);

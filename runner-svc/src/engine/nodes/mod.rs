@@ -1,0 +1,263 @@
+//! Node behaviour: one tick context, the dispatch over node kinds, and halting. Each node reads
+//! its immutable spec and keeps everything it must remember in the checkpoint.
+
+mod composite;
+mod decorator;
+mod gate;
+mod input;
+mod leaf;
+mod tool;
+
+use std::ops::Range;
+
+use arbor_shared::domain::RunMode;
+use serde_json::{Map, Value as Json};
+
+use super::checkpoint::{Checkpoint, NodeData, NodeStatus};
+use super::interaction::{Decision, SuspensionRecord, request_id};
+use super::spec::{NodeKind, NodeSpec, TreeSpec};
+use super::{Effect, TickEnv, TickOutput, TickStatus, blackboard};
+
+/// Node ticks one `tick()` may spend; past it the run yields and asks to be ticked again, so
+/// nested repeats can never pin a worker.
+const WORK_BUDGET: u32 = 1_000_000;
+
+pub(crate) struct Ctx<'t> {
+    pub spec: &'t TreeSpec,
+    pub ck: &'t mut Checkpoint,
+    pub env: &'t TickEnv<'t>,
+    pub effects: Vec<Effect>,
+    next_wake: Option<u64>,
+    /// The most recent failure reason; becomes the run's error if the root fails.
+    error: String,
+    /// A suspension became active in this tick (Yield mode stops ticking parallel siblings).
+    pub suspended_now: bool,
+    work_left: u32,
+}
+
+pub(crate) fn tick_root(
+    spec: &TreeSpec,
+    ck: &mut Checkpoint,
+    env: &TickEnv<'_>,
+    effects: Vec<Effect>,
+) -> TickOutput {
+    let mut cx = Ctx {
+        spec,
+        ck,
+        env,
+        effects,
+        next_wake: None,
+        error: String::new(),
+        suspended_now: false,
+        work_left: WORK_BUDGET,
+    };
+    let status = cx.tick(0);
+    cx.ck.root_status = status.into();
+    let mut error = String::new();
+    match status {
+        TickStatus::Running => {}
+        TickStatus::Success | TickStatus::Failure => {
+            // Composites halt what they leave behind; this only guards that promise.
+            cx.ck
+                .interaction
+                .withdraw(0..u32::MAX, "run finished", &mut cx.effects);
+            cx.next_wake = None;
+            if status == TickStatus::Failure {
+                error = if cx.error.is_empty() {
+                    "tree failed".to_string()
+                } else {
+                    std::mem::take(&mut cx.error)
+                };
+            }
+        }
+    }
+    cx.ck.error.clone_from(&error);
+    TickOutput {
+        status,
+        effects: cx.effects,
+        next_wake_ms: cx.next_wake,
+        error,
+    }
+}
+
+pub(crate) fn halt_all(spec: &TreeSpec, ck: &mut Checkpoint, reason: &str) -> Vec<Effect> {
+    let tools = super::ToolRegistry::new(super::GuardConfig::default());
+    let env = TickEnv {
+        run_id: "",
+        thread_id: "",
+        tree_id: "",
+        tree_version: 0,
+        submitted_by: "",
+        now_ms: 0,
+        mode: RunMode::Yield,
+        tools: &tools,
+    };
+    let mut cx = Ctx {
+        spec,
+        ck,
+        env: &env,
+        effects: Vec::new(),
+        next_wake: None,
+        error: String::new(),
+        suspended_now: false,
+        work_left: 0,
+    };
+    cx.halt_range(0..spec.nodes.len(), reason);
+    if !matches!(cx.ck.root_status, NodeStatus::Success | NodeStatus::Failure) {
+        cx.ck.root_status = NodeStatus::Failure;
+        cx.ck.error = format!("halted: {reason}");
+    }
+    cx.effects
+}
+
+impl<'t> Ctx<'t> {
+    pub fn node(&self, idx: usize) -> &'t NodeSpec {
+        let spec: &'t TreeSpec = self.spec;
+        &spec.nodes[idx]
+    }
+
+    /// Ticks one node and records its status; completing resets its own state and its children's.
+    pub fn tick(&mut self, idx: usize) -> TickStatus {
+        if self.work_left == 0 {
+            self.wake_at(self.env.now_ms);
+            return TickStatus::Running;
+        }
+        self.work_left -= 1;
+        let node = self.node(idx);
+        let status = match &node.kind {
+            NodeKind::Sequence => composite::sequence(self, idx),
+            NodeKind::Selector => composite::selector(self, idx),
+            NodeKind::Parallel { success_threshold } => {
+                composite::parallel(self, idx, *success_threshold)
+            }
+            NodeKind::ReactiveSequence => composite::reactive_sequence(self, idx),
+            NodeKind::Inverter => decorator::inverter(self, idx),
+            NodeKind::ForceSuccess => decorator::force(self, idx, TickStatus::Success),
+            NodeKind::ForceFailure => decorator::force(self, idx, TickStatus::Failure),
+            NodeKind::Retry { max_attempts } => decorator::retry(self, idx, *max_attempts),
+            NodeKind::Repeat { count } => decorator::repeat(self, idx, *count),
+            NodeKind::Timeout { ms } => decorator::timeout(self, idx, *ms),
+            NodeKind::Approval(gate) => gate::approval(self, idx, gate),
+            NodeKind::Condition(c) => leaf::condition(self, idx, c),
+            NodeKind::Set { key, value } => leaf::set(self, idx, key, value),
+            NodeKind::Wait { ms } => leaf::wait(self, idx, *ms),
+            NodeKind::Succeed => TickStatus::Success,
+            NodeKind::Fail { message } => leaf::fail(self, idx, message),
+            NodeKind::Log { message } => leaf::log(self, idx, message),
+            NodeKind::Tool(t) => tool::tool(self, idx, t),
+            NodeKind::UserInput(u) => input::user_input(self, idx, u),
+            NodeKind::External(e) => input::external(self, idx, e),
+        };
+        self.record(idx, status);
+        status
+    }
+
+    fn record(&mut self, idx: usize, status: TickStatus) {
+        let state = &mut self.ck.nodes[idx];
+        state.status = status.into();
+        if status == TickStatus::Running {
+            return;
+        }
+        state.attempt = state.attempt.wrapping_add(1);
+        state.data.reset();
+        for &child in &self.node(idx).children {
+            self.ck.nodes[child].status = NodeStatus::Idle;
+        }
+    }
+
+    /// Halts every node below `idx` (not `idx` itself).
+    pub fn halt_children(&mut self, idx: usize, reason: &str) {
+        let end = self.node(idx).end;
+        self.halt_range(idx + 1..end, reason);
+    }
+
+    /// Halts the nodes of a pre-order range (whole subtrees): nodes that were in flight count an
+    /// attempt, all are reset to idle, and their active suspensions are withdrawn.
+    pub fn halt_range(&mut self, range: Range<usize>, reason: &str) {
+        if range.is_empty() {
+            return;
+        }
+        let mut busy = self.ck.interaction.active_owners();
+        busy.extend(self.ck.interaction.progress.values().map(|p| p.node));
+        for i in range.clone() {
+            let state = &mut self.ck.nodes[i];
+            let in_flight = state.status == NodeStatus::Running
+                || state.data.deadline().is_some()
+                || matches!(state.data, NodeData::Composite { cursor } if cursor > 0)
+                || busy.contains(&(i as u32));
+            if in_flight {
+                state.attempt = state.attempt.wrapping_add(1);
+            }
+            state.status = NodeStatus::Idle;
+            state.data.reset();
+        }
+        let nodes = range.start as u32..range.end as u32;
+        self.ck
+            .interaction
+            .withdraw(nodes, reason, &mut self.effects);
+    }
+
+    pub fn fail(&mut self, message: impl Into<String>) -> TickStatus {
+        self.error = message.into();
+        TickStatus::Failure
+    }
+
+    pub fn wake_at(&mut self, at_ms: u64) {
+        self.next_wake = Some(self.next_wake.map_or(at_ms, |w| w.min(at_ms)));
+    }
+
+    pub fn locator(&self, idx: usize) -> &'t str {
+        &self.node(idx).locator
+    }
+
+    pub fn attempt(&self, idx: usize) -> u32 {
+        self.ck.nodes[idx].attempt
+    }
+
+    pub fn request_id(&self, idx: usize, phase: &str) -> String {
+        request_id(
+            self.env.thread_id,
+            self.env.run_id,
+            self.locator(idx),
+            phase,
+            self.attempt(idx),
+        )
+    }
+
+    /// Records a suspension; `Effect::Suspended` only the first time.
+    pub fn suspend(&mut self, idx: usize, record: SuspensionRecord) {
+        if self
+            .ck
+            .interaction
+            .suspend(idx as u32, record, &mut self.effects)
+        {
+            self.suspended_now = true;
+        }
+    }
+
+    /// Pops the delivered decision for an active request.
+    pub fn take_decision(&mut self, request_id: &str) -> Option<Decision> {
+        self.ck.interaction.take(request_id, &mut self.effects)
+    }
+
+    pub fn board(&self) -> &Map<String, Json> {
+        &self.ck.blackboard
+    }
+
+    pub fn resolve(&self, value: &Json) -> Result<Json, String> {
+        blackboard::resolve(&self.ck.blackboard, value)
+    }
+
+    pub fn write(&mut self, key: &str, value: Json) -> Result<(), String> {
+        blackboard::set(&mut self.ck.blackboard, key, value)
+    }
+
+    pub fn stop_siblings(&self) -> bool {
+        self.suspended_now && self.env.mode == RunMode::Yield
+    }
+
+    /// A tick stopped early with work left: ask to be ticked again at once.
+    pub fn yield_now(&mut self) {
+        self.wake_at(self.env.now_ms);
+    }
+}

@@ -1,0 +1,280 @@
+//! The `tool` leaf: guard pipeline (policy → budget → rate limit → ask), the optional approval
+//! suspension with its resume modes, and the call itself with an idempotency key, so a replay
+//! after a crash repeats the same call id and key.
+
+use arbor_shared::domain::{
+    ApprovalKind, ApprovalPhase, ApprovalRequest, DecisionKind, ResolveAction, SuspensionCategory,
+    SuspensionState, TimeoutAction,
+};
+use serde_json::{Map, Value as Json, json};
+
+use super::Ctx;
+use crate::engine::TickStatus;
+use crate::engine::interaction::SuspensionRecord;
+use crate::engine::interaction::request_id;
+use crate::engine::interaction::store::{Progress, ProgressEntry, ToolCallRecord, ToolCallState};
+use crate::engine::spec::{ResumeMode, ToolSpec};
+use crate::engine::tools::{Policy, ToolCall};
+
+pub(super) fn tool(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec) -> TickStatus {
+    let loc = cx.locator(idx);
+    let call_id = format!("{loc}#{}", cx.attempt(idx));
+    if !cx.ck.interaction.tool_calls.contains_key(&call_id)
+        && let Err(error) = admit(cx, idx, spec, &call_id)
+    {
+        cx.ck.interaction.tool_calls.insert(
+            call_id,
+            ToolCallRecord {
+                node: idx as u32,
+                tool: spec.tool.clone(),
+                args: Json::Null,
+                state: ToolCallState::Failed {
+                    error: error.clone(),
+                },
+            },
+        );
+        return cx.fail(error);
+    }
+    let Some(record) = cx.ck.interaction.tool_calls.get(&call_id) else {
+        return cx.fail(format!("tool '{loc}': call record missing"));
+    };
+    match record.state.clone() {
+        ToolCallState::AwaitingApproval { request_id } => {
+            await_approval(cx, idx, spec, &call_id, &request_id)
+        }
+        ToolCallState::Approved => execute(cx, idx, spec, &call_id),
+        ToolCallState::Succeeded
+        | ToolCallState::Failed { .. }
+        | ToolCallState::Cancelled { .. } => {
+            cx.fail(format!("tool '{loc}': call {call_id} already finished"))
+        }
+    }
+}
+
+/// The guard pipeline for a new call; on success the call record exists (approved or awaiting
+/// approval) and counts against the run's budget.
+fn admit(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, call_id: &str) -> Result<(), String> {
+    let loc = cx.locator(idx);
+    let name = &spec.tool;
+    let args = cx
+        .resolve(&spec.args)
+        .map_err(|e| format!("tool '{loc}': {e}"))?;
+    if cx.env.tools.get(name).is_none() {
+        return Err(format!("tool '{loc}': unknown tool '{name}'"));
+    }
+    let guards = cx.env.tools.guards();
+    let policy = spec.policy.unwrap_or_else(|| guards.policy_for(name));
+    if policy == Policy::Deny {
+        return Err(format!("tool '{name}' ({loc}) denied by policy"));
+    }
+    if let Some(budget) = guards.budget_per_run()
+        && cx.ck.interaction.budget_used >= budget
+    {
+        return Err(format!(
+            "tool '{name}' ({loc}) over budget: {budget} calls per run"
+        ));
+    }
+    if !guards.admit(name, cx.env.now_ms) {
+        return Err(format!("tool '{name}' ({loc}) rate limited"));
+    }
+    cx.ck.interaction.budget_used += 1;
+    let state = if policy == Policy::Ask {
+        let rid = request_id(
+            cx.env.thread_id,
+            cx.env.run_id,
+            loc,
+            call_id,
+            cx.attempt(idx),
+        );
+        ToolCallState::AwaitingApproval { request_id: rid }
+    } else {
+        ToolCallState::Approved
+    };
+    cx.ck.interaction.tool_calls.insert(
+        call_id.to_string(),
+        ToolCallRecord {
+            node: idx as u32,
+            tool: name.clone(),
+            args,
+            state,
+        },
+    );
+    Ok(())
+}
+
+fn set_state(cx: &mut Ctx<'_>, call_id: &str, state: ToolCallState) {
+    if let Some(record) = cx.ck.interaction.tool_calls.get_mut(call_id) {
+        record.state = state;
+    }
+}
+
+fn await_approval(
+    cx: &mut Ctx<'_>,
+    idx: usize,
+    spec: &ToolSpec,
+    call_id: &str,
+    rid: &str,
+) -> TickStatus {
+    let progress_key = format!("tool:{}:{call_id}", cx.locator(idx));
+    let Some(decision) = cx.take_decision(rid) else {
+        if !cx.ck.interaction.suspensions.contains_key(rid) {
+            let record = approval_record(cx, idx, spec, call_id, rid);
+            cx.suspend(idx, record);
+        }
+        cx.ck.interaction.progress.insert(
+            progress_key,
+            ProgressEntry {
+                node: idx as u32,
+                progress: Progress::ToolApproval {
+                    request_id: rid.to_string(),
+                },
+            },
+        );
+        return TickStatus::Running;
+    };
+    cx.ck.interaction.progress.remove(&progress_key);
+    if decision.action == ResolveAction::Cancel {
+        set_state(
+            cx,
+            call_id,
+            ToolCallState::Cancelled {
+                reason: decision.reason.clone(),
+            },
+        );
+        return cx.fail(format!("tool call cancelled: {}", decision.reason));
+    }
+    match spec.resume_mode {
+        ResumeMode::ReplayToolCall => {}
+        ResumeMode::PassDecisionToTool => {
+            // A plain approve carries no result: the original args stand.
+            if !decision.result.is_null()
+                && let Some(record) = cx.ck.interaction.tool_calls.get_mut(call_id)
+            {
+                record.args = decision.result;
+            }
+        }
+        ResumeMode::UseDecisionAsToolResult => {
+            set_state(cx, call_id, ToolCallState::Succeeded);
+            return write_output(cx, idx, spec, decision.result);
+        }
+    }
+    set_state(cx, call_id, ToolCallState::Approved);
+    execute(cx, idx, spec, call_id)
+}
+
+fn execute(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, call_id: &str) -> TickStatus {
+    let loc = cx.locator(idx);
+    let Some(tool) = cx.env.tools.get(&spec.tool) else {
+        return cx.fail(format!("tool '{loc}': unknown tool '{}'", spec.tool));
+    };
+    let args = cx
+        .ck
+        .interaction
+        .tool_calls
+        .get(call_id)
+        .map_or(Json::Null, |r| r.args.clone());
+    let call = ToolCall {
+        tool: spec.tool.clone(),
+        args,
+        run_id: cx.env.run_id.to_string(),
+        tool_call_id: call_id.to_string(),
+        idempotency_key: format!("{}:{call_id}", cx.env.run_id),
+    };
+    match tool.call(&call) {
+        Ok(result) => {
+            set_state(cx, call_id, ToolCallState::Succeeded);
+            write_output(cx, idx, spec, result)
+        }
+        Err(e) => {
+            let error = format!("tool '{}' ({loc}) failed: {e}", spec.tool);
+            set_state(
+                cx,
+                call_id,
+                ToolCallState::Failed {
+                    error: error.clone(),
+                },
+            );
+            cx.fail(error)
+        }
+    }
+}
+
+fn write_output(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, result: Json) -> TickStatus {
+    let Some(key) = &spec.output else {
+        return TickStatus::Success;
+    };
+    match cx.write(key, result) {
+        Ok(()) => TickStatus::Success,
+        Err(e) => {
+            let loc = cx.locator(idx);
+            cx.fail(format!("tool '{loc}': {e}"))
+        }
+    }
+}
+
+fn approval_record(
+    cx: &Ctx<'_>,
+    idx: usize,
+    spec: &ToolSpec,
+    call_id: &str,
+    rid: &str,
+) -> SuspensionRecord {
+    let env = cx.env;
+    let node = cx.node(idx);
+    let args = cx
+        .ck
+        .interaction
+        .tool_calls
+        .get(call_id)
+        .map_or(Json::Null, |r| r.args.clone());
+    let title = format!("Allow tool '{}' ({})?", spec.tool, node.locator);
+    let resume_mode = match spec.resume_mode {
+        ResumeMode::ReplayToolCall => "replay_tool_call",
+        ResumeMode::UseDecisionAsToolResult => "use_decision_as_tool_result",
+        ResumeMode::PassDecisionToTool => "pass_decision_to_tool",
+    };
+    let payload = json!({
+        "kind": "tool",
+        "tool": spec.tool,
+        "args": args,
+        "tool_call_id": call_id,
+        "resume_mode": resume_mode,
+    });
+    let approval = ApprovalRequest {
+        request_id: rid.to_string(),
+        run_id: env.run_id.to_string(),
+        thread_id: env.thread_id.to_string(),
+        tree_id: env.tree_id.to_string(),
+        tree_version: env.tree_version,
+        node_locator: node.locator.clone(),
+        node_name: node.name_or_empty().to_string(),
+        kind: ApprovalKind::Tool,
+        tool_name: spec.tool.clone(),
+        tool_args: args,
+        tool_call_id: call_id.to_string(),
+        title: title.clone(),
+        context: Map::new(),
+        phase: ApprovalPhase::Before,
+        deadline_ms: 0,
+        on_timeout: TimeoutAction::Reject,
+        allowed_decisions: vec![
+            DecisionKind::Approve,
+            DecisionKind::Reject,
+            DecisionKind::Edit,
+            DecisionKind::Respond,
+        ],
+        submitted_by: env.submitted_by.to_string(),
+        requested_at_ms: env.now_ms,
+    };
+    SuspensionRecord {
+        request_id: rid.to_string(),
+        category: SuspensionCategory::RequireApproval,
+        message: title,
+        payload,
+        state: SuspensionState::Active,
+        node_locator: node.locator.clone(),
+        created_at_ms: env.now_ms,
+        approval: Some(approval),
+        consumed_decision_id: None,
+    }
+}

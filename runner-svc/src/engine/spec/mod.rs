@@ -1,0 +1,234 @@
+//! Tree specifications: the immutable, validated form of a tree document. Runtime state lives in
+//! the checkpoint; nothing here changes while a run ticks.
+
+mod fields;
+mod parse;
+
+use arbor_shared::domain::TimeoutAction;
+use arbor_shared::status::FieldViolation;
+use serde_json::Value as Json;
+
+use super::tools::Policy;
+
+/// Deepest nesting a document may have (root is depth 1).
+pub const MAX_DEPTH: usize = 64;
+/// Most nodes a document may have.
+pub const MAX_NODES: usize = 100_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TreeFormat {
+    Json,
+    Yaml,
+}
+
+/// A parsed and validated tree. Nodes are kept in pre-order, so a node's subtree is the index
+/// range `index..end` and the checkpoint can index runtime state by the same number.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TreeSpec {
+    pub(crate) id: String,
+    pub(crate) version: u32,
+    pub(crate) nodes: Vec<NodeSpec>,
+    pub(crate) document: Json,
+}
+
+impl TreeSpec {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// The document as canonical JSON: keys sorted, no insignificant whitespace.
+    pub fn canonical_json(&self) -> String {
+        self.document.to_string()
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Node locators in pre-order (a node's `name`, else its path; the root's path is `root`).
+    pub fn locators(&self) -> impl Iterator<Item = &str> {
+        self.nodes.iter().map(|n| n.locator.as_str())
+    }
+}
+
+/// Parses and validates a tree document; returns every violation, each with its JSON path.
+pub fn parse_tree(document: &str, format: TreeFormat) -> Result<TreeSpec, Vec<FieldViolation>> {
+    let value: Json = match format {
+        TreeFormat::Json => serde_json::from_str(document)
+            .map_err(|e| vec![FieldViolation::new("$", format!("not valid JSON: {e}"))])?,
+        TreeFormat::Yaml => serde_yaml_ng::from_str(document)
+            .map_err(|e| vec![FieldViolation::new("$", format!("not valid YAML: {e}"))])?,
+    };
+    parse::parse_document(value)
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct NodeSpec {
+    pub name: Option<String>,
+    /// `name` if the node has one, else its path (`0/2/1`; `root` for the root).
+    pub locator: String,
+    pub children: Vec<usize>,
+    /// One past the last node of this subtree.
+    pub end: usize,
+    pub kind: NodeKind,
+}
+
+impl NodeSpec {
+    pub fn name_or_empty(&self) -> &str {
+        self.name.as_deref().unwrap_or("")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum NodeKind {
+    Sequence,
+    Selector,
+    Parallel { success_threshold: usize },
+    ReactiveSequence,
+    Inverter,
+    ForceSuccess,
+    ForceFailure,
+    Retry { max_attempts: u32 },
+    Repeat { count: u32 },
+    Timeout { ms: u64 },
+    Approval(Box<GateSpec>),
+    Condition(Box<ConditionSpec>),
+    Set { key: String, value: Json },
+    Wait { ms: u64 },
+    Succeed,
+    Fail { message: String },
+    Log { message: String },
+    Tool(Box<ToolSpec>),
+    UserInput(Box<InputSpec>),
+    External(Box<ExternalSpec>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CondOp {
+    Eq,
+    Ne,
+    Gt,
+    Ge,
+    Lt,
+    Le,
+    Exists,
+    NotExists,
+    Truthy,
+}
+
+impl CondOp {
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "eq" => Self::Eq,
+            "ne" => Self::Ne,
+            "gt" => Self::Gt,
+            "ge" => Self::Ge,
+            "lt" => Self::Lt,
+            "le" => Self::Le,
+            "exists" => Self::Exists,
+            "not_exists" => Self::NotExists,
+            "truthy" => Self::Truthy,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Eq => "eq",
+            Self::Ne => "ne",
+            Self::Gt => "gt",
+            Self::Ge => "ge",
+            Self::Lt => "lt",
+            Self::Le => "le",
+            Self::Exists => "exists",
+            Self::NotExists => "not_exists",
+            Self::Truthy => "truthy",
+        }
+    }
+
+    pub fn needs_value(self) -> bool {
+        !matches!(self, Self::Exists | Self::NotExists | Self::Truthy)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ConditionSpec {
+    pub key: String,
+    pub op: CondOp,
+    pub value: Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnReject {
+    Failure,
+    SuccessSkip,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct GateSpec {
+    pub before: bool,
+    pub after: bool,
+    pub on_reject: OnReject,
+    pub title: String,
+    pub context: Vec<String>,
+    /// Relative to the moment the request is made; 0 = no deadline.
+    pub deadline_ms: u64,
+    pub on_timeout: TimeoutAction,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ResumeMode {
+    ReplayToolCall,
+    UseDecisionAsToolResult,
+    PassDecisionToTool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ToolSpec {
+    pub tool: String,
+    pub args: Json,
+    pub policy: Option<Policy>,
+    pub resume_mode: ResumeMode,
+    pub output: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InputKind {
+    Text,
+    Select,
+    Number,
+    Json,
+}
+
+impl InputKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Text => "text",
+            Self::Select => "select",
+            Self::Number => "number",
+            Self::Json => "json",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct InputSpec {
+    pub input_kind: InputKind,
+    pub prompt: String,
+    pub schema: Option<Json>,
+    pub default: Option<Json>,
+    pub options: Vec<Json>,
+    pub output: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ExternalSpec {
+    pub execution_kind: String,
+    pub task: Json,
+    pub callback_hint: Option<String>,
+    pub output: Option<String>,
+}

@@ -1,0 +1,246 @@
+//! Tool leaves: built-ins, the guard pipeline, every resume mode, and exactly-once ledger writes.
+
+use arbor_shared::domain::{ApprovalKind, DecisionKind};
+use serde_json::{Value as Json, json};
+
+use super::harness::{Harness, approve, reject, suspended};
+use crate::engine::tools::{GuardRule, Policy, RateLimit};
+use crate::engine::{Decision, GuardConfig, TickStatus};
+
+fn ledger_node(extra: Json) -> Json {
+    let mut node = json!({"type": "tool", "name": "append", "tool": "ledger.append",
+        "args": {"entry": {"amount": {"$ref": "amount"}}}, "output": "receipt"});
+    for (k, v) in extra.as_object().unwrap() {
+        node[k] = v.clone();
+    }
+    node
+}
+
+#[test]
+fn echo_and_math_add_write_their_outputs() {
+    let mut h = Harness::new(json!({"type": "sequence", "children": [
+        {"type": "tool", "tool": "echo", "args": {"said": {"$ref": "x"}}, "output": "echoed"},
+        {"type": "tool", "tool": "math.add", "args": {"a": {"$ref": "x"}, "b": 2.5}, "output": "sum"},
+        {"type": "tool", "tool": "math.add", "args": {"values": [1, 2, 3]}, "output": "ints"}
+    ]}))
+    .input(json!({"x": 1}));
+    assert_eq!(h.tick().status, TickStatus::Success);
+    assert_eq!(h.bb("echoed"), json!({"said": 1}));
+    assert_eq!(h.bb("sum"), json!(3.5));
+    assert_eq!(h.bb("ints"), json!(6));
+}
+
+#[test]
+fn tool_errors_and_unknown_tools_fail_the_node() {
+    let mut h = Harness::new(json!({"type": "tool", "name": "bad", "tool": "math.add",
+        "args": {"a": "x", "b": 1}}));
+    let out = h.tick();
+    assert_eq!(out.status, TickStatus::Failure);
+    assert_eq!(
+        out.error,
+        "tool 'math.add' (bad) failed: invalid arguments: operand 0 is not a number"
+    );
+    let mut h = Harness::new(json!({"type": "tool", "name": "n", "tool": "nope"}));
+    assert_eq!(h.tick().error, "tool 'n': unknown tool 'nope'");
+}
+
+#[test]
+fn ledger_append_writes_once_under_the_idempotency_key() {
+    let mut h = Harness::new(ledger_node(json!({}))).input(json!({"amount": 7}));
+    let before = h.ck.encode();
+    assert_eq!(h.tick().status, TickStatus::Success);
+    assert_eq!(h.ledger.count(), 1);
+    let (key, entry) = h.ledger.entries().remove(0);
+    assert_eq!(key, "run-1:append#0");
+    assert_eq!(entry["entry"], json!({"amount": 7}));
+    assert_eq!(h.bb("receipt"), entry);
+    // A crash before the checkpoint was committed replays the same call: no second write.
+    h.ck = crate::engine::Checkpoint::decode(&before).unwrap();
+    assert_eq!(h.tick().status, TickStatus::Success);
+    assert_eq!(h.ledger.count(), 1);
+    assert_eq!(h.bb("receipt"), entry);
+}
+
+#[test]
+fn deny_by_node_policy_or_glob_rule_never_runs_the_tool() {
+    let mut h = Harness::new(ledger_node(json!({"policy": "deny"}))).input(json!({"amount": 1}));
+    let out = h.tick();
+    assert_eq!(out.status, TickStatus::Failure);
+    assert_eq!(out.error, "tool 'ledger.append' (append) denied by policy");
+    assert_eq!(h.ledger.count(), 0);
+
+    let guards = GuardConfig {
+        rules: vec![
+            GuardRule {
+                tool: "echo".into(),
+                policy: Policy::Allow,
+            },
+            GuardRule {
+                tool: "ledger.*".into(),
+                policy: Policy::Deny,
+            },
+        ],
+        ..GuardConfig::default()
+    };
+    let mut h =
+        Harness::with_guards(ledger_node(json!({})), guards.clone()).input(json!({"amount": 1}));
+    assert!(h.tick().error.ends_with("denied by policy"));
+    // A node's own policy overrides the server rules.
+    let mut h = Harness::with_guards(ledger_node(json!({"policy": "allow"})), guards)
+        .input(json!({"amount": 1}));
+    assert_eq!(h.tick().status, TickStatus::Success);
+}
+
+#[test]
+fn the_budget_counts_calls_per_run() {
+    let guards = GuardConfig {
+        budget_per_run: Some(2),
+        ..GuardConfig::default()
+    };
+    let mut h = Harness::with_guards(
+        json!({"type": "repeat", "count": 3, "child": {"type": "tool", "tool": "echo"}}),
+        guards,
+    );
+    let out = h.tick();
+    assert_eq!(out.status, TickStatus::Failure);
+    assert!(
+        out.error.contains("over budget: 2 calls per run"),
+        "{}",
+        out.error
+    );
+    assert_eq!(h.ck.tool_calls_used(), 2);
+}
+
+#[test]
+fn the_rate_limit_refuses_calls_beyond_the_window() {
+    let guards = GuardConfig {
+        rate_limit: Some(RateLimit {
+            calls: 2,
+            window_ms: 1000,
+        }),
+        ..GuardConfig::default()
+    };
+    let mut h = Harness::with_guards(
+        json!({"type": "repeat", "count": 3, "child": {"type": "tool", "tool": "echo"}}),
+        guards,
+    );
+    let out = h.tick();
+    assert_eq!(out.status, TickStatus::Failure);
+    assert!(out.error.ends_with("rate limited"), "{}", out.error);
+}
+
+#[test]
+fn ask_suspends_with_a_tool_approval_and_replays_the_original_args() {
+    let mut h = Harness::new(ledger_node(json!({"policy": "ask"}))).input(json!({"amount": 5}));
+    let out = h.tick();
+    assert_eq!(out.status, TickStatus::Running);
+    let record = suspended(&out.effects).remove(0);
+    let req = record.approval.unwrap();
+    assert_eq!(req.kind, ApprovalKind::Tool);
+    assert_eq!(req.tool_name, "ledger.append");
+    assert_eq!(req.tool_args, json!({"entry": {"amount": 5}}));
+    assert_eq!(req.tool_call_id, "append#0");
+    assert_eq!(
+        req.allowed_decisions,
+        vec![
+            DecisionKind::Approve,
+            DecisionKind::Reject,
+            DecisionKind::Edit,
+            DecisionKind::Respond
+        ]
+    );
+    assert!(
+        h.ck.interaction
+            .progress
+            .contains_key("tool:append:append#0")
+    );
+    assert_eq!(h.ledger.count(), 0);
+    // In replay mode any result is ignored: the original args run.
+    let out = h.decide(vec![Decision::resume(
+        &record.request_id,
+        "d1",
+        json!({"entry": 1}),
+    )]);
+    assert_eq!(out.status, TickStatus::Success);
+    assert_eq!(h.ledger.entries()[0].1["entry"], json!({"amount": 5}));
+    assert!(h.ck.interaction.progress.is_empty());
+}
+
+#[test]
+fn ask_by_glob_rule_then_pass_decision_to_tool_edits_the_args() {
+    let guards = GuardConfig {
+        rules: vec![GuardRule {
+            tool: "ledger.*".into(),
+            policy: Policy::Ask,
+        }],
+        ..GuardConfig::default()
+    };
+    let mut h = Harness::with_guards(
+        ledger_node(json!({"resume_mode": "pass_decision_to_tool"})),
+        guards,
+    )
+    .input(json!({"amount": 5}));
+    h.tick();
+    let rid = h.only_active();
+    let out = h.decide(vec![Decision::resume(
+        &rid,
+        "d1",
+        json!({"entry": {"amount": 4}}),
+    )]);
+    assert_eq!(out.status, TickStatus::Success);
+    assert_eq!(h.ledger.entries()[0].1["entry"], json!({"amount": 4}));
+}
+
+#[test]
+fn use_decision_as_tool_result_never_runs_the_tool() {
+    let mut h = Harness::new(ledger_node(json!({"policy": "ask",
+        "resume_mode": "use_decision_as_tool_result"})))
+    .input(json!({"amount": 5}));
+    h.tick();
+    let rid = h.only_active();
+    let out = h.decide(vec![Decision::resume(
+        &rid,
+        "d1",
+        json!({"stand_in": true}),
+    )]);
+    assert_eq!(out.status, TickStatus::Success);
+    assert_eq!(h.bb("receipt"), json!({"stand_in": true}));
+    assert_eq!(h.ledger.count(), 0);
+}
+
+#[test]
+fn cancel_marks_the_call_cancelled_and_the_tool_never_runs() {
+    for mode in [
+        "replay_tool_call",
+        "pass_decision_to_tool",
+        "use_decision_as_tool_result",
+    ] {
+        let mut h = Harness::new(ledger_node(json!({"policy": "ask", "resume_mode": mode})))
+            .input(json!({"amount": 5}));
+        h.tick();
+        let rid = h.only_active();
+        let out = h.decide(vec![reject(&rid, "too much")]);
+        assert_eq!(out.status, TickStatus::Failure);
+        assert_eq!(out.error, "tool call cancelled: too much");
+        assert_eq!(h.ledger.count(), 0, "{mode}");
+        let call = &h.ck.interaction.tool_calls["append#0"];
+        assert!(matches!(
+            &call.state,
+            crate::engine::interaction::store::ToolCallState::Cancelled { reason } if reason == "too much"
+        ));
+    }
+}
+
+#[test]
+fn a_retried_tool_asks_again_with_a_new_call_id() {
+    let mut h = Harness::new(json!({"type": "retry", "max_attempts": 2, "child":
+        {"type": "tool", "name": "t", "tool": "echo", "policy": "ask"}}));
+    h.tick();
+    let first = h.only_active();
+    h.decide(vec![reject(&first, "no")]);
+    let second = h.only_active();
+    assert_ne!(first, second);
+    let req = h.ck.suspension(&second).unwrap().approval.clone().unwrap();
+    assert_eq!(req.tool_call_id, "t#1");
+    assert_eq!(h.decide(vec![approve(&second)]).status, TickStatus::Success);
+}

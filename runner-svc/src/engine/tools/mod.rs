@@ -1,0 +1,100 @@
+//! Tools a tree can call: the `Tool` trait, the registry with its guard configuration, and the
+//! built-ins (`echo`, `math.add`, `ledger.append`).
+
+mod builtins;
+mod guard;
+mod ledger;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::Value as Json;
+
+pub use builtins::{Echo, MathAdd};
+pub use guard::{GuardConfig, GuardRule, Policy, RateLimit};
+pub use ledger::LedgerTool;
+
+pub(crate) use guard::Guards;
+
+/// One call of a tool, as the tool sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub tool: String,
+    pub args: Json,
+    pub run_id: String,
+    /// `{locator}#{attempt}`: the same for a replay of the same call.
+    pub tool_call_id: String,
+    /// `{run_id}:{tool_call_id}`: a tool with side effects must apply them at most once per key.
+    pub idempotency_key: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolError {
+    #[error("invalid arguments: {0}")]
+    InvalidArgs(String),
+    #[error("storage failed: {0}")]
+    Storage(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+pub trait Tool: Send + Sync {
+    fn name(&self) -> &str;
+    fn call(&self, call: &ToolCall) -> Result<Json, ToolError>;
+}
+
+/// The tools of a runner process and the guards every call passes.
+pub struct ToolRegistry {
+    tools: HashMap<String, Arc<dyn Tool>>,
+    guards: Guards,
+}
+
+impl std::fmt::Debug for ToolRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names: Vec<&String> = self.tools.keys().collect();
+        names.sort();
+        f.debug_struct("ToolRegistry")
+            .field("tools", &names)
+            .field("guards", &self.guards.config())
+            .finish()
+    }
+}
+
+impl ToolRegistry {
+    /// An empty registry. Guard rules whose glob does not compile deny every tool (fail closed);
+    /// `GuardConfig::validate` reports them up front.
+    pub fn new(guards: GuardConfig) -> Self {
+        Self {
+            tools: HashMap::new(),
+            guards: Guards::new(guards),
+        }
+    }
+
+    /// `echo`, `math.add` and `ledger.append`.
+    pub fn with_builtins(ledger: LedgerTool, guards: GuardConfig) -> Self {
+        let mut registry = Self::new(guards);
+        registry.register(Echo);
+        registry.register(MathAdd);
+        registry.register(ledger);
+        registry
+    }
+
+    /// Adds a tool, replacing one of the same name.
+    pub fn register(&mut self, tool: impl Tool + 'static) {
+        self.tools.insert(tool.name().to_string(), Arc::new(tool));
+    }
+
+    pub fn get(&self, name: &str) -> Option<&dyn Tool> {
+        self.tools.get(name).map(|t| t.as_ref())
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.tools.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        names
+    }
+
+    pub(crate) fn guards(&self) -> &Guards {
+        &self.guards
+    }
+}

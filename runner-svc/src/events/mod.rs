@@ -1,0 +1,202 @@
+//! The durable event log: events are appended inside the same transaction as the checkpoint that
+//! produced them, numbered with a gap-free `seq`, and published to streams only once a flush has
+//! made them durable. Durable subscribers keep an acked cursor here.
+
+use arbor_shared::domain::{Event, EventDetail, EventKind};
+use tokio::sync::watch;
+
+use crate::store::{Store, T, Tx, TxResult, abort, codec};
+
+const NEXT_SEQ: &[u8] = b"next_seq";
+const FIRST_SEQ: &[u8] = b"first_seq";
+
+fn cursor_key(subscriber: &str) -> Vec<u8> {
+    let mut k = b"sub:".to_vec();
+    k.extend_from_slice(subscriber.as_bytes());
+    k
+}
+
+/// An event before it has a seq.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub run_id: String,
+    pub thread_id: String,
+    pub detail: EventDetail,
+}
+
+/// Which events a stream wants; empty fields match everything.
+#[derive(Debug, Clone, Default)]
+pub struct EventFilter {
+    pub run_id: String,
+    pub thread_id: String,
+    pub kinds: Vec<EventKind>,
+}
+
+impl EventFilter {
+    pub fn matches(&self, e: &Event) -> bool {
+        (self.run_id.is_empty() || e.run_id == self.run_id)
+            && (self.thread_id.is_empty() || e.thread_id == self.thread_id)
+            && (self.kinds.is_empty() || self.kinds.contains(&e.kind()))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EventLogError {
+    #[error(transparent)]
+    Corrupt(#[from] codec::Corrupt),
+    #[error("storage error: {0}")]
+    Storage(#[from] sled::Error),
+}
+
+/// Appends events inside a runner transaction; returns them with their seqs.
+pub fn append<E: From<codec::Corrupt>>(
+    tx: &Tx<'_>,
+    events: &[NewEvent],
+    time_ms: u64,
+    traceparent: &str,
+) -> TxResult<Vec<Event>, E> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let meta = tx.tree(T::Meta);
+    let mut next = meta
+        .get(NEXT_SEQ)?
+        .map(|b| codec::read_u64(&b))
+        .unwrap_or(1);
+    let mut out = Vec::with_capacity(events.len());
+    for e in events {
+        let event = Event {
+            seq: next,
+            run_id: e.run_id.clone(),
+            thread_id: e.thread_id.clone(),
+            time_ms,
+            detail: e.detail.clone(),
+            traceparent: traceparent.to_string(),
+        };
+        tx.tree(T::Events)
+            .insert(&codec::u64_key(next), codec::encode(&event))?;
+        out.push(event);
+        next += 1;
+    }
+    meta.insert(NEXT_SEQ, &codec::u64_key(next))?;
+    Ok(out)
+}
+
+/// Stores a subscriber's cursor inside a transaction; it never moves backwards. Returns the
+/// stored cursor.
+pub fn ack_cursor<E: From<codec::Corrupt>>(
+    tx: &Tx<'_>,
+    subscriber: &str,
+    seq: u64,
+    last_seq: u64,
+) -> TxResult<u64, E> {
+    if seq > last_seq {
+        return abort(codec::Corrupt {
+            what: "cursor",
+            message: format!("seq {seq} is beyond the last event {last_seq}"),
+        });
+    }
+    let key = cursor_key(subscriber);
+    let current = tx
+        .tree(T::Meta)
+        .get(&key)?
+        .map(|b| codec::read_u64(&b))
+        .unwrap_or(0);
+    let stored = current.max(seq);
+    tx.tree(T::Meta).insert(key, &codec::u64_key(stored))?;
+    Ok(stored)
+}
+
+/// Read side of the log plus the durable-seq watermark streams wait on.
+#[derive(Clone)]
+pub struct EventLog {
+    store: Store,
+    durable: watch::Sender<u64>,
+}
+
+impl EventLog {
+    /// Everything sled recovered at open is durable, so the watermark starts at the last seq.
+    pub fn open(store: Store) -> Result<Self, EventLogError> {
+        let last = store
+            .tree(T::Events)
+            .last()?
+            .map(|(k, _)| codec::read_u64(&k))
+            .unwrap_or(0);
+        let (durable, _) = watch::channel(last);
+        Ok(Self { store, durable })
+    }
+
+    /// Marks events up to `seq` durable (called after the flush that covered their commit).
+    pub fn publish(&self, seq: u64) {
+        self.durable.send_if_modified(|d| {
+            if seq > *d {
+                *d = seq;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    pub fn durable_seq(&self) -> u64 {
+        *self.durable.borrow()
+    }
+
+    pub fn watch(&self) -> watch::Receiver<u64> {
+        self.durable.subscribe()
+    }
+
+    /// The last seq ever assigned (durable or not).
+    pub fn last_seq(&self) -> Result<u64, EventLogError> {
+        Ok(self
+            .store
+            .tree(T::Meta)
+            .get(NEXT_SEQ)?
+            .map(|b| codec::read_u64(&b).saturating_sub(1))
+            .unwrap_or(0))
+    }
+
+    /// Oldest seq still retained (1 until retention removes events).
+    pub fn first_seq(&self) -> Result<u64, EventLogError> {
+        Ok(self
+            .store
+            .tree(T::Meta)
+            .get(FIRST_SEQ)?
+            .map(|b| codec::read_u64(&b))
+            .unwrap_or(1))
+    }
+
+    /// Durable events with `after < seq <= durable_seq`, at most `limit`.
+    pub fn read_after(&self, after: u64, limit: usize) -> Result<Vec<Event>, EventLogError> {
+        let upto = self.durable_seq();
+        let mut out = Vec::new();
+        if after >= upto {
+            return Ok(out);
+        }
+        let range = codec::u64_key(after + 1)..=codec::u64_key(upto);
+        for entry in self.store.tree(T::Events).range(range).take(limit) {
+            let (_, bytes) = entry?;
+            out.push(codec::decode("event", &bytes)?);
+        }
+        Ok(out)
+    }
+
+    pub fn cursor(&self, subscriber: &str) -> Result<Option<u64>, EventLogError> {
+        Ok(self
+            .store
+            .tree(T::Meta)
+            .get(cursor_key(subscriber))?
+            .map(|b| codec::read_u64(&b)))
+    }
+
+    /// Every durable subscriber with its cursor.
+    pub fn cursors(&self) -> Result<Vec<(String, u64)>, EventLogError> {
+        let mut out = Vec::new();
+        for entry in self.store.tree(T::Meta).scan_prefix(b"sub:") {
+            let (k, v) = entry?;
+            let name = String::from_utf8_lossy(&k[4..]).into_owned();
+            out.push((name, codec::read_u64(&v)));
+        }
+        Ok(out)
+    }
+}

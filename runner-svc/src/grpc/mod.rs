@@ -1,0 +1,340 @@
+//! The `arbor.runner.v1.RunnerService` handlers: thin adapters that check roles, convert at the
+//! edge and call `Runner`.
+
+mod convert;
+
+use std::{pin::Pin, sync::Arc};
+
+use arbor_shared::{
+    auth::{Role, principal_of},
+    domain::{DecisionSource, EventKind, JobStatus, ResolveAction},
+    json::from_optional_value,
+    proto::runner::v1::{self as pb, runner_service_server::RunnerService},
+};
+use tokio_stream::{Stream, wrappers::ReceiverStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::{
+    engine::TreeFormat,
+    error::RunnerError,
+    events::EventFilter,
+    mailbox::JobFilter,
+    runs::{ResolveInput, RunFilter, Runner},
+};
+
+/// Events read from sled per batch when a stream catches up.
+const STREAM_BATCH: usize = 512;
+/// Events buffered per stream before the reader waits for the client.
+const STREAM_BUFFER: usize = 1024;
+
+#[derive(Clone)]
+pub struct RunnerGrpc {
+    runner: Arc<Runner>,
+    shutdown: CancellationToken,
+}
+
+impl RunnerGrpc {
+    pub fn new(runner: Arc<Runner>, shutdown: CancellationToken) -> Self {
+        Self { runner, shutdown }
+    }
+}
+
+type Res<T> = Result<Response<T>, Status>;
+
+fn ok<T>(t: T) -> Res<T> {
+    Ok(Response::new(t))
+}
+
+#[tonic::async_trait]
+impl RunnerService for RunnerGrpc {
+    async fn register_tree(
+        &self,
+        req: Request<pb::RegisterTreeRequest>,
+    ) -> Res<pb::RegisterTreeResponse> {
+        principal_of(&req).require(&[Role::Submitter, Role::Operator], "register trees")?;
+        let r = req.into_inner();
+        let format = match pb::TreeFormat::try_from(r.format) {
+            Ok(pb::TreeFormat::Unspecified | pb::TreeFormat::Json) => TreeFormat::Json,
+            Ok(pb::TreeFormat::Yaml) => TreeFormat::Yaml,
+            Err(_) => {
+                return Err(
+                    RunnerError::invalid("format", format!("unknown format {}", r.format)).into(),
+                );
+            }
+        };
+        let (tree, already_registered) = self.runner.register_tree(&r.document, format).await?;
+        ok(pb::RegisterTreeResponse {
+            tree: Some(convert::tree(&tree)),
+            already_registered,
+        })
+    }
+
+    async fn get_tree(&self, req: Request<pb::GetTreeRequest>) -> Res<pb::GetTreeResponse> {
+        let r = req.into_inner();
+        if r.tree_id.is_empty() {
+            return Err(RunnerError::invalid("tree_id", "required").into());
+        }
+        let tree = self.runner.tree_record(&r.tree_id, r.version)?;
+        ok(pb::GetTreeResponse {
+            tree: Some(convert::tree(&tree)),
+        })
+    }
+
+    async fn submit_run(&self, req: Request<pb::SubmitRunRequest>) -> Res<pb::SubmitRunResponse> {
+        let principal = principal_of(&req);
+        principal.require(&[Role::Submitter, Role::Operator], "submit runs")?;
+        let input =
+            convert::submit_input(req.get_ref(), &principal.name).map_err(RunnerError::from)?;
+        let submitted = self.runner.submit(input).await?;
+        let view = self.runner.get_run(&submitted.run.run_id)?;
+        ok(pb::SubmitRunResponse {
+            run: Some(convert::run(&view)),
+            job_id: submitted.job_id,
+            deduplicated: submitted.deduplicated,
+        })
+    }
+
+    async fn get_run(&self, req: Request<pb::GetRunRequest>) -> Res<pb::GetRunResponse> {
+        let view = self.runner.get_run(&req.get_ref().run_id)?;
+        ok(pb::GetRunResponse {
+            run: Some(convert::run(&view)),
+        })
+    }
+
+    async fn list_runs(&self, req: Request<pb::ListRunsRequest>) -> Res<pb::ListRunsResponse> {
+        let r = req.into_inner();
+        let filter = RunFilter {
+            thread_id: r.thread_id,
+            tree_id: r.tree_id,
+            statuses: convert::statuses(&r.statuses).map_err(RunnerError::from)?,
+        };
+        let page = self.runner.list_runs(&filter, r.page_size, &r.page_token)?;
+        ok(pb::ListRunsResponse {
+            runs: page.runs.iter().map(convert::run).collect(),
+            next_page_token: page.next_page_token,
+        })
+    }
+
+    async fn cancel_run(&self, req: Request<pb::CancelRunRequest>) -> Res<pb::CancelRunResponse> {
+        let principal = principal_of(&req);
+        let r = req.into_inner();
+        if !principal.has(Role::Operator) {
+            principal.require(&[Role::Submitter], "cancel runs")?;
+            let run = self.runner.get_run(&r.run_id)?;
+            if run.run.submitted_by != principal.name {
+                return Err(Status::permission_denied(format!(
+                    "principal '{}' may only cancel runs it submitted",
+                    principal.name
+                )));
+            }
+        }
+        let view = self.runner.cancel_run(&r.run_id, &r.reason).await?;
+        ok(pb::CancelRunResponse {
+            run: Some(convert::run(&view)),
+        })
+    }
+
+    async fn interrupt_thread(
+        &self,
+        req: Request<pb::InterruptThreadRequest>,
+    ) -> Res<pb::InterruptThreadResponse> {
+        let principal = principal_of(&req);
+        principal.require(&[Role::Submitter, Role::Operator], "interrupt threads")?;
+        let r = req.into_inner();
+        let next = match &r.next {
+            Some(n) => Some(convert::submit_input(n, &principal.name).map_err(RunnerError::from)?),
+            None => None,
+        };
+        let (intr, next_run) = self.runner.interrupt(&r.thread_id, &r.reason, next).await?;
+        let next_run = match next_run {
+            Some(s) => Some(convert::run(&self.runner.get_run(&s.run.run_id)?)),
+            None => None,
+        };
+        ok(pb::InterruptThreadResponse {
+            interrupt: Some(pb::MailboxInterrupt {
+                new_generation: intr.new_generation,
+                active_job: intr.active_job.as_ref().map(convert::job),
+                superseded_count: intr.superseded_count,
+            }),
+            next_run,
+        })
+    }
+
+    type StreamEventsStream =
+        Pin<Box<dyn Stream<Item = Result<pb::StreamEventsResponse, Status>> + Send>>;
+
+    async fn stream_events(
+        &self,
+        req: Request<pb::StreamEventsRequest>,
+    ) -> Res<Self::StreamEventsStream> {
+        let r = req.into_inner();
+        let filter = EventFilter {
+            run_id: r
+                .filter
+                .as_ref()
+                .map(|f| f.run_id.clone())
+                .unwrap_or_default(),
+            thread_id: r
+                .filter
+                .as_ref()
+                .map(|f| f.thread_id.clone())
+                .unwrap_or_default(),
+            kinds: r
+                .filter
+                .as_ref()
+                .map(|f| {
+                    f.kinds
+                        .iter()
+                        .map(|k| EventKind::from_wire(*k, "filter.kinds"))
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .transpose()
+                .map_err(RunnerError::from)?
+                .unwrap_or_default(),
+        };
+        if r.subscriber_id.len() > 128 {
+            return Err(RunnerError::invalid("subscriber_id", "at most 128 bytes").into());
+        }
+        let events = self.runner.events().clone();
+        let cursor = match r.after_seq {
+            Some(seq) => seq,
+            None if !r.subscriber_id.is_empty() => events
+                .cursor(&r.subscriber_id)
+                .map_err(RunnerError::from)?
+                .unwrap_or(0),
+            None => 0,
+        };
+        let first = events.first_seq().map_err(RunnerError::from)?;
+        if cursor + 1 < first {
+            return Err(RunnerError::OutOfRange(format!(
+                "cursor {cursor} is older than the oldest retained event {first}: events were compacted away; \
+                 restart from seq {} after reconciling state",
+                first - 1
+            ))
+            .into());
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER);
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let mut watch = events.watch();
+            let mut cursor = cursor;
+            loop {
+                let batch = match events.read_after(cursor, STREAM_BATCH) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::from(RunnerError::from(e)))).await;
+                        return;
+                    }
+                };
+                let caught_up = batch.len() < STREAM_BATCH;
+                for event in batch {
+                    cursor = event.seq;
+                    if !filter.matches(&event) {
+                        continue;
+                    }
+                    let item = pb::StreamEventsResponse {
+                        event: Some(pb::Event::from(&event)),
+                    };
+                    if tx.send(Ok(item)).await.is_err() {
+                        return;
+                    }
+                }
+                if !caught_up {
+                    continue;
+                }
+                if !r.follow {
+                    return;
+                }
+                tokio::select! {
+                    changed = watch.changed() => if changed.is_err() { return },
+                    _ = shutdown.cancelled() => {
+                        let _ = tx.send(Err(Status::unavailable("runner is shutting down; resume from your cursor"))).await;
+                        return;
+                    }
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        ok(Box::pin(ReceiverStream::new(rx)))
+    }
+
+    async fn resolve(&self, req: Request<pb::ResolveRequest>) -> Res<pb::ResolveResponse> {
+        let principal = principal_of(&req);
+        principal.require(
+            &[
+                Role::Submitter,
+                Role::Approver,
+                Role::Operator,
+                Role::Service,
+            ],
+            "resolve suspensions",
+        )?;
+        let r = req.into_inner();
+        let action = ResolveAction::from_wire(r.action, "action").map_err(RunnerError::from)?;
+        let source = DecisionSource::from_wire_opt(r.source, "source")
+            .map_err(RunnerError::from)?
+            .unwrap_or_default();
+        let decided_by = if principal.has(Role::Service) && !r.decided_by.is_empty() {
+            r.decided_by.clone()
+        } else {
+            principal.name.clone()
+        };
+        let resolved = self
+            .runner
+            .resolve(ResolveInput {
+                run_id: r.run_id,
+                request_id: r.request_id,
+                decision_id: r.decision_id,
+                action,
+                result: from_optional_value(r.result.as_ref()),
+                reason: r.reason,
+                decided_by,
+                source,
+                may_resolve_approvals: principal.has(Role::Service),
+            })
+            .await?;
+        let view = self.runner.get_run(&resolved.run.run_id)?;
+        ok(pb::ResolveResponse {
+            duplicate: resolved.duplicate,
+            run: Some(convert::run(&view)),
+        })
+    }
+
+    async fn ack(&self, req: Request<pb::AckRequest>) -> Res<pb::AckResponse> {
+        let r = req.into_inner();
+        let acked_seq = self.runner.ack_cursor(&r.subscriber_id, r.seq).await?;
+        ok(pb::AckResponse { acked_seq })
+    }
+
+    async fn list_jobs(&self, req: Request<pb::ListJobsRequest>) -> Res<pb::ListJobsResponse> {
+        principal_of(&req).require(&[Role::Operator, Role::Service], "list jobs")?;
+        let r = req.into_inner();
+        let filter = JobFilter {
+            mailbox_id: r.thread_id,
+            run_id: r.run_id,
+            statuses: r
+                .statuses
+                .iter()
+                .map(|s| JobStatus::from_wire(*s, "statuses"))
+                .collect::<Result<_, _>>()
+                .map_err(RunnerError::from)?,
+        };
+        let page = self.runner.list_jobs(&filter, r.page_size, &r.page_token)?;
+        ok(pb::ListJobsResponse {
+            jobs: page.jobs.iter().map(convert::job).collect(),
+            next_page_token: page.next_page_token,
+        })
+    }
+
+    async fn requeue_job(
+        &self,
+        req: Request<pb::RequeueJobRequest>,
+    ) -> Res<pb::RequeueJobResponse> {
+        principal_of(&req).require(&[Role::Operator], "requeue jobs")?;
+        let job = self.runner.requeue_job(&req.get_ref().job_id).await?;
+        ok(pb::RequeueJobResponse {
+            job: Some(convert::job(&job)),
+        })
+    }
+}

@@ -1,0 +1,195 @@
+//! The durable mailbox (DESIGN §5): every run request is a `MailboxJob` that workers claim
+//! atomically under a lease, ack or nack, and that retries, dead-letters, cancels and supersedes
+//! through the explicit status machine in `state`.
+//!
+//! Time: `available_at` and backoff are wall-clock milliseconds because they must survive a
+//! restart; lease expiry is judged on the server's monotonic clock only (never a client's clock).
+
+mod clock;
+mod sled_store;
+pub mod state;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use sled_store::{SledMailbox, tx};
+
+use std::time::Duration;
+
+use arbor_shared::domain::{JobKind, JobOrigin, JobStatus};
+use serde::{Deserialize, Serialize};
+
+use crate::store::codec::Corrupt;
+pub use state::{InvalidTransition, JobEvent};
+
+/// A mailbox entry. Field names follow the seed design.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    pub job_id: String,
+    /// The thread the run belongs to.
+    pub mailbox_id: String,
+    pub run_id: String,
+    pub origin: JobOrigin,
+    pub kind: JobKind,
+    pub priority: i32,
+    pub dedupe_key: String,
+    pub generation: u64,
+    pub status: JobStatus,
+    pub available_at_ms: u64,
+    pub attempt_count: u32,
+    pub max_attempts: u32,
+    pub last_error: String,
+    pub claim_token: String,
+    pub claimed_by: String,
+    /// Wall-clock view of the lease for operators; expiry itself uses the monotonic clock.
+    pub lease_until_ms: u64,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+    /// Enqueue order: FIFO among equal priorities.
+    pub order: u64,
+    /// Whether the dedupe key stays taken while the job is claimed (user submissions) or only
+    /// while it is queued (internal wake-ups, so a decision arriving mid-tick still wakes the run).
+    pub dedupe_while_claimed: bool,
+}
+
+/// What to enqueue.
+#[derive(Debug, Clone, Default)]
+pub struct EnqueueRequest {
+    pub job_id: String,
+    pub mailbox_id: String,
+    pub run_id: String,
+    pub origin: JobOrigin,
+    pub kind: Option<JobKind>,
+    pub priority: i32,
+    pub dedupe_key: String,
+    pub dedupe_while_claimed: bool,
+    pub available_at_ms: u64,
+    /// 0: the mailbox default.
+    pub max_attempts: u32,
+}
+
+/// The result of an enqueue: the new job, or the live job with the same dedupe key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enqueued {
+    pub job: Job,
+    pub deduplicated: bool,
+}
+
+/// A successful claim: the job (status Claimed) and its fencing token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub job: Job,
+    pub token: String,
+}
+
+/// The answer to an interrupt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MailboxInterrupt {
+    pub new_generation: u64,
+    pub active_job: Option<Job>,
+    pub superseded_count: u32,
+    /// The jobs that were superseded (the runner marks their runs).
+    pub superseded: Vec<Job>,
+}
+
+/// What the reaper did with an expired lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reaped {
+    pub job: Job,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum MailboxError {
+    #[error("job {0} not found")]
+    NotFound(String),
+    /// The claim token is not (or no longer) the job's current one: the lease was lost.
+    #[error("stale claim on job {job_id}: the lease was lost or the token is wrong")]
+    StaleClaim { job_id: String },
+    #[error(transparent)]
+    InvalidTransition(#[from] InvalidTransition),
+    #[error(transparent)]
+    Corrupt(#[from] Corrupt),
+    #[error("storage error: {0}")]
+    Storage(String),
+}
+
+impl From<sled::Error> for MailboxError {
+    fn from(e: sled::Error) -> Self {
+        Self::Storage(e.to_string())
+    }
+}
+
+impl From<crate::store::TxError<MailboxError>> for MailboxError {
+    fn from(e: crate::store::TxError<MailboxError>) -> Self {
+        match e {
+            crate::store::TxError::Abort(e) => e,
+            crate::store::TxError::Storage(e) => e.into(),
+        }
+    }
+}
+
+/// Filter for listing jobs.
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    pub mailbox_id: String,
+    pub run_id: String,
+    pub statuses: Vec<JobStatus>,
+}
+
+/// Tunables.
+#[derive(Debug, Clone)]
+pub struct MailboxConfig {
+    pub lease: Duration,
+    pub base_backoff: Duration,
+    pub max_backoff: Duration,
+    pub default_max_attempts: u32,
+}
+
+impl Default for MailboxConfig {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(30),
+            base_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(60),
+            default_max_attempts: 5,
+        }
+    }
+}
+
+impl MailboxConfig {
+    /// Exponential backoff before retry number `attempt` (1-based).
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let shift = attempt.saturating_sub(1).min(20);
+        self.base_backoff
+            .saturating_mul(1u32 << shift)
+            .min(self.max_backoff)
+    }
+}
+
+/// The mailbox operations of DESIGN §5. Every method is one atomic step; the caller makes it
+/// durable (group commit) before answering anyone.
+pub trait MailboxStore: Send + Sync {
+    fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, MailboxError>;
+    /// Claims the best available job (highest priority, then oldest; `available_at` reached;
+    /// its thread has no other claimed job). Exactly one concurrent claimer wins a job.
+    fn claim(&self, worker_id: &str) -> Result<Option<Claim>, MailboxError>;
+    fn ack(&self, job_id: &str, token: &str) -> Result<Job, MailboxError>;
+    /// Retry with backoff, or DeadLetter when `permanent` or attempts are exhausted.
+    fn nack(
+        &self,
+        job_id: &str,
+        token: &str,
+        error: &str,
+        permanent: bool,
+    ) -> Result<Job, MailboxError>;
+    fn extend_lease(&self, job_id: &str, token: &str) -> Result<Job, MailboxError>;
+    fn cancel(&self, job_id: &str) -> Result<Job, MailboxError>;
+    fn interrupt(&self, mailbox_id: &str) -> Result<MailboxInterrupt, MailboxError>;
+    /// Operator: DeadLetter → Queued with a fresh attempt budget.
+    fn requeue(&self, job_id: &str) -> Result<Job, MailboxError>;
+    /// Returns expired leases to Queued (or DeadLetter when attempts are exhausted).
+    fn reap_expired(&self) -> Result<Vec<Reaped>, MailboxError>;
+    fn get(&self, job_id: &str) -> Result<Option<Job>, MailboxError>;
+    fn list(&self, filter: &JobFilter, after: &str, limit: usize)
+    -> Result<Vec<Job>, MailboxError>;
+    /// Earliest `available_at` among queued jobs that are not available yet.
+    fn next_available_at(&self) -> Result<Option<u64>, MailboxError>;
+}

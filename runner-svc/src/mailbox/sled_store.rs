@@ -1,0 +1,693 @@
+//! The sled implementation of `MailboxStore`. The `tx` functions work inside any runner
+//! transaction, so the runner can commit a checkpoint, its events and the job's ack (with the
+//! fencing check) as one atomic step; `SledMailbox` wraps each in a transaction of its own.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use arbor_shared::domain::{JobKind, JobStatus};
+
+use super::{
+    Claim, Clock, EnqueueRequest, Enqueued, Job, JobFilter, MailboxConfig, MailboxError,
+    MailboxInterrupt, MailboxStore, Reaped,
+    state::{JobEvent, transition},
+};
+use crate::store::{Store, T, TxResult, abort, codec};
+
+/// Mailbox operations usable inside a larger runner transaction.
+pub mod tx {
+    use super::*;
+    use crate::store::Tx;
+
+    fn queue_key(job: &Job) -> Vec<u8> {
+        let mut k = Vec::with_capacity(12 + job.job_id.len());
+        k.extend_from_slice(&codec::priority_key(job.priority));
+        k.extend_from_slice(&codec::u64_key(job.order));
+        k.extend_from_slice(job.job_id.as_bytes());
+        k
+    }
+
+    fn mailbox_job_key(job: &Job) -> Vec<u8> {
+        let mut k = codec::prefix(&job.mailbox_id);
+        k.extend_from_slice(&codec::u64_key(job.order));
+        k
+    }
+
+    /// The job id inside a queue key.
+    pub fn job_id_of_queue_key(key: &[u8]) -> Option<&str> {
+        key.get(12..).and_then(|b| std::str::from_utf8(b).ok())
+    }
+
+    pub fn get_job(tx: &Tx<'_>, job_id: &str) -> TxResult<Option<Job>, MailboxError> {
+        match tx.tree(T::Jobs).get(job_id.as_bytes())? {
+            None => Ok(None),
+            Some(bytes) => match codec::decode("job", &bytes) {
+                Ok(job) => Ok(Some(job)),
+                Err(e) => abort(e),
+            },
+        }
+    }
+
+    pub fn must_get_job(tx: &Tx<'_>, job_id: &str) -> TxResult<Job, MailboxError> {
+        get_job(tx, job_id)?.map_or_else(|| abort(MailboxError::NotFound(job_id.into())), Ok)
+    }
+
+    fn put_job(tx: &Tx<'_>, job: &Job) -> TxResult<(), MailboxError> {
+        tx.tree(T::Jobs)
+            .insert(job.job_id.as_bytes(), codec::encode(job))?;
+        Ok(())
+    }
+
+    pub fn generation(tx: &Tx<'_>, mailbox_id: &str) -> TxResult<u64, MailboxError> {
+        Ok(tx
+            .tree(T::Mailboxes)
+            .get(mailbox_id.as_bytes())?
+            .map(|b| codec::read_u64(&b))
+            .unwrap_or(0))
+    }
+
+    fn move_to(job: &mut Job, event: JobEvent, now_ms: u64) -> TxResult<(), MailboxError> {
+        match transition(job.status, event) {
+            Ok(to) => {
+                job.status = to;
+                job.updated_at_ms = now_ms;
+                Ok(())
+            }
+            Err(e) => abort(e),
+        }
+    }
+
+    /// Removes the job from every index that only holds live jobs.
+    fn unindex(tx: &Tx<'_>, job: &Job, was: JobStatus) -> TxResult<(), MailboxError> {
+        if was == JobStatus::Queued {
+            tx.tree(T::Queue).remove(queue_key(job))?;
+        }
+        if was == JobStatus::Claimed {
+            let active = tx.tree(T::Active).get(job.mailbox_id.as_bytes())?;
+            if active.as_deref() == Some(job.job_id.as_bytes()) {
+                tx.tree(T::Active).remove(job.mailbox_id.as_bytes())?;
+            }
+        }
+        release_dedupe(tx, job)
+    }
+
+    fn release_dedupe(tx: &Tx<'_>, job: &Job) -> TxResult<(), MailboxError> {
+        if job.dedupe_key.is_empty() {
+            return Ok(());
+        }
+        let holder = tx.tree(T::Dedupe).get(job.dedupe_key.as_bytes())?;
+        if holder.as_deref() == Some(job.job_id.as_bytes()) {
+            tx.tree(T::Dedupe).remove(job.dedupe_key.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues a job, or returns the live job holding the same dedupe key.
+    pub fn enqueue(
+        tx: &Tx<'_>,
+        req: &EnqueueRequest,
+        order: u64,
+        now_ms: u64,
+        default_max_attempts: u32,
+    ) -> TxResult<Enqueued, MailboxError> {
+        if !req.dedupe_key.is_empty()
+            && let Some(holder) = tx.tree(T::Dedupe).get(req.dedupe_key.as_bytes())?
+        {
+            let holder = String::from_utf8_lossy(&holder).into_owned();
+            if let Some(job) = get_job(tx, &holder)? {
+                return Ok(Enqueued {
+                    job,
+                    deduplicated: true,
+                });
+            }
+        }
+        let job = Job {
+            job_id: req.job_id.clone(),
+            mailbox_id: req.mailbox_id.clone(),
+            run_id: req.run_id.clone(),
+            origin: req.origin,
+            kind: req.kind.unwrap_or(JobKind::Start),
+            priority: req.priority,
+            dedupe_key: req.dedupe_key.clone(),
+            generation: generation(tx, &req.mailbox_id)?,
+            status: JobStatus::Queued,
+            available_at_ms: req.available_at_ms.max(now_ms),
+            attempt_count: 0,
+            max_attempts: if req.max_attempts == 0 {
+                default_max_attempts
+            } else {
+                req.max_attempts
+            },
+            last_error: String::new(),
+            claim_token: String::new(),
+            claimed_by: String::new(),
+            lease_until_ms: 0,
+            created_at_ms: now_ms,
+            updated_at_ms: now_ms,
+            order,
+            dedupe_while_claimed: req.dedupe_while_claimed,
+        };
+        put_job(tx, &job)?;
+        tx.tree(T::Queue).insert(queue_key(&job), &[])?;
+        tx.tree(T::MailboxJobs)
+            .insert(mailbox_job_key(&job), job.job_id.as_bytes())?;
+        if !job.dedupe_key.is_empty() {
+            tx.tree(T::Dedupe)
+                .insert(job.dedupe_key.as_bytes(), job.job_id.as_bytes())?;
+        }
+        Ok(Enqueued {
+            job,
+            deduplicated: false,
+        })
+    }
+
+    /// Why a claim attempt on one candidate did not succeed.
+    #[derive(Debug)]
+    pub enum ClaimMiss {
+        /// Someone else claimed or changed it first.
+        Lost,
+        /// Its thread already has a claimed job.
+        ThreadBusy,
+        /// Its generation is older than the thread's: superseded instead.
+        Superseded(Box<Job>),
+    }
+
+    /// Tries to claim one specific queued job.
+    pub fn claim(
+        tx: &Tx<'_>,
+        job_id: &str,
+        worker_id: &str,
+        token: &str,
+        now_ms: u64,
+        lease: Duration,
+    ) -> TxResult<Result<Job, ClaimMiss>, MailboxError> {
+        let Some(mut job) = get_job(tx, job_id)? else {
+            return Ok(Err(ClaimMiss::Lost));
+        };
+        if job.status != JobStatus::Queued || job.available_at_ms > now_ms {
+            return Ok(Err(ClaimMiss::Lost));
+        }
+        if job.generation < generation(tx, &job.mailbox_id)? {
+            unindex(tx, &job, JobStatus::Queued)?;
+            move_to(&mut job, JobEvent::Supersede, now_ms)?;
+            put_job(tx, &job)?;
+            return Ok(Err(ClaimMiss::Superseded(Box::new(job))));
+        }
+        if tx.tree(T::Active).get(job.mailbox_id.as_bytes())?.is_some() {
+            return Ok(Err(ClaimMiss::ThreadBusy));
+        }
+        tx.tree(T::Queue).remove(queue_key(&job))?;
+        move_to(&mut job, JobEvent::Claim, now_ms)?;
+        job.attempt_count += 1;
+        job.claim_token = token.to_string();
+        job.claimed_by = worker_id.to_string();
+        job.lease_until_ms = now_ms + lease.as_millis() as u64;
+        tx.tree(T::Active)
+            .insert(job.mailbox_id.as_bytes(), job.job_id.as_bytes())?;
+        if !job.dedupe_while_claimed {
+            release_dedupe(tx, &job)?;
+        }
+        put_job(tx, &job)?;
+        Ok(Ok(job))
+    }
+
+    /// The fencing check: the job is claimed under exactly this token.
+    pub fn check_fence(tx: &Tx<'_>, job_id: &str, token: &str) -> TxResult<Job, MailboxError> {
+        let job = must_get_job(tx, job_id)?;
+        if job.status != JobStatus::Claimed || job.claim_token != token || token.is_empty() {
+            return abort(MailboxError::StaleClaim {
+                job_id: job_id.into(),
+            });
+        }
+        Ok(job)
+    }
+
+    pub fn ack(tx: &Tx<'_>, job_id: &str, token: &str, now_ms: u64) -> TxResult<Job, MailboxError> {
+        let mut job = check_fence(tx, job_id, token)?;
+        unindex(tx, &job, JobStatus::Claimed)?;
+        move_to(&mut job, JobEvent::Ack, now_ms)?;
+        job.claim_token.clear();
+        put_job(tx, &job)?;
+        Ok(job)
+    }
+
+    /// Retries (Queued after backoff) or dead-letters a claimed job. Shared by nack and lease
+    /// expiry: both count as a failed attempt.
+    fn fail_attempt(
+        tx: &Tx<'_>,
+        mut job: Job,
+        event: JobEvent,
+        error: &str,
+        now_ms: u64,
+        backoff: Duration,
+    ) -> TxResult<Job, MailboxError> {
+        unindex(tx, &job, JobStatus::Claimed)?;
+        let event = if event != JobEvent::NackPermanent && job.attempt_count >= job.max_attempts {
+            JobEvent::AttemptsExhausted
+        } else {
+            event
+        };
+        move_to(&mut job, event, now_ms)?;
+        job.last_error = error.to_string();
+        job.claim_token.clear();
+        job.claimed_by.clear();
+        job.lease_until_ms = 0;
+        if job.status == JobStatus::Queued {
+            job.available_at_ms = now_ms + backoff.as_millis() as u64;
+            tx.tree(T::Queue).insert(queue_key(&job), &[])?;
+            if !job.dedupe_key.is_empty()
+                && tx.tree(T::Dedupe).get(job.dedupe_key.as_bytes())?.is_none()
+            {
+                tx.tree(T::Dedupe)
+                    .insert(job.dedupe_key.as_bytes(), job.job_id.as_bytes())?;
+            }
+        }
+        put_job(tx, &job)?;
+        Ok(job)
+    }
+
+    pub fn nack(
+        tx: &Tx<'_>,
+        job_id: &str,
+        token: &str,
+        error: &str,
+        permanent: bool,
+        now_ms: u64,
+        cfg: &MailboxConfig,
+    ) -> TxResult<Job, MailboxError> {
+        let job = check_fence(tx, job_id, token)?;
+        let backoff = cfg.backoff(job.attempt_count);
+        let event = if permanent {
+            JobEvent::NackPermanent
+        } else {
+            JobEvent::NackRetry
+        };
+        fail_attempt(tx, job, event, error, now_ms, backoff)
+    }
+
+    /// Lease expiry of the claim `token` (no-op `None` when the job moved on meanwhile).
+    pub fn expire(
+        tx: &Tx<'_>,
+        job_id: &str,
+        token: &str,
+        now_ms: u64,
+    ) -> TxResult<Option<Job>, MailboxError> {
+        let Some(job) = get_job(tx, job_id)? else {
+            return Ok(None);
+        };
+        if job.status != JobStatus::Claimed || job.claim_token != token {
+            return Ok(None);
+        }
+        fail_attempt(
+            tx,
+            job,
+            JobEvent::LeaseExpired,
+            "lease expired",
+            now_ms,
+            Duration::ZERO,
+        )
+        .map(Some)
+    }
+
+    pub fn cancel(tx: &Tx<'_>, job_id: &str, now_ms: u64) -> TxResult<Job, MailboxError> {
+        let mut job = must_get_job(tx, job_id)?;
+        let was = job.status;
+        move_to(&mut job, JobEvent::Cancel, now_ms)?;
+        unindex(tx, &job, was)?;
+        job.claim_token.clear();
+        put_job(tx, &job)?;
+        Ok(job)
+    }
+
+    pub fn supersede(tx: &Tx<'_>, job_id: &str, now_ms: u64) -> TxResult<Job, MailboxError> {
+        let mut job = must_get_job(tx, job_id)?;
+        move_to(&mut job, JobEvent::Supersede, now_ms)?;
+        unindex(tx, &job, JobStatus::Queued)?;
+        put_job(tx, &job)?;
+        Ok(job)
+    }
+
+    /// Bumps the thread's generation; queued jobs of older generations among `candidates` are
+    /// superseded. Returns the new generation, the superseded jobs and the claimed job.
+    pub fn interrupt(
+        tx: &Tx<'_>,
+        mailbox_id: &str,
+        candidates: &[String],
+        now_ms: u64,
+    ) -> TxResult<MailboxInterrupt, MailboxError> {
+        let new_generation = generation(tx, mailbox_id)? + 1;
+        tx.tree(T::Mailboxes)
+            .insert(mailbox_id.as_bytes(), &codec::u64_key(new_generation))?;
+        let mut superseded = Vec::new();
+        for id in candidates {
+            if let Some(job) = get_job(tx, id)?
+                && job.status == JobStatus::Queued
+                && job.generation < new_generation
+            {
+                superseded.push(supersede(tx, id, now_ms)?);
+            }
+        }
+        let active_job = match tx.tree(T::Active).get(mailbox_id.as_bytes())? {
+            Some(id) => get_job(tx, &String::from_utf8_lossy(&id))?,
+            None => None,
+        };
+        Ok(MailboxInterrupt {
+            new_generation,
+            active_job,
+            superseded_count: superseded.len() as u32,
+            superseded,
+        })
+    }
+
+    pub fn requeue(tx: &Tx<'_>, job_id: &str, now_ms: u64) -> TxResult<Job, MailboxError> {
+        let mut job = must_get_job(tx, job_id)?;
+        move_to(&mut job, JobEvent::Requeue, now_ms)?;
+        job.attempt_count = 0;
+        job.available_at_ms = now_ms;
+        job.last_error.clear();
+        tx.tree(T::Queue).insert(queue_key(&job), &[])?;
+        put_job(tx, &job)?;
+        Ok(job)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Lease {
+    token: String,
+    deadline: Duration,
+}
+
+/// The sled mailbox. Leases are tracked here on the monotonic clock; the token in sled is the
+/// fencing authority.
+pub struct SledMailbox {
+    store: Store,
+    clock: Arc<dyn Clock>,
+    cfg: MailboxConfig,
+    leases: Mutex<HashMap<String, Lease>>,
+}
+
+impl SledMailbox {
+    /// Opens the mailbox. Jobs left Claimed by a previous process lost their worker with it: they
+    /// go back to Queued now (the crash counts as an attempt).
+    pub fn open(
+        store: Store,
+        clock: Arc<dyn Clock>,
+        cfg: MailboxConfig,
+    ) -> Result<(Self, Vec<Reaped>), MailboxError> {
+        let mailbox = Self {
+            store,
+            clock,
+            cfg,
+            leases: Mutex::new(HashMap::new()),
+        };
+        let mut recovered = Vec::new();
+        for entry in mailbox.store.tree(T::Active).iter() {
+            let (_, job_id) = entry?;
+            let job_id = String::from_utf8_lossy(&job_id).into_owned();
+            let Some(job) = mailbox.get(&job_id)? else {
+                continue;
+            };
+            let now = mailbox.clock.wall_ms();
+            let token = job.claim_token.clone();
+            let expired = mailbox
+                .store
+                .transact(|t| tx::expire(t, &job_id, &token, now))?;
+            if let Some(job) = expired {
+                recovered.push(Reaped { job });
+            }
+        }
+        Ok((mailbox, recovered))
+    }
+
+    pub fn config(&self) -> &MailboxConfig {
+        &self.cfg
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Starts tracking a claim's lease (used after a claim committed inside a runner
+    /// transaction as well as by `claim`).
+    pub fn track_lease(&self, job_id: &str, token: &str) {
+        let deadline = self.clock.mono() + self.cfg.lease;
+        if let Ok(mut leases) = self.leases.lock() {
+            leases.insert(
+                job_id.to_string(),
+                Lease {
+                    token: token.to_string(),
+                    deadline,
+                },
+            );
+        }
+    }
+
+    /// Stops tracking a lease (the job was acked, nacked or cancelled).
+    pub fn forget_lease(&self, job_id: &str) {
+        if let Ok(mut leases) = self.leases.lock() {
+            leases.remove(job_id);
+        }
+    }
+
+    /// Whether `token` still holds an unexpired lease on the job (monotonic clock).
+    pub fn lease_valid(&self, job_id: &str, token: &str) -> bool {
+        let now = self.clock.mono();
+        self.leases
+            .lock()
+            .ok()
+            .and_then(|l| l.get(job_id).cloned())
+            .is_some_and(|l| l.token == token && l.deadline > now)
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.wall_ms()
+    }
+}
+
+impl MailboxStore for SledMailbox {
+    fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, MailboxError> {
+        let order = self.store.next_id()?;
+        let now = self.now();
+        let default_max = self.cfg.default_max_attempts;
+        Ok(self
+            .store
+            .transact(|t| tx::enqueue(t, &req, order, now, default_max))?)
+    }
+
+    fn claim(&self, worker_id: &str) -> Result<Option<Claim>, MailboxError> {
+        let now = self.now();
+        for entry in self.store.tree(T::Queue).iter() {
+            let (key, _) = entry?;
+            let Some(job_id) = tx::job_id_of_queue_key(&key) else {
+                continue;
+            };
+            let token = uuid::Uuid::new_v4().to_string();
+            let lease = self.cfg.lease;
+            let outcome = self
+                .store
+                .transact(|t| tx::claim(t, job_id, worker_id, &token, now, lease))?;
+            if let Ok(job) = outcome {
+                self.track_lease(&job.job_id, &token);
+                return Ok(Some(Claim { job, token }));
+            }
+        }
+        Ok(None)
+    }
+
+    fn ack(&self, job_id: &str, token: &str) -> Result<Job, MailboxError> {
+        let now = self.now();
+        let job = self.store.transact(|t| tx::ack(t, job_id, token, now))?;
+        self.forget_lease(job_id);
+        Ok(job)
+    }
+
+    fn nack(
+        &self,
+        job_id: &str,
+        token: &str,
+        error: &str,
+        permanent: bool,
+    ) -> Result<Job, MailboxError> {
+        let now = self.now();
+        let cfg = &self.cfg;
+        let job = self
+            .store
+            .transact(|t| tx::nack(t, job_id, token, error, permanent, now, cfg))?;
+        self.forget_lease(job_id);
+        Ok(job)
+    }
+
+    fn extend_lease(&self, job_id: &str, token: &str) -> Result<Job, MailboxError> {
+        if !self.lease_valid(job_id, token) {
+            return Err(MailboxError::StaleClaim {
+                job_id: job_id.into(),
+            });
+        }
+        let now = self.now();
+        let lease_ms = self.cfg.lease.as_millis() as u64;
+        let job = self.store.transact(|t| {
+            let mut job = tx::check_fence(t, job_id, token)?;
+            job.lease_until_ms = now + lease_ms;
+            job.updated_at_ms = now;
+            t.tree(T::Jobs)
+                .insert(job.job_id.as_bytes(), codec::encode(&job))?;
+            Ok(job)
+        })?;
+        self.track_lease(job_id, token);
+        Ok(job)
+    }
+
+    fn cancel(&self, job_id: &str) -> Result<Job, MailboxError> {
+        let now = self.now();
+        let job = self.store.transact(|t| tx::cancel(t, job_id, now))?;
+        self.forget_lease(job_id);
+        Ok(job)
+    }
+
+    fn interrupt(&self, mailbox_id: &str) -> Result<MailboxInterrupt, MailboxError> {
+        let candidates = self.queued_of(mailbox_id)?;
+        let now = self.now();
+        Ok(self
+            .store
+            .transact(|t| tx::interrupt(t, mailbox_id, &candidates, now))?)
+    }
+
+    fn requeue(&self, job_id: &str) -> Result<Job, MailboxError> {
+        let now = self.now();
+        Ok(self.store.transact(|t| tx::requeue(t, job_id, now))?)
+    }
+
+    fn reap_expired(&self) -> Result<Vec<Reaped>, MailboxError> {
+        let now_mono = self.clock.mono();
+        let expired: Vec<(String, Lease)> = match self.leases.lock() {
+            Ok(leases) => leases
+                .iter()
+                .filter(|(_, l)| l.deadline <= now_mono)
+                .map(|(id, l)| (id.clone(), l.clone()))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        let mut reaped = Vec::new();
+        for (job_id, lease) in expired {
+            let now = self.now();
+            let outcome = self
+                .store
+                .transact(|t| tx::expire(t, &job_id, &lease.token, now))?;
+            if let Ok(mut leases) = self.leases.lock()
+                && leases.get(&job_id).is_some_and(|l| l.token == lease.token)
+            {
+                leases.remove(&job_id);
+            }
+            if let Some(job) = outcome {
+                reaped.push(Reaped { job });
+            }
+        }
+        Ok(reaped)
+    }
+
+    fn get(&self, job_id: &str) -> Result<Option<Job>, MailboxError> {
+        match self.store.tree(T::Jobs).get(job_id.as_bytes())? {
+            None => Ok(None),
+            Some(bytes) => Ok(Some(codec::decode("job", &bytes)?)),
+        }
+    }
+
+    fn list(
+        &self,
+        filter: &JobFilter,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<Job>, MailboxError> {
+        let mut out = Vec::new();
+        let matches = |job: &Job| {
+            (filter.run_id.is_empty() || job.run_id == filter.run_id)
+                && (filter.mailbox_id.is_empty() || job.mailbox_id == filter.mailbox_id)
+                && (filter.statuses.is_empty() || filter.statuses.contains(&job.status))
+        };
+        if filter.mailbox_id.is_empty() {
+            let start = match after {
+                "" => std::ops::Bound::Unbounded,
+                a => std::ops::Bound::Excluded(a.as_bytes().to_vec()),
+            };
+            for entry in self
+                .store
+                .tree(T::Jobs)
+                .range::<Vec<u8>, _>((start, std::ops::Bound::Unbounded))
+            {
+                let (_, bytes) = entry?;
+                let job: Job = codec::decode("job", &bytes)?;
+                if matches(&job) {
+                    out.push(job);
+                    if out.len() >= limit {
+                        break;
+                    }
+                }
+            }
+        } else {
+            let mut past_cursor = after.is_empty();
+            for entry in self
+                .store
+                .tree(T::MailboxJobs)
+                .scan_prefix(codec::prefix(&filter.mailbox_id))
+            {
+                let (_, id) = entry?;
+                let id = String::from_utf8_lossy(&id).into_owned();
+                if !past_cursor {
+                    past_cursor = id == after;
+                    continue;
+                }
+                if let Some(job) = self.get(&id)?
+                    && matches(&job)
+                {
+                    out.push(job);
+                    if out.len() >= limit {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn next_available_at(&self) -> Result<Option<u64>, MailboxError> {
+        let now = self.now();
+        let mut next: Option<u64> = None;
+        for entry in self.store.tree(T::Queue).iter() {
+            let (key, _) = entry?;
+            let Some(id) = tx::job_id_of_queue_key(&key) else {
+                continue;
+            };
+            if let Some(job) = self.get(id)?
+                && job.available_at_ms > now
+            {
+                next = Some(next.map_or(job.available_at_ms, |n| n.min(job.available_at_ms)));
+            }
+        }
+        Ok(next)
+    }
+}
+
+impl SledMailbox {
+    /// Ids of the thread's queued jobs (candidates for an interrupt).
+    pub fn queued_of(&self, mailbox_id: &str) -> Result<Vec<String>, MailboxError> {
+        let mut ids = Vec::new();
+        for entry in self
+            .store
+            .tree(T::MailboxJobs)
+            .scan_prefix(codec::prefix(mailbox_id))
+        {
+            let (_, id) = entry?;
+            let id = String::from_utf8_lossy(&id).into_owned();
+            if self
+                .get(&id)?
+                .is_some_and(|j| j.status == JobStatus::Queued)
+            {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
+    }
+}

@@ -1,0 +1,281 @@
+//! The runner's application layer: every RPC's behaviour, expressed over the store, the mailbox
+//! and the event log. gRPC handlers are thin adapters over `Runner`; workers call
+//! `Runner::process` for each claimed job.
+
+mod query;
+pub mod records;
+mod resolve;
+mod submit;
+mod work;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
+
+use arbor_shared::domain::{Event, RunStatus};
+use tokio::sync::{Notify, watch};
+
+pub use query::{JobPage, RunFilter, RunPage, RunView};
+pub use records::{RunRecord, TreeRecord};
+pub use resolve::ResolveInput;
+pub use submit::{SubmitInput, Submitted};
+
+use crate::{
+    engine::{ToolRegistry, TreeFormat, TreeSpec, parse_tree},
+    error::RunnerError,
+    events::EventLog,
+    mailbox::{Clock, MailboxConfig, MailboxStore, Reaped, SledMailbox},
+    store::{Store, T, Tx, TxResult, codec},
+};
+
+/// Tunables of the runner core.
+#[derive(Debug, Clone)]
+pub struct RunnerOptions {
+    pub mailbox: MailboxConfig,
+    /// How long `CancelRun` waits for the run to reach a terminal status.
+    pub cancel_wait: std::time::Duration,
+}
+
+impl Default for RunnerOptions {
+    fn default() -> Self {
+        Self {
+            mailbox: MailboxConfig::default(),
+            cancel_wait: std::time::Duration::from_secs(10),
+        }
+    }
+}
+
+/// The runner core. One per process; shared by handlers and workers behind an `Arc`.
+pub struct Runner {
+    store: Store,
+    mailbox: SledMailbox,
+    events: EventLog,
+    tools: Arc<ToolRegistry>,
+    opts: RunnerOptions,
+    trees: Mutex<HashMap<(String, u32), Arc<TreeSpec>>>,
+    /// Woken when a job may have become claimable.
+    work: Notify,
+    /// Bumped after every committed run change, for callers waiting on a run.
+    changes: watch::Sender<u64>,
+}
+
+impl Runner {
+    /// Opens the runner over an open store. Jobs a previous process left claimed are returned to
+    /// the queue (or dead-lettered when out of attempts).
+    pub async fn open(
+        store: Store,
+        clock: Arc<dyn Clock>,
+        tools: Arc<ToolRegistry>,
+        opts: RunnerOptions,
+    ) -> Result<Arc<Self>, RunnerError> {
+        let (mailbox, recovered) = SledMailbox::open(store.clone(), clock, opts.mailbox.clone())?;
+        let events = EventLog::open(store.clone())?;
+        let (changes, _) = watch::channel(0);
+        let runner = Arc::new(Self {
+            store,
+            mailbox,
+            events,
+            tools,
+            opts,
+            trees: Mutex::new(HashMap::new()),
+            work: Notify::new(),
+            changes,
+        });
+        if !recovered.is_empty() {
+            tracing::info!(
+                jobs = recovered.len(),
+                "returned jobs claimed by the previous process to the queue"
+            );
+        }
+        runner.after_reap(recovered).await?;
+        Ok(runner)
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn events(&self) -> &EventLog {
+        &self.events
+    }
+
+    pub fn mailbox(&self) -> &SledMailbox {
+        &self.mailbox
+    }
+
+    pub fn tools(&self) -> &Arc<ToolRegistry> {
+        &self.tools
+    }
+
+    /// Resolves when a job may have become claimable.
+    pub fn work_available(&self) -> tokio::sync::futures::Notified<'_> {
+        self.work.notified()
+    }
+
+    /// Commits one transaction that also appends events, waits until it is durable, then
+    /// publishes the events to streams.
+    pub(crate) async fn commit<R>(
+        &self,
+        body: impl Fn(&Tx<'_>) -> TxResult<(R, Vec<Event>), RunnerError>,
+    ) -> Result<R, RunnerError> {
+        let (r, events) = self.store.transact(body)?;
+        self.store.durable().await?;
+        if let Some(last) = events.last() {
+            self.events.publish(last.seq);
+        }
+        self.changes.send_modify(|n| *n += 1);
+        Ok(r)
+    }
+
+    /// Wakes idle workers.
+    pub(crate) fn wake_workers(&self) {
+        self.work.notify_waiters();
+        self.work.notify_one();
+    }
+
+    /// Parses a tree version, cached: trees are immutable once registered.
+    pub(crate) fn tree_spec(&self, id: &str, version: u32) -> Result<Arc<TreeSpec>, RunnerError> {
+        let key = (id.to_string(), version);
+        if let Some(spec) = self.trees.lock().ok().and_then(|c| c.get(&key).cloned()) {
+            return Ok(spec);
+        }
+        let record = self.tree_record(id, version)?;
+        let spec = parse_tree(&record.document, TreeFormat::Json).map_err(|v| {
+            RunnerError::Corrupt(codec::Corrupt {
+                what: "tree",
+                message: format!("stored tree {id} v{version} no longer validates: {v:?}"),
+            })
+        })?;
+        let spec = Arc::new(spec);
+        if let Ok(mut cache) = self.trees.lock() {
+            cache.insert(key, spec.clone());
+        }
+        Ok(spec)
+    }
+
+    /// A tree version's record; version 0 means the latest.
+    pub fn tree_record(&self, id: &str, version: u32) -> Result<TreeRecord, RunnerError> {
+        let tree = self.store.tree(T::Trees);
+        let found = if version == 0 {
+            tree.scan_prefix(codec::prefix(id))
+                .next_back()
+                .transpose()?
+        } else {
+            tree.get(records::tree_key(id, version))?
+                .map(|v| (sled::IVec::default(), v))
+        };
+        match found {
+            Some((_, bytes)) => Ok(codec::decode("tree", &bytes)?),
+            None if version == 0 => Err(RunnerError::NotFound(format!(
+                "tree '{}' not found",
+                arbor_shared::status::clip(id)
+            ))),
+            None => Err(RunnerError::NotFound(format!(
+                "tree '{}' version {version} not found",
+                arbor_shared::status::clip(id)
+            ))),
+        }
+    }
+
+    /// Waits until `run_id` is terminal or `wait` passes; returns its latest record.
+    pub(crate) async fn wait_terminal(
+        &self,
+        run_id: &str,
+        wait: std::time::Duration,
+    ) -> Result<RunRecord, RunnerError> {
+        let mut changes = self.changes.subscribe();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let run = self.run_record(run_id)?;
+            if run.status.is_terminal() {
+                return Ok(run);
+            }
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
+                return Ok(run);
+            }
+        }
+    }
+
+    pub fn run_record(&self, run_id: &str) -> Result<RunRecord, RunnerError> {
+        match self.store.tree(T::Runs).get(run_id.as_bytes())? {
+            Some(b) => Ok(codec::decode("run", &b)?),
+            None => Err(RunnerError::NotFound(format!(
+                "run '{}' not found",
+                arbor_shared::status::clip(run_id)
+            ))),
+        }
+    }
+
+    /// Returns expired leases to the queue and records dead letters.
+    pub async fn reap(&self) -> Result<usize, RunnerError> {
+        let reaped = self.mailbox.reap_expired()?;
+        let n = reaped.len();
+        self.after_reap(reaped).await?;
+        Ok(n)
+    }
+
+    async fn after_reap(&self, reaped: Vec<Reaped>) -> Result<(), RunnerError> {
+        if reaped.is_empty() {
+            return Ok(());
+        }
+        for r in &reaped {
+            if r.job.status == arbor_shared::domain::JobStatus::DeadLetter {
+                self.record_dead_letter(&r.job).await?;
+            } else {
+                tracing::warn!(job = %r.job.job_id, run = %r.job.run_id, "lease expired; job returned to the queue");
+            }
+        }
+        self.wake_workers();
+        Ok(())
+    }
+
+    /// Runs that are not terminal cannot be left hanging when their job dead-letters: the run
+    /// fails visibly (an operator may requeue the job, which revives it).
+    pub(crate) async fn record_dead_letter(
+        &self,
+        job: &crate::mailbox::Job,
+    ) -> Result<(), RunnerError> {
+        let now = arbor_shared::time::now_ms();
+        let job = job.clone();
+        self.commit(|tx| {
+            let mut events = vec![crate::events::NewEvent {
+                run_id: job.run_id.clone(),
+                thread_id: job.mailbox_id.clone(),
+                detail: arbor_shared::domain::EventDetail::JobDeadLettered {
+                    job_id: job.job_id.clone(),
+                    attempt_count: job.attempt_count,
+                    last_error: job.last_error.clone(),
+                },
+            }];
+            if let Some(mut run) = records::get_run(tx, &job.run_id)?
+                && !run.status.is_terminal()
+            {
+                run.status = RunStatus::Failed;
+                run.error = format!("job {} dead-lettered: {}", job.job_id, job.last_error);
+                run.updated_at_ms = now;
+                records::put_run(tx, &run)?;
+                events.push(crate::events::NewEvent {
+                    run_id: run.run_id.clone(),
+                    thread_id: run.thread_id.clone(),
+                    detail: arbor_shared::domain::EventDetail::RunFinished {
+                        status: RunStatus::Failed,
+                        error: run.error.clone(),
+                        blackboard: Default::default(),
+                    },
+                });
+            }
+            let appended = crate::events::append(tx, &events, now, "")?;
+            Ok(((), appended))
+        })
+        .await
+    }
+
+    /// Flushes sled (used at shutdown).
+    pub async fn flush(&self) -> Result<(), RunnerError> {
+        Ok(self.store.durable().await?)
+    }
+}

@@ -1,0 +1,263 @@
+//! Reading runs and jobs, cancelling runs, requeueing dead letters and storing subscriber
+//! cursors.
+
+use arbor_shared::domain::RunStatus;
+use serde_json::{Map, Value as Json};
+
+use super::{Runner, records, records::RunRecord, submit};
+use crate::{
+    engine::{Checkpoint, SuspensionRecord},
+    error::RunnerError,
+    events,
+    mailbox::{Job, JobFilter, MailboxStore},
+    store::{T, codec},
+};
+
+/// A run with the parts of its checkpoint clients read.
+#[derive(Debug, Clone)]
+pub struct RunView {
+    pub run: RunRecord,
+    pub blackboard: Map<String, Json>,
+    /// Active suspensions.
+    pub suspensions: Vec<SuspensionRecord>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    pub thread_id: String,
+    pub tree_id: String,
+    pub statuses: Vec<RunStatus>,
+}
+
+pub struct RunPage {
+    pub runs: Vec<RunView>,
+    pub next_page_token: String,
+}
+
+pub struct JobPage {
+    pub jobs: Vec<Job>,
+    pub next_page_token: String,
+}
+
+/// Page sizes: 0 means 100, more than 1000 is refused.
+pub(crate) fn page_size(n: u32) -> Result<usize, RunnerError> {
+    match n {
+        0 => Ok(100),
+        1..=1000 => Ok(n as usize),
+        _ => Err(RunnerError::invalid("page_size", "must be at most 1000")),
+    }
+}
+
+impl Runner {
+    pub fn get_run(&self, run_id: &str) -> Result<RunView, RunnerError> {
+        submit::check_id("run_id", run_id)?;
+        let run = self.run_record(run_id)?;
+        self.view(run)
+    }
+
+    fn view(&self, run: RunRecord) -> Result<RunView, RunnerError> {
+        let ck = match self.store.tree(T::Checkpoints).get(run.run_id.as_bytes())? {
+            Some(bytes) => Some(Checkpoint::decode(&bytes).map_err(|e| codec::Corrupt {
+                what: "checkpoint",
+                message: e.to_string(),
+            })?),
+            None => None,
+        };
+        let (blackboard, suspensions) = match ck {
+            Some(ck) => (
+                ck.blackboard().clone(),
+                ck.suspensions()
+                    .filter(|s| s.state == arbor_shared::domain::SuspensionState::Active)
+                    .cloned()
+                    .collect(),
+            ),
+            None => (Map::new(), Vec::new()),
+        };
+        Ok(RunView {
+            run,
+            blackboard,
+            suspensions,
+        })
+    }
+
+    /// Runs in id order (ids are time-ordered), filtered, paginated by the last id.
+    pub fn list_runs(
+        &self,
+        filter: &RunFilter,
+        page_size_req: u32,
+        page_token: &str,
+    ) -> Result<RunPage, RunnerError> {
+        let limit = page_size(page_size_req)?;
+        let matches = |r: &RunRecord| {
+            (filter.tree_id.is_empty() || r.tree_id == filter.tree_id)
+                && (filter.thread_id.is_empty() || r.thread_id == filter.thread_id)
+                && (filter.statuses.is_empty() || filter.statuses.contains(&r.status))
+        };
+        let mut runs = Vec::new();
+        let mut last = String::new();
+        let mut more = false;
+        let ids: Box<dyn Iterator<Item = Result<String, RunnerError>>> =
+            if filter.thread_id.is_empty() {
+                let start = if page_token.is_empty() {
+                    std::ops::Bound::Unbounded
+                } else {
+                    std::ops::Bound::Excluded(page_token.as_bytes().to_vec())
+                };
+                Box::new(
+                    self.store
+                        .tree(T::Runs)
+                        .range::<Vec<u8>, _>((start, std::ops::Bound::Unbounded))
+                        .keys()
+                        .map(|k| Ok(String::from_utf8_lossy(&k?).into_owned())),
+                )
+            } else {
+                let token = page_token.to_string();
+                Box::new(
+                    self.thread_runs(&filter.thread_id)?
+                        .into_iter()
+                        .filter(move |id| token.is_empty() || id.as_str() > token.as_str())
+                        .map(Ok),
+                )
+            };
+        for id in ids {
+            let id = id?;
+            let Some(bytes) = self.store.tree(T::Runs).get(id.as_bytes())? else {
+                continue;
+            };
+            let run: RunRecord = codec::decode("run", &bytes)?;
+            if !matches(&run) {
+                continue;
+            }
+            if runs.len() == limit {
+                more = true;
+                break;
+            }
+            last = run.run_id.clone();
+            runs.push(self.view(run)?);
+        }
+        Ok(RunPage {
+            runs,
+            next_page_token: if more { last } else { String::new() },
+        })
+    }
+
+    pub fn list_jobs(
+        &self,
+        filter: &JobFilter,
+        page_size_req: u32,
+        page_token: &str,
+    ) -> Result<JobPage, RunnerError> {
+        let limit = page_size(page_size_req)?;
+        let mut jobs = self.mailbox.list(filter, page_token, limit + 1)?;
+        let more = jobs.len() > limit;
+        jobs.truncate(limit);
+        let next_page_token = if more {
+            jobs.last().map(|j| j.job_id.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(JobPage {
+            jobs,
+            next_page_token,
+        })
+    }
+
+    /// Operator: a dead-lettered job goes back to the queue with a fresh attempt budget; a run
+    /// that failed because of it is revived.
+    pub async fn requeue_job(&self, job_id: &str) -> Result<Job, RunnerError> {
+        if job_id.is_empty() {
+            return Err(RunnerError::invalid("job_id", "required"));
+        }
+        let now = arbor_shared::time::now_ms();
+        let job = self
+            .commit(|tx| {
+                let job = crate::store::lift(crate::mailbox::tx::requeue(tx, job_id, now))?;
+                let mut appended = Vec::new();
+                if let Some(mut run) = records::get_run(tx, &job.run_id)?
+                    && run.status == RunStatus::Failed
+                    && run.error.starts_with("job ")
+                {
+                    run.status = if run.started {
+                        RunStatus::Running
+                    } else {
+                        RunStatus::Queued
+                    };
+                    run.error.clear();
+                    run.updated_at_ms = now;
+                    records::put_run(tx, &run)?;
+                    appended = events::append(
+                        tx,
+                        &[events::NewEvent {
+                            run_id: run.run_id.clone(),
+                            thread_id: run.thread_id.clone(),
+                            detail: arbor_shared::domain::EventDetail::RunQueued {
+                                job_id: job.job_id.clone(),
+                                tree_id: run.tree_id.clone(),
+                                tree_version: run.tree_version,
+                                priority: job.priority,
+                                job_kind: job.kind,
+                            },
+                        }],
+                        now,
+                        "",
+                    )?;
+                }
+                Ok((job, appended))
+            })
+            .await?;
+        self.wake_workers();
+        Ok(job)
+    }
+
+    /// Cancels a queued, running or suspended run through a cancel job (the run's one owner is
+    /// the worker holding its thread), then waits for the run to reach a terminal status.
+    pub async fn cancel_run(&self, run_id: &str, reason: &str) -> Result<RunView, RunnerError> {
+        submit::check_id("run_id", run_id)?;
+        let run = self.run_record(run_id)?;
+        if run.status.is_terminal() {
+            return Err(RunnerError::FailedPrecondition(format!(
+                "run '{run_id}' already finished with {}",
+                run.status.as_str()
+            )));
+        }
+        let reason = if reason.is_empty() {
+            "cancelled"
+        } else {
+            reason
+        };
+        let order = self.store.next_id()?;
+        let now = arbor_shared::time::now_ms();
+        let default_max = self.mailbox.config().default_max_attempts;
+        self.commit(|tx| {
+            let run = records::must_get_run(tx, run_id)?;
+            if run.status.is_terminal() {
+                return Ok(((), Vec::new()));
+            }
+            submit::enqueue_cancel(tx, &run, reason, order, now, default_max)?;
+            Ok(((), Vec::new()))
+        })
+        .await?;
+        self.wake_workers();
+        let run = self.wait_terminal(run_id, self.opts.cancel_wait).await?;
+        self.view(run)
+    }
+
+    /// Stores a durable subscriber's cursor (never backwards).
+    pub async fn ack_cursor(&self, subscriber: &str, seq: u64) -> Result<u64, RunnerError> {
+        if subscriber.is_empty() || subscriber.len() > 128 {
+            return Err(RunnerError::invalid("subscriber_id", "must be 1-128 bytes"));
+        }
+        let last = self.events.last_seq()?;
+        if seq > last {
+            return Err(RunnerError::invalid(
+                "seq",
+                format!("{seq} is beyond the last event ({last})"),
+            ));
+        }
+        self.commit(|tx| {
+            let stored = events::ack_cursor(tx, subscriber, seq, last)?;
+            Ok((stored, Vec::new()))
+        })
+        .await
+    }
+}

@@ -1,0 +1,138 @@
+//! Stored records of trees and runs, and the transaction helpers that read and write them.
+
+use arbor_shared::domain::{RunMode, RunStatus};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    engine::{Checkpoint, Decision},
+    error::RunnerError,
+    store::{T, Tx, TxResult, abort, codec},
+};
+
+/// A registered tree version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeRecord {
+    pub id: String,
+    pub version: u32,
+    /// Canonical JSON of the document.
+    pub document: String,
+    /// Hex SHA-1 of `document`.
+    pub digest: String,
+    pub node_count: u32,
+    pub registered_at_ms: u64,
+}
+
+/// A run's metadata; its execution state lives in its checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub thread_id: String,
+    pub tree_id: String,
+    pub tree_version: u32,
+    pub status: RunStatus,
+    pub error: String,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+    pub submitted_by: String,
+    pub priority: i32,
+    pub mode: RunMode,
+    /// The thread generation the run was submitted at.
+    pub generation: u64,
+    pub step: u64,
+    pub max_attempts: u32,
+    /// Whether the first tick happened (RUN_STARTED was emitted).
+    pub started: bool,
+    /// Set when a cancel was requested; the cancel job reads it.
+    pub cancel_reason: String,
+}
+
+pub fn tree_key(id: &str, version: u32) -> Vec<u8> {
+    let mut k = codec::prefix(id);
+    k.extend_from_slice(&version.to_be_bytes());
+    k
+}
+
+pub fn get_run(tx: &Tx<'_>, run_id: &str) -> TxResult<Option<RunRecord>, RunnerError> {
+    match tx.tree(T::Runs).get(run_id.as_bytes())? {
+        None => Ok(None),
+        Some(b) => match codec::decode("run", &b) {
+            Ok(r) => Ok(Some(r)),
+            Err(e) => abort(e),
+        },
+    }
+}
+
+pub fn must_get_run(tx: &Tx<'_>, run_id: &str) -> TxResult<RunRecord, RunnerError> {
+    get_run(tx, run_id)?.map_or_else(
+        || {
+            abort(RunnerError::NotFound(format!(
+                "run '{}' not found",
+                codec_clip(run_id)
+            )))
+        },
+        Ok,
+    )
+}
+
+pub fn put_run(tx: &Tx<'_>, run: &RunRecord) -> TxResult<(), RunnerError> {
+    tx.tree(T::Runs)
+        .insert(run.run_id.as_bytes(), codec::encode(run))?;
+    Ok(())
+}
+
+pub fn index_run(tx: &Tx<'_>, run: &RunRecord) -> TxResult<(), RunnerError> {
+    tx.tree(T::ThreadRuns)
+        .insert(codec::pair_key(&run.thread_id, &run.run_id), &[])?;
+    Ok(())
+}
+
+pub fn get_checkpoint(tx: &Tx<'_>, run_id: &str) -> TxResult<Option<Checkpoint>, RunnerError> {
+    match tx.tree(T::Checkpoints).get(run_id.as_bytes())? {
+        None => Ok(None),
+        Some(b) => match Checkpoint::decode(&b) {
+            Ok(ck) => Ok(Some(ck)),
+            Err(e) => abort(codec::Corrupt {
+                what: "checkpoint",
+                message: e.to_string(),
+            }),
+        },
+    }
+}
+
+/// Writes a checkpoint; returns its size in bytes.
+pub fn put_checkpoint(tx: &Tx<'_>, run_id: &str, ck: &Checkpoint) -> TxResult<u64, RunnerError> {
+    let bytes = ck.encode();
+    let len = bytes.len() as u64;
+    tx.tree(T::Checkpoints).insert(run_id.as_bytes(), bytes)?;
+    Ok(len)
+}
+
+pub fn inbox_get(
+    tx: &Tx<'_>,
+    run_id: &str,
+    request_id: &str,
+) -> TxResult<Option<Decision>, RunnerError> {
+    match tx.tree(T::Inbox).get(codec::pair_key(run_id, request_id))? {
+        None => Ok(None),
+        Some(b) => match codec::decode("decision", &b) {
+            Ok(d) => Ok(Some(d)),
+            Err(e) => abort(e),
+        },
+    }
+}
+
+pub fn inbox_put(tx: &Tx<'_>, run_id: &str, d: &Decision) -> TxResult<(), RunnerError> {
+    tx.tree(T::Inbox)
+        .insert(codec::pair_key(run_id, &d.request_id), codec::encode(d))?;
+    Ok(())
+}
+
+pub fn inbox_remove(tx: &Tx<'_>, run_id: &str, request_id: &str) -> TxResult<(), RunnerError> {
+    tx.tree(T::Inbox)
+        .remove(codec::pair_key(run_id, request_id))?;
+    Ok(())
+}
+
+fn codec_clip(s: &str) -> String {
+    arbor_shared::status::clip(s)
+}

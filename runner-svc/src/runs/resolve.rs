@@ -1,0 +1,200 @@
+//! Delivering decisions into a run's inbox (`RunnerService.Resolve`), idempotently by
+//! `decision_id`.
+
+use arbor_shared::domain::{
+    DecisionSource, EventDetail, JobKind, JobOrigin, ResolveAction, SuspensionCategory,
+    SuspensionState,
+};
+use serde_json::Value as Json;
+
+use super::{Runner, records, records::RunRecord, submit::check_id};
+use crate::{
+    engine::{Decision, validate_decision},
+    error::RunnerError,
+    events::{self, NewEvent},
+    mailbox::{EnqueueRequest, tx as mtx},
+    store::{TxResult, abort, lift},
+};
+
+/// A decision as the RPC received it.
+#[derive(Debug, Clone)]
+pub struct ResolveInput {
+    pub run_id: String,
+    pub request_id: String,
+    pub decision_id: String,
+    pub action: ResolveAction,
+    pub result: Json,
+    pub reason: String,
+    pub decided_by: String,
+    pub source: DecisionSource,
+    /// Only the `service` role may resolve approval-category suspensions.
+    pub may_resolve_approvals: bool,
+}
+
+/// What Resolve did.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The same decision id had already been accepted (or consumed).
+    pub duplicate: bool,
+    pub run: RunRecord,
+}
+
+impl Runner {
+    /// Makes a decision durable in the run's inbox and wakes the run. A repeat with the same
+    /// decision id is OK and changes nothing; another decision for an already decided request,
+    /// or one for a withdrawn request, is FAILED_PRECONDITION.
+    pub async fn resolve(&self, input: ResolveInput) -> Result<Resolved, RunnerError> {
+        check_id("run_id", &input.run_id)?;
+        if input.request_id.is_empty() || input.request_id.len() > 128 {
+            return Err(RunnerError::invalid("request_id", "must be 1-128 bytes"));
+        }
+        if input.decision_id.is_empty() || input.decision_id.len() > 128 {
+            return Err(RunnerError::invalid("decision_id", "must be 1-128 bytes"));
+        }
+        let now = arbor_shared::time::now_ms();
+        let order = self.store.next_id()?;
+        let default_max = self.mailbox.config().default_max_attempts;
+        let decision = Decision {
+            request_id: input.request_id.clone(),
+            decision_id: input.decision_id.clone(),
+            action: input.action,
+            result: input.result.clone(),
+            reason: input.reason.clone(),
+            decided_by: input.decided_by.clone(),
+            source: input.source,
+        };
+        let resolved = self
+            .commit(|tx| {
+                let run = records::must_get_run(tx, &input.run_id)?;
+                let Some(ck) = records::get_checkpoint(tx, &input.run_id)? else {
+                    return abort(not_found(&input));
+                };
+                let Some(record) = ck.suspension(&input.request_id) else {
+                    return abort(not_found(&input));
+                };
+                if record.category == SuspensionCategory::RequireApproval
+                    && !input.may_resolve_approvals
+                {
+                    return abort(RunnerError::PermissionDenied(
+                        "only the approval service (role 'service') may resolve approval \
+                         requests; decide through ApprovalService.Resolve"
+                            .into(),
+                    ));
+                }
+                let duplicate = |existing: &str| -> TxResult<(Resolved, _), RunnerError> {
+                    if existing == input.decision_id {
+                        Ok((
+                            Resolved {
+                                duplicate: true,
+                                run: run.clone(),
+                            },
+                            Vec::new(),
+                        ))
+                    } else {
+                        abort(RunnerError::FailedPrecondition(format!(
+                            "request '{}' was already decided by decision '{existing}'",
+                            input.request_id
+                        )))
+                    }
+                };
+                match record.state {
+                    SuspensionState::Cleared => {
+                        let existing = record.consumed_decision_id.clone().unwrap_or_default();
+                        return duplicate(&existing);
+                    }
+                    SuspensionState::Inactive => {
+                        return abort(RunnerError::FailedPrecondition(format!(
+                            "request '{}' was withdrawn and can no longer be decided",
+                            input.request_id
+                        )));
+                    }
+                    SuspensionState::Active => {}
+                }
+                if let Some(pending) = ck.pending_decision(&input.request_id) {
+                    return duplicate(&pending.decision_id);
+                }
+                if let Some(pending) = records::inbox_get(tx, &input.run_id, &input.request_id)? {
+                    return duplicate(&pending.decision_id);
+                }
+                if run.status.is_terminal() {
+                    return abort(RunnerError::FailedPrecondition(format!(
+                        "run '{}' already finished with {}",
+                        run.run_id,
+                        run.status.as_str()
+                    )));
+                }
+                let normalised = match validate_decision(record, decision.clone()) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        return abort(RunnerError::InvalidArgument {
+                            summary: format!(
+                                "decision rejected for request '{}'",
+                                input.request_id
+                            ),
+                            violations: vec![arbor_shared::status::FieldViolation::new(
+                                e.field.clone(),
+                                e.description.clone(),
+                            )],
+                        });
+                    }
+                };
+                records::inbox_put(tx, &input.run_id, &normalised)?;
+                lift(mtx::enqueue(
+                    tx,
+                    &EnqueueRequest {
+                        job_id: uuid::Uuid::now_v7().to_string(),
+                        mailbox_id: run.thread_id.clone(),
+                        run_id: run.run_id.clone(),
+                        origin: JobOrigin::Internal,
+                        kind: Some(JobKind::Resume),
+                        priority: run.priority,
+                        dedupe_key: format!("wake:{}", run.run_id),
+                        dedupe_while_claimed: false,
+                        available_at_ms: now,
+                        max_attempts: run.max_attempts,
+                    },
+                    order,
+                    now,
+                    default_max,
+                ))?;
+                let appended = events::append(
+                    tx,
+                    &[NewEvent {
+                        run_id: run.run_id.clone(),
+                        thread_id: run.thread_id.clone(),
+                        detail: EventDetail::ApprovalResolved {
+                            request_id: input.request_id.clone(),
+                            decision_id: input.decision_id.clone(),
+                            action: input.action,
+                            reason: input.reason.clone(),
+                            decided_by: input.decided_by.clone(),
+                            category: record.category,
+                            source: input.source,
+                        },
+                    }],
+                    now,
+                    "",
+                )?;
+                Ok((
+                    Resolved {
+                        duplicate: false,
+                        run: run.clone(),
+                    },
+                    appended,
+                ))
+            })
+            .await?;
+        if !resolved.duplicate {
+            self.wake_workers();
+        }
+        Ok(resolved)
+    }
+}
+
+fn not_found(input: &ResolveInput) -> RunnerError {
+    RunnerError::NotFound(format!(
+        "request '{}' not found in run '{}'",
+        arbor_shared::status::clip(&input.request_id),
+        input.run_id
+    ))
+}

@@ -1,0 +1,384 @@
+//! Registering trees, submitting runs and interrupting threads.
+
+use arbor_shared::domain::{EventDetail, JobKind, JobOrigin, RestorePolicy, RunMode, RunStatus};
+use serde_json::{Map, Value as Json};
+use sha1::{Digest, Sha1};
+
+use super::{
+    Runner,
+    records::{self, RunRecord, TreeRecord},
+};
+use crate::{
+    engine::{Checkpoint, TreeFormat, parse_tree},
+    error::RunnerError,
+    events::{self, NewEvent},
+    mailbox::{EnqueueRequest, MailboxInterrupt, tx as mtx},
+    store::{T, Tx, TxResult, abort, codec, lift},
+};
+
+/// Ids are path- and key-safe: they end up in sled keys with NUL separators.
+pub(crate) fn check_id(field: &str, value: &str) -> Result<(), RunnerError> {
+    let ok = !value.is_empty()
+        && value.len() <= 128
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'));
+    if ok {
+        Ok(())
+    } else {
+        Err(RunnerError::invalid(
+            field,
+            "must be 1-128 characters of [A-Za-z0-9-_.:]",
+        ))
+    }
+}
+
+/// What to submit.
+#[derive(Debug, Clone, Default)]
+pub struct SubmitInput {
+    pub tree_id: String,
+    pub tree_version: u32,
+    pub thread_id: String,
+    pub input: Map<String, Json>,
+    pub priority: i32,
+    pub dedupe_key: String,
+    pub origin: JobOrigin,
+    pub mode: RunMode,
+    pub run_id: String,
+    pub restore_policy: RestorePolicy,
+    pub max_attempts: u32,
+    pub submitted_by: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    pub run: RunRecord,
+    pub job_id: String,
+    pub deduplicated: bool,
+}
+
+/// A priority that outranks every user priority, for cancel jobs.
+pub(crate) const CANCEL_PRIORITY: i32 = i32::MAX;
+
+impl Runner {
+    /// Registers a tree version. The same document again is OK (`already_registered`); a
+    /// different document under the same id and version is ALREADY_EXISTS.
+    pub async fn register_tree(
+        &self,
+        document: &str,
+        format: TreeFormat,
+    ) -> Result<(TreeRecord, bool), RunnerError> {
+        let spec =
+            parse_tree(document, format).map_err(|violations| RunnerError::InvalidArgument {
+                summary: "invalid tree".into(),
+                violations,
+            })?;
+        let canonical = spec.canonical_json();
+        let record = TreeRecord {
+            id: spec.id().to_string(),
+            version: spec.version(),
+            digest: hex::encode(Sha1::digest(canonical.as_bytes())),
+            document: canonical,
+            node_count: spec.node_count() as u32,
+            registered_at_ms: arbor_shared::time::now_ms(),
+        };
+        let key = records::tree_key(&record.id, record.version);
+        let (stored, existed) = self
+            .commit(|tx| {
+                if let Some(bytes) = tx.tree(T::Trees).get(&key)? {
+                    let existing: TreeRecord = match codec::decode("tree", &bytes) {
+                        Ok(t) => t,
+                        Err(e) => return abort(e),
+                    };
+                    if existing.digest == record.digest {
+                        return Ok(((existing, true), Vec::new()));
+                    }
+                    return abort(RunnerError::AlreadyExists(format!(
+                        "tree '{}' version {} is already registered with a different document; \
+                     register a new version",
+                        record.id, record.version
+                    )));
+                }
+                tx.tree(T::Trees)
+                    .insert(key.clone(), codec::encode(&record))?;
+                Ok(((record.clone(), false), Vec::new()))
+            })
+            .await?;
+        Ok((stored, existed))
+    }
+
+    /// Enqueues a run; OK means the run, its checkpoint, its start job and RUN_QUEUED are
+    /// durable.
+    pub async fn submit(&self, input: SubmitInput) -> Result<Submitted, RunnerError> {
+        check_id("tree_id", &input.tree_id)?;
+        if !input.thread_id.is_empty() {
+            check_id("thread_id", &input.thread_id)?;
+        }
+        if !input.run_id.is_empty() {
+            check_id("run_id", &input.run_id)?;
+        }
+        if input.dedupe_key.len() > 256 {
+            return Err(RunnerError::invalid("dedupe_key", "at most 256 bytes"));
+        }
+        if input.priority == CANCEL_PRIORITY {
+            return Err(RunnerError::invalid(
+                "priority",
+                "i32::MAX is reserved for cancellation",
+            ));
+        }
+        let record = self.tree_record(&input.tree_id, input.tree_version)?;
+        let spec = self.tree_spec(&record.id, record.version)?;
+        let now = arbor_shared::time::now_ms();
+        let run_id = if input.run_id.is_empty() {
+            uuid::Uuid::now_v7().to_string()
+        } else {
+            input.run_id.clone()
+        };
+        let thread_id = if input.thread_id.is_empty() {
+            run_id.clone()
+        } else {
+            input.thread_id.clone()
+        };
+        let job_id = uuid::Uuid::now_v7().to_string();
+        let order = self.store.next_id()?;
+        let fresh = Checkpoint::new(&spec, &thread_id, input.input.clone());
+        let default_max = self.mailbox.config().default_max_attempts;
+        let submitted = self
+            .commit(|tx| {
+                let existing = records::get_run(tx, &run_id)?;
+                match (input.restore_policy, &existing) {
+                    (RestorePolicy::Never, Some(_)) => {
+                        return abort(RunnerError::AlreadyExists(format!(
+                            "run '{run_id}' already exists (restore_policy NEVER)"
+                        )));
+                    }
+                    (RestorePolicy::Required, None) => {
+                        return abort(RunnerError::FailedPrecondition(format!(
+                            "run '{run_id}' has no checkpoint to restore (restore_policy REQUIRED)"
+                        )));
+                    }
+                    _ => {}
+                }
+                if let Some(run) = &existing
+                    && run.status.is_terminal()
+                {
+                    return abort(RunnerError::FailedPrecondition(format!(
+                        "run '{run_id}' already finished with {}",
+                        run.status.as_str()
+                    )));
+                }
+                let enq = lift(mtx::enqueue(
+                    tx,
+                    &EnqueueRequest {
+                        job_id: job_id.clone(),
+                        mailbox_id: thread_id.clone(),
+                        run_id: run_id.clone(),
+                        origin: input.origin,
+                        kind: Some(if existing.is_some() {
+                            JobKind::Resume
+                        } else {
+                            JobKind::Start
+                        }),
+                        priority: input.priority,
+                        dedupe_key: input.dedupe_key.clone(),
+                        dedupe_while_claimed: true,
+                        available_at_ms: now,
+                        max_attempts: input.max_attempts,
+                    },
+                    order,
+                    now,
+                    default_max,
+                ))?;
+                if enq.deduplicated {
+                    let run = records::must_get_run(tx, &enq.job.run_id)?;
+                    return Ok((
+                        Submitted {
+                            run,
+                            job_id: enq.job.job_id,
+                            deduplicated: true,
+                        },
+                        Vec::new(),
+                    ));
+                }
+                let run = match existing {
+                    Some(run) => run,
+                    None => {
+                        let run = RunRecord {
+                            run_id: run_id.clone(),
+                            thread_id: thread_id.clone(),
+                            tree_id: record.id.clone(),
+                            tree_version: record.version,
+                            status: RunStatus::Queued,
+                            error: String::new(),
+                            created_at_ms: now,
+                            updated_at_ms: now,
+                            submitted_by: input.submitted_by.clone(),
+                            priority: input.priority,
+                            mode: input.mode,
+                            generation: enq.job.generation,
+                            step: 0,
+                            max_attempts: enq.job.max_attempts,
+                            started: false,
+                            cancel_reason: String::new(),
+                        };
+                        records::put_run(tx, &run)?;
+                        records::index_run(tx, &run)?;
+                        records::put_checkpoint(tx, &run_id, &fresh)?;
+                        run
+                    }
+                };
+                let appended = events::append(
+                    tx,
+                    &[NewEvent {
+                        run_id: run.run_id.clone(),
+                        thread_id: run.thread_id.clone(),
+                        detail: EventDetail::RunQueued {
+                            job_id: enq.job.job_id.clone(),
+                            tree_id: run.tree_id.clone(),
+                            tree_version: run.tree_version,
+                            priority: run.priority,
+                            job_kind: enq.job.kind,
+                        },
+                    }],
+                    now,
+                    "",
+                )?;
+                Ok((
+                    Submitted {
+                        run,
+                        job_id: enq.job.job_id,
+                        deduplicated: false,
+                    },
+                    appended,
+                ))
+            })
+            .await?;
+        self.wake_workers();
+        Ok(submitted)
+    }
+
+    /// Bumps the thread's generation: its queued jobs are superseded (never-started runs become
+    /// SUPERSEDED), every started, unfinished run of the thread is cancelled cooperatively by a
+    /// cancel job that outranks everything else in the thread, and `next` (if given) is enqueued
+    /// at the new generation in the same step.
+    pub async fn interrupt(
+        &self,
+        thread_id: &str,
+        reason: &str,
+        next: Option<SubmitInput>,
+    ) -> Result<(MailboxInterrupt, Option<Submitted>), RunnerError> {
+        check_id("thread_id", thread_id)?;
+        let candidates = self.mailbox.queued_of(thread_id)?;
+        let runs = self.thread_runs(thread_id)?;
+        let now = arbor_shared::time::now_ms();
+        let mut orders = Vec::new();
+        for _ in 0..runs.len() {
+            orders.push(self.store.next_id()?);
+        }
+        let default_max = self.mailbox.config().default_max_attempts;
+        let reason = if reason.is_empty() {
+            "thread interrupted"
+        } else {
+            reason
+        };
+        let intr = self
+            .commit(|tx| {
+                let intr = lift(mtx::interrupt(tx, thread_id, &candidates, now))?;
+                let mut new_events = Vec::new();
+                let superseded_runs: Vec<&str> = intr
+                    .superseded
+                    .iter()
+                    .filter(|j| j.kind == JobKind::Start)
+                    .map(|j| j.run_id.as_str())
+                    .collect();
+                for (run_id, order) in runs.iter().zip(&orders) {
+                    let Some(mut run) = records::get_run(tx, run_id)? else {
+                        continue;
+                    };
+                    if run.status.is_terminal() {
+                        continue;
+                    }
+                    if superseded_runs.contains(&run_id.as_str()) && !run.started {
+                        run.status = RunStatus::Superseded;
+                        run.error = reason.to_string();
+                        run.updated_at_ms = now;
+                        records::put_run(tx, &run)?;
+                        new_events.push(NewEvent {
+                            run_id: run.run_id.clone(),
+                            thread_id: run.thread_id.clone(),
+                            detail: EventDetail::RunFinished {
+                                status: RunStatus::Superseded,
+                                error: reason.to_string(),
+                                blackboard: Default::default(),
+                            },
+                        });
+                        continue;
+                    }
+                    enqueue_cancel(tx, &run, reason, *order, now, default_max)?;
+                }
+                let appended = events::append(tx, &new_events, now, "")?;
+                Ok((intr, appended))
+            })
+            .await?;
+        let next_run = match next {
+            Some(mut next) => {
+                next.thread_id = thread_id.to_string();
+                Some(self.submit(next).await?)
+            }
+            None => None,
+        };
+        self.wake_workers();
+        Ok((intr, next_run))
+    }
+
+    /// Run ids of a thread.
+    pub(crate) fn thread_runs(&self, thread_id: &str) -> Result<Vec<String>, RunnerError> {
+        let mut out = Vec::new();
+        for entry in self
+            .store
+            .tree(T::ThreadRuns)
+            .scan_prefix(codec::prefix(thread_id))
+        {
+            let (k, _) = entry?;
+            if let Some(pos) = k.iter().position(|b| *b == 0) {
+                out.push(String::from_utf8_lossy(&k[pos + 1..]).into_owned());
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Enqueues the cooperative cancel of a run and records why on the run.
+pub(crate) fn enqueue_cancel(
+    tx: &Tx<'_>,
+    run: &RunRecord,
+    reason: &str,
+    order: u64,
+    now: u64,
+    default_max: u32,
+) -> TxResult<crate::mailbox::Job, RunnerError> {
+    let enq = lift(mtx::enqueue(
+        tx,
+        &EnqueueRequest {
+            job_id: format!("cancel-{}", uuid::Uuid::now_v7()),
+            mailbox_id: run.thread_id.clone(),
+            run_id: run.run_id.clone(),
+            origin: JobOrigin::Internal,
+            kind: Some(JobKind::Cancel),
+            priority: CANCEL_PRIORITY,
+            dedupe_key: format!("cancel:{}", run.run_id),
+            dedupe_while_claimed: false,
+            available_at_ms: now,
+            max_attempts: 0,
+        },
+        order,
+        now,
+        default_max,
+    ))?;
+    if run.cancel_reason.is_empty() {
+        let mut run = run.clone();
+        run.cancel_reason = reason.to_string();
+        records::put_run(tx, &run)?;
+    }
+    Ok(enq.job)
+}

@@ -1,0 +1,379 @@
+//! What a worker does with a claimed job: load the run's checkpoint and inbox, tick (or halt) the
+//! tree, and commit checkpoint + events + inbox removals + timer + the job's ack in ONE
+//! transaction that first checks the claim token (fencing).
+
+use std::panic::AssertUnwindSafe;
+
+use arbor_shared::domain::{EventDetail, JobKind, JobOrigin, RunStatus, SuspensionState};
+
+use super::{Runner, records};
+use crate::{
+    engine::{self, Checkpoint, Decision, Effect, TickEnv, TickStatus},
+    error::RunnerError,
+    events::{self, NewEvent},
+    mailbox::{Claim, EnqueueRequest, MailboxStore, tx as mtx},
+    store::{T, abort, codec, lift},
+};
+
+/// Ticks one wake may take back to back before yielding the worker.
+const IMMEDIATE_RETICKS: usize = 64;
+
+/// How processing a job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Processed {
+    /// Committed and acked.
+    Done(RunStatus),
+    /// The claim was no longer ours: nothing was written.
+    LostClaim,
+    /// Failed; the job was nacked (retry or dead letter).
+    Failed(String),
+}
+
+/// The outcome of the engine step, before it is committed.
+struct Step {
+    ck: Checkpoint,
+    status: RunStatus,
+    error: String,
+    events: Vec<NewEvent>,
+    consumed_inbox: Vec<String>,
+    next_wake_ms: Option<u64>,
+}
+
+impl Runner {
+    /// Processes one claimed job end to end.
+    pub async fn process(&self, claim: &Claim) -> Processed {
+        let result = self.try_process(claim).await;
+        let job = &claim.job;
+        match result {
+            Ok(status) => {
+                self.mailbox.forget_lease(&job.job_id);
+                Processed::Done(status)
+            }
+            Err(RunnerError::Aborted(m)) => {
+                tracing::warn!(job = %job.job_id, run = %job.run_id, "claim lost, write refused: {m}");
+                self.mailbox.forget_lease(&job.job_id);
+                Processed::LostClaim
+            }
+            Err(e) => {
+                let permanent = matches!(e, RunnerError::Corrupt(_));
+                let message = e.to_string();
+                tracing::error!(job = %job.job_id, run = %job.run_id, permanent, "job failed: {message}");
+                match self
+                    .mailbox
+                    .nack(&job.job_id, &claim.token, &message, permanent)
+                {
+                    Ok(nacked) => {
+                        if nacked.status == arbor_shared::domain::JobStatus::DeadLetter
+                            && let Err(e) = self.record_dead_letter(&nacked).await
+                        {
+                            tracing::error!(job = %job.job_id, "could not record dead letter: {e}");
+                        }
+                        if let Err(e) = self.store.durable().await {
+                            tracing::error!("flush after nack failed: {e}");
+                        }
+                        self.wake_workers();
+                    }
+                    Err(e) => tracing::warn!(job = %job.job_id, "nack refused: {e}"),
+                }
+                Processed::Failed(message)
+            }
+        }
+    }
+
+    async fn try_process(&self, claim: &Claim) -> Result<RunStatus, RunnerError> {
+        let job = &claim.job;
+        let now = arbor_shared::time::now_ms();
+        let run = match self.run_record(&job.run_id) {
+            Ok(run) => run,
+            Err(RunnerError::NotFound(_)) => {
+                self.ack_only(claim).await?;
+                return Ok(RunStatus::Cancelled);
+            }
+            Err(e) => return Err(e),
+        };
+        if run.status.is_terminal() {
+            // A wake-up for a run that already finished (a late timer, a cancel that raced).
+            self.ack_only(claim).await?;
+            return Ok(run.status);
+        }
+        let spec = self.tree_spec(&run.tree_id, run.tree_version)?;
+        let ck_bytes = self
+            .store
+            .tree(T::Checkpoints)
+            .get(run.run_id.as_bytes())?
+            .ok_or_else(|| {
+                RunnerError::Corrupt(codec::Corrupt {
+                    what: "checkpoint",
+                    message: format!("run {} has no checkpoint", run.run_id),
+                })
+            })?;
+        let mut ck = Checkpoint::decode(&ck_bytes)
+            .and_then(|ck| ck.check_matches(&spec).map(|_| ck))
+            .map_err(|e| codec::Corrupt {
+                what: "checkpoint",
+                message: e.to_string(),
+            })?;
+        let decisions = self.inbox_of(&run.run_id)?;
+
+        let mut new_events = Vec::new();
+        let ev = |detail| NewEvent {
+            run_id: run.run_id.clone(),
+            thread_id: run.thread_id.clone(),
+            detail,
+        };
+        if job.attempt_count > 1 {
+            new_events.push(ev(EventDetail::CheckpointRestored {
+                step: ck.step(),
+                cause: if job.last_error == "lease expired" {
+                    "lease_takeover".into()
+                } else {
+                    "retry".into()
+                },
+            }));
+        }
+        let step = if job.kind == JobKind::Cancel {
+            let reason = if run.cancel_reason.is_empty() {
+                "cancelled".to_string()
+            } else {
+                run.cancel_reason.clone()
+            };
+            let effects = engine::halt(&spec, &mut ck, &reason);
+            effects_to_events(&effects, &mut new_events, &ev);
+            Step {
+                ck,
+                status: RunStatus::Cancelled,
+                error: reason,
+                events: new_events,
+                consumed_inbox: Vec::new(),
+                next_wake_ms: None,
+            }
+        } else {
+            if !run.started {
+                new_events.push(ev(EventDetail::RunStarted {
+                    tree_id: run.tree_id.clone(),
+                    tree_version: run.tree_version,
+                    attempt: job.attempt_count,
+                }));
+            } else {
+                new_events.push(ev(EventDetail::ExecutionResumed {
+                    request_ids: decisions.iter().map(|d| d.request_id.clone()).collect(),
+                    job_kind: job.kind,
+                }));
+            }
+            let consumed_inbox = decisions.iter().map(|d| d.request_id.clone()).collect();
+            let env = TickEnv {
+                run_id: &run.run_id,
+                thread_id: &run.thread_id,
+                tree_id: &run.tree_id,
+                tree_version: run.tree_version,
+                submitted_by: &run.submitted_by,
+                now_ms: now,
+                mode: run.mode,
+                tools: &self.tools,
+            };
+            let ticked = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let mut out = engine::tick(&spec, &mut ck, decisions, &env);
+                // `next_wake_ms <= now` asks for another tick at once (a Yield-mode tick that
+                // stopped early, or a spent work budget): do it here rather than through a job.
+                let mut rounds = 0;
+                while out.status == TickStatus::Running
+                    && out.next_wake_ms.is_some_and(|at| at <= now)
+                    && rounds < IMMEDIATE_RETICKS
+                {
+                    let mut again = engine::tick(&spec, &mut ck, Vec::new(), &env);
+                    out.effects.append(&mut again.effects);
+                    again.effects = std::mem::take(&mut out.effects);
+                    out = again;
+                    rounds += 1;
+                }
+                (out, ck)
+            }));
+            let (out, ck) = ticked.map_err(|_| {
+                RunnerError::Corrupt(codec::Corrupt {
+                    what: "engine state",
+                    message: "the engine panicked on this run".into(),
+                })
+            })?;
+            effects_to_events(&out.effects, &mut new_events, &ev);
+            let status = match out.status {
+                TickStatus::Success => RunStatus::Succeeded,
+                TickStatus::Failure => RunStatus::Failed,
+                TickStatus::Running => {
+                    if ck.suspensions().any(|s| s.state == SuspensionState::Active) {
+                        RunStatus::Suspended
+                    } else {
+                        RunStatus::Running
+                    }
+                }
+            };
+            Step {
+                ck,
+                status,
+                error: out.error,
+                events: new_events,
+                consumed_inbox,
+                next_wake_ms: if status.is_terminal() {
+                    None
+                } else {
+                    out.next_wake_ms
+                },
+            }
+        };
+        self.commit_step(claim, step, now).await
+    }
+
+    /// Decisions delivered to a run and not yet taken into its checkpoint.
+    fn inbox_of(&self, run_id: &str) -> Result<Vec<Decision>, RunnerError> {
+        let mut out = Vec::new();
+        for entry in self.store.tree(T::Inbox).scan_prefix(codec::prefix(run_id)) {
+            let (_, bytes) = entry?;
+            out.push(codec::decode("decision", &bytes)?);
+        }
+        Ok(out)
+    }
+
+    async fn commit_step(
+        &self,
+        claim: &Claim,
+        step: Step,
+        now: u64,
+    ) -> Result<RunStatus, RunnerError> {
+        let job = &claim.job;
+        if !self.mailbox.lease_valid(&job.job_id, &claim.token) {
+            return Err(RunnerError::Aborted(format!(
+                "lease on job {} expired before the step could commit",
+                job.job_id
+            )));
+        }
+        let order = match step.next_wake_ms {
+            Some(_) => self.store.next_id()?,
+            None => 0,
+        };
+        let default_max = self.mailbox.config().default_max_attempts;
+        let blackboard = step.ck.blackboard().clone();
+        let status = step.status;
+        self.commit(|tx| {
+            lift(mtx::check_fence(tx, &job.job_id, &claim.token))?;
+            let Some(mut run) = records::get_run(tx, &job.run_id)? else {
+                return abort(RunnerError::NotFound(job.run_id.clone()));
+            };
+            let size = records::put_checkpoint(tx, &run.run_id, &step.ck)?;
+            for request_id in &step.consumed_inbox {
+                records::inbox_remove(tx, &run.run_id, request_id)?;
+            }
+            let mut events_in = step.events.clone();
+            events_in.push(NewEvent {
+                run_id: run.run_id.clone(),
+                thread_id: run.thread_id.clone(),
+                detail: EventDetail::CheckpointSaved {
+                    step: step.ck.step(),
+                    size_bytes: size,
+                },
+            });
+            if status.is_terminal() {
+                events_in.push(NewEvent {
+                    run_id: run.run_id.clone(),
+                    thread_id: run.thread_id.clone(),
+                    detail: EventDetail::RunFinished {
+                        status,
+                        error: step.error.clone(),
+                        blackboard: blackboard.clone(),
+                    },
+                });
+            }
+            if let Some(at) = step.next_wake_ms {
+                lift(mtx::enqueue(
+                    tx,
+                    &EnqueueRequest {
+                        job_id: uuid::Uuid::now_v7().to_string(),
+                        mailbox_id: run.thread_id.clone(),
+                        run_id: run.run_id.clone(),
+                        origin: JobOrigin::Internal,
+                        kind: Some(JobKind::Timer),
+                        priority: run.priority,
+                        dedupe_key: format!("timer:{}:{at}", run.run_id),
+                        dedupe_while_claimed: false,
+                        available_at_ms: at,
+                        max_attempts: run.max_attempts,
+                    },
+                    order,
+                    now,
+                    default_max,
+                ))?;
+            }
+            run.status = status;
+            run.error = step.error.clone();
+            run.step = step.ck.step();
+            run.started = run.started || job.kind != JobKind::Cancel;
+            run.updated_at_ms = now;
+            records::put_run(tx, &run)?;
+            let appended = events::append(tx, &events_in, now, "")?;
+            lift(mtx::ack(tx, &job.job_id, &claim.token, now))?;
+            Ok(((), appended))
+        })
+        .await?;
+        // The thread's next job (and a timer, if one was set) can be claimed now.
+        self.wake_workers();
+        Ok(status)
+    }
+
+    /// Acks a job that had nothing to do.
+    async fn ack_only(&self, claim: &Claim) -> Result<(), RunnerError> {
+        let now = arbor_shared::time::now_ms();
+        self.commit(|tx| {
+            lift(mtx::ack(tx, &claim.job.job_id, &claim.token, now))?;
+            Ok(((), Vec::new()))
+        })
+        .await?;
+        self.wake_workers();
+        Ok(())
+    }
+}
+
+fn effects_to_events(
+    effects: &[Effect],
+    out: &mut Vec<NewEvent>,
+    ev: &impl Fn(EventDetail) -> NewEvent,
+) {
+    for effect in effects {
+        match effect {
+            Effect::Suspended { record } => {
+                if let Some(approval) = &record.approval {
+                    out.push(ev(EventDetail::ApprovalRequested(Box::new(
+                        approval.clone(),
+                    ))));
+                }
+                out.push(ev(EventDetail::ExecutionSuspended {
+                    request_id: record.request_id.clone(),
+                    category: record.category,
+                    message: record.message.clone(),
+                    payload: record.payload.clone(),
+                    node_locator: record.node_locator.clone(),
+                }));
+            }
+            Effect::Withdrawn { request_id, reason } => {
+                out.push(ev(EventDetail::SuspensionWithdrawn {
+                    request_id: request_id.clone(),
+                    reason: reason.clone(),
+                }));
+            }
+            Effect::Consumed {
+                request_id,
+                decision_id,
+            } => out.push(ev(EventDetail::ApprovalConsumed {
+                request_id: request_id.clone(),
+                decision_id: decision_id.clone(),
+            })),
+            Effect::Discarded {
+                request_id,
+                decision_id,
+            } => {
+                tracing::info!(%request_id, %decision_id, "decision for a withdrawn request dropped")
+            }
+            Effect::Log {
+                node_locator,
+                message,
+            } => tracing::info!(node = %node_locator, "{message}"),
+        }
+    }
+}

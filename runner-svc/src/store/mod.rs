@@ -1,0 +1,184 @@
+//! The runner's sled database: one `Store` owns the named trees, runs multi-tree transactions
+//! (checkpoint + events + inbox + mailbox in one atomic step) and the group commit that makes a
+//! committed step durable before any RPC answers OK.
+
+pub mod codec;
+
+use std::path::Path;
+
+use arbor_shared::durability::{FlushError, GroupCommit};
+use sled::{
+    Transactional,
+    transaction::{ConflictableTransactionError, TransactionError, TransactionalTree},
+};
+
+/// The trees of the runner database, in the fixed order transactions see them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum T {
+    /// `{tree_id}\0{version BE}` → tree record.
+    Trees,
+    /// run_id → run record.
+    Runs,
+    /// `{thread_id}\0{run_id}` → () (runs of a thread).
+    ThreadRuns,
+    /// run_id → encoded checkpoint.
+    Checkpoints,
+    /// `{run_id}\0{request_id}` → delivered decision not yet taken into the checkpoint.
+    Inbox,
+    /// seq BE → event.
+    Events,
+    /// counters and durable subscriber cursors.
+    Meta,
+    /// job_id → job.
+    Jobs,
+    /// `{!priority}{order BE}{job_id}` → () for queued jobs, in claim order.
+    Queue,
+    /// mailbox_id → job_id of the one claimed job of that thread.
+    Active,
+    /// dedupe_key → job_id while the job is live.
+    Dedupe,
+    /// mailbox_id → generation BE.
+    Mailboxes,
+    /// `{mailbox_id}\0{order BE}` → job_id (jobs of a thread).
+    MailboxJobs,
+}
+
+const TREE_NAMES: [&str; 13] = [
+    "trees",
+    "runs",
+    "thread_runs",
+    "checkpoints",
+    "inbox",
+    "events",
+    "meta",
+    "jobs",
+    "queue",
+    "active",
+    "dedupe",
+    "mailboxes",
+    "mailbox_jobs",
+];
+
+/// A view of every runner tree inside one sled transaction.
+pub struct Tx<'a>(&'a [TransactionalTree]);
+
+impl Tx<'_> {
+    pub fn tree(&self, t: T) -> &TransactionalTree {
+        &self.0[t as usize]
+    }
+}
+
+/// Result of a transaction body: abort with a domain error, or let sled retry on conflict.
+pub type TxResult<R, E> = Result<R, ConflictableTransactionError<E>>;
+
+/// A failed transaction: the body aborted with a domain error, or storage failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TxError<E> {
+    #[error(transparent)]
+    Abort(E),
+    #[error("storage error: {0}")]
+    Storage(#[from] sled::Error),
+}
+
+impl<E> From<TransactionError<E>> for TxError<E> {
+    fn from(e: TransactionError<E>) -> Self {
+        match e {
+            TransactionError::Abort(e) => TxError::Abort(e),
+            TransactionError::Storage(e) => TxError::Storage(e),
+        }
+    }
+}
+
+/// Opening the database failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("cannot open the runner database at {path}: {source}")]
+    Open { path: String, source: sled::Error },
+}
+
+/// Handle to the runner database. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    db: sled::Db,
+    trees: Vec<sled::Tree>,
+    gc: GroupCommit,
+}
+
+impl Store {
+    /// Opens (or creates) the database in `dir`. `cache_bytes` bounds sled's page cache, which
+    /// is what keeps parked runs cheap in memory.
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self, OpenError> {
+        let err = |source| OpenError::Open {
+            path: dir.display().to_string(),
+            source,
+        };
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(cache_bytes)
+            // Durability comes from the group commit, not from a background timer.
+            .flush_every_ms(None)
+            .open()
+            .map_err(err)?;
+        let trees = TREE_NAMES
+            .iter()
+            .map(|name| db.open_tree(name))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(err)?;
+        let gc = GroupCommit::start(db.clone());
+        Ok(Self { db, trees, gc })
+    }
+
+    pub fn tree(&self, t: T) -> &sled::Tree {
+        &self.trees[t as usize]
+    }
+
+    pub fn db(&self) -> &sled::Db {
+        &self.db
+    }
+
+    /// Runs `body` as one serialisable transaction over every runner tree. The body may run more
+    /// than once (sled retries on conflict), so it must be free of side effects.
+    pub fn transact<R, E>(
+        &self,
+        body: impl Fn(&Tx<'_>) -> TxResult<R, E>,
+    ) -> Result<R, TxError<E>> {
+        self.trees[..]
+            .transaction(|trees: &Vec<TransactionalTree>| body(&Tx(trees)))
+            .map_err(TxError::from)
+    }
+
+    /// Waits until everything committed so far is on disk (shared fsync).
+    pub async fn durable(&self) -> Result<(), FlushError> {
+        self.gc.flush().await
+    }
+
+    /// fsyncs issued so far.
+    pub fn flush_count(&self) -> u64 {
+        self.gc.flush_count()
+    }
+
+    /// A fresh unique, increasing id (survives restarts).
+    pub fn next_id(&self) -> Result<u64, sled::Error> {
+        self.db.generate_id()
+    }
+
+    /// Bytes the database occupies on disk.
+    pub fn size_on_disk(&self) -> u64 {
+        self.db.size_on_disk().unwrap_or(0)
+    }
+}
+
+/// Converts a transaction body's abort error into another error type.
+pub fn lift<R, E1, E2: From<E1>>(r: TxResult<R, E1>) -> TxResult<R, E2> {
+    r.map_err(|e| match e {
+        ConflictableTransactionError::Abort(e) => ConflictableTransactionError::Abort(e.into()),
+        ConflictableTransactionError::Conflict => ConflictableTransactionError::Conflict,
+        ConflictableTransactionError::Storage(e) => ConflictableTransactionError::Storage(e),
+    })
+}
+
+/// Aborts the transaction with `e`.
+pub fn abort<R, E>(e: impl Into<E>) -> TxResult<R, E> {
+    Err(ConflictableTransactionError::Abort(e.into()))
+}

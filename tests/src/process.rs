@@ -1,0 +1,305 @@
+//! Starting, stopping and killing the real service binaries.
+
+use std::{
+    net::{SocketAddr, TcpListener},
+    path::{Path, PathBuf},
+    process::Stdio,
+    sync::OnceLock,
+    time::Duration,
+};
+
+use arbor_shared::proto::{
+    approval::v1::approval_service_client::ApprovalServiceClient,
+    runner::v1::runner_service_client::RunnerServiceClient,
+};
+use nix::{sys::signal::Signal, unistd::Pid};
+use tokio::process::{Child, Command};
+use tonic::transport::Channel;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+/// Which build of the binaries to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    Debug,
+    Release,
+}
+
+/// Paths of the two binaries, built once per test process.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    pub runner: PathBuf,
+    pub approval: PathBuf,
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lives in the workspace")
+        .to_path_buf()
+}
+
+impl Binaries {
+    /// Builds `runner-svc` and `approval-svc` (once per process and profile) with cargo and
+    /// returns their paths. `ARBOR_BIN_DIR` points at prebuilt binaries instead.
+    pub fn get(profile: Profile) -> Binaries {
+        static DEBUG: OnceLock<Binaries> = OnceLock::new();
+        static RELEASE: OnceLock<Binaries> = OnceLock::new();
+        let cell = match profile {
+            Profile::Debug => &DEBUG,
+            Profile::Release => &RELEASE,
+        };
+        cell.get_or_init(|| Self::build(profile)).clone()
+    }
+
+    fn build(profile: Profile) -> Binaries {
+        if let Ok(dir) = std::env::var("ARBOR_BIN_DIR") {
+            let dir = PathBuf::from(dir);
+            return Binaries {
+                runner: dir.join("runner-svc"),
+                approval: dir.join("approval-svc"),
+            };
+        }
+        let root = workspace_root();
+        let target = std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| root.join("target"));
+        let mut cmd =
+            std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.current_dir(&root).args([
+            "build",
+            "--quiet",
+            "-p",
+            "arbor-runner-svc",
+            "-p",
+            "arbor-approval-svc",
+            "--bins",
+        ]);
+        if profile == Profile::Release {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("cargo runs");
+        assert!(status.success(), "building the service binaries failed");
+        let dir = target.join(match profile {
+            Profile::Debug => "debug",
+            Profile::Release => "release",
+        });
+        Binaries {
+            runner: dir.join("runner-svc"),
+            approval: dir.join("approval-svc"),
+        }
+    }
+}
+
+/// A free TCP port on loopback (bound and released; good enough for tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceKind {
+    Runner,
+    Approval,
+}
+
+/// One running (or stopped) service process with a fixed address and data dir, so it can be
+/// killed and restarted in place.
+pub struct Service {
+    pub kind: ServiceKind,
+    pub binary: PathBuf,
+    pub addr: SocketAddr,
+    pub data_dir: PathBuf,
+    pub log: PathBuf,
+    pub extra_args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    child: Option<Child>,
+    starts: u32,
+}
+
+impl Service {
+    pub fn new(kind: ServiceKind, binary: PathBuf, root: &Path, extra_args: Vec<String>) -> Self {
+        let name = match kind {
+            ServiceKind::Runner => "runner",
+            ServiceKind::Approval => "approval",
+        };
+        Self {
+            kind,
+            binary,
+            addr: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            data_dir: root.join(name),
+            log: root.join(format!("{name}.log")),
+            extra_args,
+            env: Vec::new(),
+            child: None,
+            starts: 0,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Starts the process and waits until its health service says SERVING.
+    pub async fn start(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg(self.addr.to_string())
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(&self.extra_args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env(
+                "RUST_LOG",
+                std::env::var("ARBOR_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().expect("log file")))
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true);
+        self.child = Some(cmd.spawn().expect("service binary starts"));
+        self.starts += 1;
+        self.wait_serving(crate::WAIT).await;
+    }
+
+    /// Polls the standard health service until SERVING.
+    pub async fn wait_serving(&mut self, timeout: Duration) {
+        let url = self.url();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!(
+                    "{:?} exited with {status} during start; log:\n{}",
+                    self.kind,
+                    self.log_tail()
+                );
+            }
+            if let Ok(channel) = Channel::from_shared(url.clone())
+                .expect("url")
+                .connect()
+                .await
+            {
+                let serving = HealthClient::new(channel)
+                    .check(HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await
+                    .map(|r| r.into_inner().status == 1)
+                    .unwrap_or(false);
+                if serving {
+                    return;
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                panic!(
+                    "{:?} not SERVING after {timeout:?}; log:\n{}",
+                    self.kind,
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILL: no chance to flush or say goodbye.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit; returns the exit code.
+    pub async fn stop(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        if let Some(pid) = child.id() {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        }
+        match tokio::time::timeout(Duration::from_secs(20), child.wait()).await {
+            Ok(Ok(status)) => status.code(),
+            _ => {
+                let _ = child.start_kill();
+                None
+            }
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(self.url())
+            .expect("url")
+            .connect()
+            .await
+            .expect("service reachable")
+    }
+}
+
+/// Both services wired together in one temp dir.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub runner: Service,
+    pub approval: Service,
+}
+
+impl Cluster {
+    /// Starts runner-svc, then approval-svc pointed at it, both with fresh data dirs.
+    pub async fn start(profile: Profile) -> Cluster {
+        Self::start_with(profile, Vec::new(), Vec::new()).await
+    }
+
+    pub async fn start_with(
+        profile: Profile,
+        runner_args: Vec<String>,
+        approval_args: Vec<String>,
+    ) -> Cluster {
+        let bins = Binaries::get(profile);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut runner = Service::new(ServiceKind::Runner, bins.runner, dir.path(), runner_args);
+        runner.start().await;
+        let mut approval_args = approval_args;
+        approval_args.extend(["--runner".to_string(), runner.url()]);
+        let mut approval = Service::new(
+            ServiceKind::Approval,
+            bins.approval,
+            dir.path(),
+            approval_args,
+        );
+        approval.start().await;
+        Cluster {
+            dir,
+            runner,
+            approval,
+        }
+    }
+
+    pub async fn runner_client(&self) -> RunnerServiceClient<Channel> {
+        RunnerServiceClient::new(self.runner.channel().await)
+    }
+
+    pub async fn approval_client(&self) -> ApprovalServiceClient<Channel> {
+        ApprovalServiceClient::new(self.approval.channel().await)
+    }
+}
