@@ -84,9 +84,18 @@ fn token(t: &str) -> Option<&str> {
     (!t.is_empty()).then_some(t)
 }
 
+/// Longest id accepted; the runner's ids are far shorter, and a huge key helps nobody.
+const MAX_ID_BYTES: usize = 256;
+
 fn required<'a>(value: &'a str, field: &str) -> Result<&'a str> {
     if value.is_empty() {
         return Err(Error::invalid(field, "required"));
+    }
+    if value.len() > MAX_ID_BYTES {
+        return Err(Error::invalid(
+            field,
+            format!("at most {MAX_ID_BYTES} bytes"),
+        ));
     }
     Ok(value)
 }
