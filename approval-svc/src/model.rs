@@ -18,6 +18,8 @@ pub struct Approval {
     pub state: ApprovalState,
     pub decision: Option<Decision>,
     pub created_at_ms: u64,
+    /// Order of arrival at this service (ties within a millisecond keep event order).
+    pub arrival: u64,
     pub updated_at_ms: u64,
     /// Bumped by every change, so watchers can drop a change older than one they already sent.
     pub version: u64,

@@ -38,6 +38,13 @@ fn status_error(s: Status) -> anyhow::Error {
     anyhow!(text)
 }
 
+/// Prints for people; a closed pipe (`| head`) is not an error worth a panic.
+fn emit(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+}
+
 fn json_arg(text: &str, flag: &str) -> anyhow::Result<prost_types::Value> {
     let json: serde_json::Value =
         serde_json::from_str(text).with_context(|| format!("{flag} is not valid JSON"))?;
@@ -64,10 +71,8 @@ pub async fn execute(command: Command) -> anyhow::Result<()> {
                 .map_err(status_error)?
                 .into_inner();
             let approval = resp.approval.unwrap_or_default();
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&render::approval_json(&approval))?
-            );
+            let json = serde_json::to_string_pretty(&render::approval_json(&approval))?;
+            emit(&format!("{json}\n"));
             Ok(())
         }
         Command::Approve { conn, id, reason } => {
@@ -123,10 +128,7 @@ async fn pending(client: &mut Client, filter: pb::ApprovalFilter) -> anyhow::Res
         }
         page_token = resp.next_page_token;
     }
-    print!(
-        "{}",
-        render::pending_table(&rows, arbor_shared::time::now_ms())
-    );
+    emit(&render::pending_table(&rows, arbor_shared::time::now_ms()));
     Ok(())
 }
 
@@ -156,8 +158,8 @@ async fn decide(
         .as_ref()
         .map(|d| d.decision_id.as_str())
         .unwrap_or("");
-    println!(
-        "{} {} ({}, decision {decision_id}){}",
+    emit(&format!(
+        "{} {} ({}, decision {decision_id}){}\n",
         approval.request_id,
         render::state_name(approval.state),
         render::decision_name(kind as i32),
@@ -166,7 +168,7 @@ async fn decide(
         } else {
             ""
         }
-    );
+    ));
     Ok(())
 }
 
@@ -178,7 +180,7 @@ async fn watch(client: &mut Client, filter: Option<pb::ApprovalFilter>) -> anyho
         .into_inner();
     let now = arbor_shared::time::now_ms;
     while let Some(item) = stream.message().await.map_err(status_error)? {
-        println!("{}", render::change_line(&item, now()));
+        emit(&format!("{}\n", render::change_line(&item, now())));
     }
     Ok(())
 }

@@ -198,3 +198,50 @@ pub fn change_line(item: &pb::WatchApprovalsResponse, now_ms: u64) -> String {
     }
     line
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arbor_shared::time::timestamp;
+
+    #[test]
+    fn ages_are_short() {
+        assert_eq!(short_duration(42_000), "42s");
+        assert_eq!(short_duration(7 * 60_000), "7m");
+        assert_eq!(short_duration(3 * 3_600_000), "3h");
+        assert_eq!(short_duration(2 * 86_400_000), "2d");
+    }
+
+    #[test]
+    fn the_pending_table_has_what_a_person_decides_by() {
+        let now = 10_000_000;
+        let a = pb::Approval {
+            request_id: "req-1".into(),
+            state: ApprovalState::Pending as i32,
+            request: Some(runner_pb::ApprovalRequested {
+                run_id: "run-1".into(),
+                kind: ApprovalKind::Tool as i32,
+                tool_name: "ledger.append".into(),
+                title: "Deploy?".into(),
+                deadline: Some(timestamp(now + 240_000)),
+                ..Default::default()
+            }),
+            created_at: Some(timestamp(now - 90_000)),
+            ..Default::default()
+        };
+        let table = pending_table(&[a], now);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].starts_with("ID") && lines[0].contains("DEADLINE"));
+        for cell in [
+            "req-1",
+            "1m",
+            "run-1",
+            "tool",
+            "Deploy? [ledger.append]",
+            "in 4m",
+        ] {
+            assert!(lines[1].contains(cell), "{cell} missing in {:?}", lines[1]);
+        }
+        assert_eq!(pending_table(&[], now), "no pending approvals\n");
+    }
+}

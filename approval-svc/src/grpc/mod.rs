@@ -46,6 +46,15 @@ impl<S: ApprovalStore> ApprovalApi<S> {
     fn store(&self) -> &S {
         self.approvals.store()
     }
+
+    /// New decisions are refused once draining has begun, so none is taken that delivery will
+    /// not get to send before the process exits (it would be sent after the restart anyway).
+    fn open_for_writes(&self) -> Result<()> {
+        if self.shutdown.is_cancelled() {
+            return Err(Error::ShuttingDown);
+        }
+        Ok(())
+    }
 }
 
 fn require(p: &Principal, roles: &[Role], action: &str) -> Result<()> {
@@ -75,9 +84,18 @@ fn token(t: &str) -> Option<&str> {
     (!t.is_empty()).then_some(t)
 }
 
+/// Longest id accepted; the runner's ids are far shorter, and a huge key helps nobody.
+const MAX_ID_BYTES: usize = 256;
+
 fn required<'a>(value: &'a str, field: &str) -> Result<&'a str> {
     if value.is_empty() {
         return Err(Error::invalid(field, "required"));
+    }
+    if value.len() > MAX_ID_BYTES {
+        return Err(Error::invalid(
+            field,
+            format!("at most {MAX_ID_BYTES} bytes"),
+        ));
     }
     Ok(value)
 }
@@ -124,6 +142,7 @@ impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
     ) -> Result<Response<pb::ResolveResponse>, Status> {
         let principal = principal_of(&req);
         require(&principal, DECIDERS, "decide approvals")?;
+        self.open_for_writes()?;
         let r = req.into_inner();
         let id = required(&r.request_id, "request_id")?;
         let decision = decision::from_wire(
@@ -149,6 +168,7 @@ impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
     ) -> Result<Response<pb::BulkResolveResponse>, Status> {
         let principal = principal_of(&req);
         require(&principal, DECIDERS, "decide approvals")?;
+        self.open_for_writes()?;
         let r = req.into_inner();
         let decision = decision::from_wire(
             r.decision,

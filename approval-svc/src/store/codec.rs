@@ -27,20 +27,34 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
     }
 }
 
-/// `created_ms ++ request_id`: listing in creation order.
-pub fn created_key(created_ms: u64, request_id: &str) -> Vec<u8> {
+/// `created_ms ++ arrival ++ request_id`: listing in the order requests arrived (the arrival
+/// counter breaks ties within a millisecond).
+pub fn created_key(created_ms: u64, arrival: u64, request_id: &str) -> Vec<u8> {
     let mut k = created_ms.to_be_bytes().to_vec();
+    k.extend_from_slice(&arrival.to_be_bytes());
     k.extend_from_slice(request_id.as_bytes());
     k
 }
 
-/// `deadline_ms ++ request_id`: the timer reads the first entry.
-pub fn deadline_key(deadline_ms: u64, request_id: &str) -> Vec<u8> {
-    created_key(deadline_ms, request_id)
+/// The first key at or after `created_ms`.
+pub fn created_bound(created_ms: u64) -> Vec<u8> {
+    created_ms.to_be_bytes().to_vec()
 }
 
-/// The request id behind a `created_key` / `deadline_key`, and its time.
-pub fn split_time_key(key: &[u8]) -> Option<(u64, String)> {
+/// The request id behind a `created_key`.
+pub fn created_key_id(key: &[u8]) -> Option<String> {
+    String::from_utf8(key.get(16..)?.to_vec()).ok()
+}
+
+/// `deadline_ms ++ request_id`: the timer reads the first entry.
+pub fn deadline_key(deadline_ms: u64, request_id: &str) -> Vec<u8> {
+    let mut k = deadline_ms.to_be_bytes().to_vec();
+    k.extend_from_slice(request_id.as_bytes());
+    k
+}
+
+/// The deadline and request id behind a `deadline_key`.
+pub fn split_deadline_key(key: &[u8]) -> Option<(u64, String)> {
     if key.len() < 8 {
         return None;
     }
@@ -89,11 +103,15 @@ mod tests {
     }
 
     #[test]
-    fn time_keys_sort_by_time_and_split_back() {
-        let a = created_key(5, "zzz");
-        let b = created_key(6, "aaa");
-        assert!(a < b);
-        assert_eq!(split_time_key(&b), Some((6, "aaa".into())));
+    fn time_keys_sort_by_time_then_arrival_and_split_back() {
+        let a = created_key(5, 9, "zzz");
+        let b = created_key(6, 1, "aaa");
+        let c = created_key(6, 2, "000");
+        assert!(a < b && b < c);
+        assert!(created_bound(6) <= b && created_bound(6) > a);
+        assert_eq!(created_key_id(&c).as_deref(), Some("000"));
+        let d = deadline_key(7, "r1");
+        assert_eq!(split_deadline_key(&d), Some((7, "r1".into())));
     }
 
     #[test]

@@ -33,10 +33,10 @@ impl SledStore {
         } else {
             0
         };
-        let start = later_start(Bound::Included(codec::created_key(oldest, "")), after);
+        let start = later_start(Bound::Included(codec::created_bound(oldest)), after);
         let end = if filter.min_age_ms > 0 {
             let newest = now_ms.saturating_sub(filter.min_age_ms);
-            Bound::Excluded(codec::created_key(newest.saturating_add(1), ""))
+            Bound::Excluded(codec::created_bound(newest.saturating_add(1)))
         } else {
             Bound::Unbounded
         };
@@ -44,7 +44,7 @@ impl SledStore {
         let mut last_key = Vec::new();
         for entry in self.trees.by_created.range((start, end)) {
             let (key, _) = entry?;
-            let Some((_, id)) = codec::split_time_key(&key) else {
+            let Some(id) = codec::created_key_id(&key) else {
                 continue;
             };
             let Some(approval) = self.get(&id)? else {

@@ -101,8 +101,10 @@ impl Tx<'_> {
         self.approvals
             .insert(id.as_bytes(), lift(codec::encode(new))?)?;
         if old.is_none() {
-            self.by_created
-                .insert(codec::created_key(new.created_at_ms, id), &[][..])?;
+            self.by_created.insert(
+                codec::created_key(new.created_at_ms, new.arrival, id),
+                &[][..],
+            )?;
             self.by_run.insert(
                 codec::owned_key(&new.request.run_id, id.as_bytes()),
                 &[][..],
@@ -233,6 +235,7 @@ impl ApprovalStore for SledStore {
                 });
             }
             let approval = Approval {
+                arrival: tx.approvals.generate_id()?,
                 request: request.clone(),
                 unknown_kind,
                 state: ApprovalState::Pending,
@@ -484,7 +487,7 @@ impl ApprovalStore for SledStore {
             .trees
             .deadlines
             .first()?
-            .and_then(|(k, _)| codec::split_time_key(&k)))
+            .and_then(|(k, _)| codec::split_deadline_key(&k)))
     }
 
     fn undelivered(&self) -> Result<Vec<Approval>> {
