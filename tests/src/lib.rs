@@ -3,7 +3,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod auth;
+pub mod chaos;
+pub mod clients;
 pub mod process;
+pub mod proxy;
 
 use std::{future::Future, time::Duration};
 

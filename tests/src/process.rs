@@ -275,24 +275,55 @@ impl Cluster {
         runner_args: Vec<String>,
         approval_args: Vec<String>,
     ) -> Cluster {
+        let mut cluster = Self::prepare(profile, runner_args, approval_args);
+        let runner_url = cluster.runner.url();
+        cluster.start_routed(&runner_url).await;
+        cluster
+    }
+
+    /// Both services with authentication on (see [`crate::auth::Tokens`]); the tokens file
+    /// lives in the cluster's temp dir.
+    pub async fn start_secure(profile: Profile) -> (Cluster, crate::auth::Tokens) {
+        let mut cluster = Self::prepare(profile, Vec::new(), Vec::new());
+        let tokens = crate::auth::Tokens::write(cluster.dir.path());
+        cluster.runner.extra_args.extend(tokens.runner_args());
+        cluster.approval.extra_args.extend(tokens.approval_args());
+        let runner_url = cluster.runner.url();
+        cluster.start_routed(&runner_url).await;
+        (cluster, tokens)
+    }
+
+    /// Both services set up (fixed ports, data dirs in a fresh temp dir) but not started, so a
+    /// test can add arguments or put something between them first.
+    pub fn prepare(
+        profile: Profile,
+        runner_args: Vec<String>,
+        approval_args: Vec<String>,
+    ) -> Cluster {
         let bins = Binaries::get(profile);
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut runner = Service::new(ServiceKind::Runner, bins.runner, dir.path(), runner_args);
-        runner.start().await;
-        let mut approval_args = approval_args;
-        approval_args.extend(["--runner".to_string(), runner.url()]);
-        let mut approval = Service::new(
+        let runner = Service::new(ServiceKind::Runner, bins.runner, dir.path(), runner_args);
+        let approval = Service::new(
             ServiceKind::Approval,
             bins.approval,
             dir.path(),
             approval_args,
         );
-        approval.start().await;
         Cluster {
             dir,
             runner,
             approval,
         }
+    }
+
+    /// Starts runner-svc, then approval-svc with `--runner runner_url` (the runner itself, or a
+    /// proxy in front of it).
+    pub async fn start_routed(&mut self, runner_url: &str) {
+        self.approval
+            .extra_args
+            .extend(["--runner".to_string(), runner_url.to_string()]);
+        self.runner.start().await;
+        self.approval.start().await;
     }
 
     pub async fn runner_client(&self) -> RunnerServiceClient<Channel> {
