@@ -1,6 +1,7 @@
 //! A TCP proxy for partition tests: it forwards every connection to one upstream address and
 //! can, at any moment, cut every connection (RST), stall them (stop forwarding bytes without
-//! closing anything, as a dead network path does), refuse new connections, and restore.
+//! closing anything), refuse new connections, blackhole the open connections for good (as a
+//! crashed host or a lost NAT entry leaves them: no FIN, no RST), and restore.
 
 use std::{
     net::SocketAddr,
@@ -34,6 +35,8 @@ struct Shared {
     mode: watch::Sender<Mode>,
     /// Bumped by `cut`: every connection open at that moment is reset.
     cuts: watch::Sender<u64>,
+    /// Bumped by `blackhole`: every connection open at that moment never forwards again.
+    freezes: watch::Sender<u64>,
     accepted: AtomicU64,
     forwarded_bytes: AtomicU64,
 }
@@ -61,6 +64,7 @@ impl Proxy {
         let shared = Arc::new(Shared {
             mode: watch::channel(Mode::Forward).0,
             cuts: watch::channel(0).0,
+            freezes: watch::channel(0).0,
             accepted: AtomicU64::new(0),
             forwarded_bytes: AtomicU64::new(0),
         });
@@ -99,6 +103,13 @@ impl Proxy {
     pub fn down(&self) {
         self.shared.mode.send_replace(Mode::Down);
         self.cut();
+    }
+
+    /// Freezes every connection open now, for good (until a `cut`); new connections are served
+    /// as the mode says. Only a client that notices the silence itself (keepalive, deadlines)
+    /// gets going again.
+    pub fn blackhole(&self) {
+        self.shared.freezes.send_modify(|n| *n += 1);
     }
 
     /// Forwards again; stalled connections continue where they stopped.
@@ -144,6 +155,7 @@ fn reset(stream: &TcpStream) {
 async fn connection(client: TcpStream, upstream: SocketAddr, shared: Arc<Shared>) {
     let mut cuts = shared.cuts.subscribe();
     cuts.borrow_and_update();
+    let born = *shared.freezes.borrow();
     let Ok(server) = TcpStream::connect(upstream).await else {
         reset(&client);
         return;
@@ -154,8 +166,8 @@ async fn connection(client: TcpStream, upstream: SocketAddr, shared: Arc<Shared>
     reset(&server);
     let (client_r, client_w) = client.into_split();
     let (server_r, server_w) = server.into_split();
-    let up = pump(client_r, server_w, shared.clone());
-    let down = pump(server_r, client_w, shared.clone());
+    let up = pump(client_r, server_w, shared.clone(), born);
+    let down = pump(server_r, client_w, shared.clone(), born);
     tokio::select! {
         _ = async { tokio::join!(up, down) } => {}
         _ = cuts.changed() => {}
@@ -163,24 +175,31 @@ async fn connection(client: TcpStream, upstream: SocketAddr, shared: Arc<Shared>
     // Dropping both halves of both sockets closes them with RST (linger 0).
 }
 
-/// Copies one direction, holding bytes while the proxy is stalled. Ends on EOF, an error, or
-/// `Down`.
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<Shared>) {
+/// Copies one direction, holding bytes while the proxy is stalled (or for good once the
+/// connection is blackholed). Ends on EOF, an error, or `Down`.
+async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<Shared>, born: u64) {
     let mut mode = shared.mode.subscribe();
+    let mut freezes = shared.freezes.subscribe();
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if !forwarding(&mut mode).await {
+        if !forwarding(&mut mode, &mut freezes, born).await {
             return;
         }
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => {
-                let _ = to.shutdown().await;
-                return;
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => {
+                    let _ = to.shutdown().await;
+                    return;
+                }
+                Ok(n) => n,
+            },
+            // A blackholed path does not even deliver an EOF.
+            _ = async { freezes.wait_for(|f| *f > born).await.is_ok() } => {
+                std::future::pending().await
             }
-            Ok(n) => n,
         };
         // Bytes read just before a stall are held back too.
-        if !forwarding(&mut mode).await {
+        if !forwarding(&mut mode, &mut freezes, born).await {
             return;
         }
         if to.write_all(&buf[..n]).await.is_err() {
@@ -192,16 +211,26 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<Share
     }
 }
 
-/// Waits while stalled; false once the proxy is down.
-async fn forwarding(mode: &mut watch::Receiver<Mode>) -> bool {
+/// Waits while stalled (forever once blackholed); false once the proxy is down.
+async fn forwarding(
+    mode: &mut watch::Receiver<Mode>,
+    freezes: &mut watch::Receiver<u64>,
+    born: u64,
+) -> bool {
     loop {
-        match *mode.borrow_and_update() {
+        let frozen = *freezes.borrow_and_update() > born;
+        if frozen {
+            std::future::pending::<()>().await;
+        }
+        let now = *mode.borrow_and_update();
+        match now {
             Mode::Forward => return true,
             Mode::Down => return false,
             Mode::Stall => {}
         }
-        if mode.changed().await.is_err() {
-            return false;
+        tokio::select! {
+            changed = mode.changed() => if changed.is_err() { return false },
+            changed = freezes.changed() => if changed.is_err() { return false },
         }
     }
 }
