@@ -8,6 +8,7 @@ pub mod chaos;
 pub mod clients;
 pub mod process;
 pub mod proxy;
+pub mod snapshot;
 
 use std::{future::Future, time::Duration};
 
