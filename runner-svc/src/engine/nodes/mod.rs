@@ -22,6 +22,12 @@ use super::{Effect, TickEnv, TickOutput, TickStatus, blackboard};
 /// nested repeats can never pin a worker.
 const WORK_BUDGET: u32 = 1_000_000;
 
+enum Why {
+    Nothing,
+    Text(String),
+    Node(usize),
+}
+
 pub(crate) struct Ctx<'t> {
     pub spec: &'t TreeSpec,
     pub ck: &'t mut Checkpoint,
@@ -29,7 +35,7 @@ pub(crate) struct Ctx<'t> {
     pub effects: Vec<Effect>,
     next_wake: Option<u64>,
     /// The most recent failure reason; becomes the run's error if the root fails.
-    error: String,
+    why: Why,
     /// A suspension became active in this tick (Yield mode stops ticking parallel siblings).
     pub suspended_now: bool,
     work_left: u32,
@@ -47,7 +53,7 @@ pub(crate) fn tick_root(
         env,
         effects,
         next_wake: None,
-        error: String::new(),
+        why: Why::Nothing,
         suspended_now: false,
         work_left: WORK_BUDGET,
     };
@@ -63,11 +69,10 @@ pub(crate) fn tick_root(
                 .withdraw(0..u32::MAX, "run finished", &mut cx.effects);
             cx.next_wake = None;
             if status == TickStatus::Failure {
-                error = if cx.error.is_empty() {
-                    "tree failed".to_string()
-                } else {
-                    std::mem::take(&mut cx.error)
-                };
+                error = cx.take_error();
+                if error.is_empty() {
+                    error = "tree failed".to_string();
+                }
             }
         }
     }
@@ -98,7 +103,7 @@ pub(crate) fn halt_all(spec: &TreeSpec, ck: &mut Checkpoint, reason: &str) -> Ve
         env: &env,
         effects: Vec::new(),
         next_wake: None,
-        error: String::new(),
+        why: Why::Nothing,
         suspended_now: false,
         work_left: 0,
     };
@@ -198,8 +203,37 @@ impl<'t> Ctx<'t> {
     }
 
     pub fn fail(&mut self, message: impl Into<String>) -> TickStatus {
-        self.error = message.into();
+        self.why = Why::Text(message.into());
         TickStatus::Failure
+    }
+
+    /// Fails with a reason derived from the node's spec, formatted only if it is ever reported:
+    /// failing conditions and selectors are ordinary control flow.
+    pub fn fail_quietly(&mut self, idx: usize) -> TickStatus {
+        self.why = Why::Node(idx);
+        TickStatus::Failure
+    }
+
+    /// The most recent failure reason ("" if none), consumed.
+    pub fn take_error(&mut self) -> String {
+        match std::mem::replace(&mut self.why, Why::Nothing) {
+            Why::Nothing => String::new(),
+            Why::Text(text) => text,
+            Why::Node(idx) => {
+                let node = self.node(idx);
+                let loc = &node.locator;
+                match &node.kind {
+                    NodeKind::Condition(c) => format!(
+                        "condition '{loc}' ({} {} {}) is false",
+                        c.key,
+                        c.op.as_str(),
+                        c.value
+                    ),
+                    NodeKind::Selector => format!("selector '{loc}': every child failed"),
+                    _ => format!("'{loc}' failed"),
+                }
+            }
+        }
     }
 
     pub fn wake_at(&mut self, at_ms: u64) {
