@@ -2,6 +2,7 @@
 //! the checkpoint; nothing here changes while a run ticks.
 
 mod fields;
+mod kinds;
 mod parse;
 
 use arbor_shared::domain::TimeoutAction;
