@@ -86,33 +86,42 @@ pub(crate) fn tick_root(
 }
 
 pub(crate) fn halt_all(spec: &TreeSpec, ck: &mut Checkpoint, reason: &str) -> Vec<Effect> {
-    let tools = super::ToolRegistry::new(super::GuardConfig::default());
-    let env = TickEnv {
-        run_id: "",
-        thread_id: "",
-        tree_id: "",
-        tree_version: 0,
-        submitted_by: "",
-        now_ms: 0,
-        mode: RunMode::Yield,
-        tools: &tools,
-    };
-    let mut cx = Ctx {
-        spec,
-        ck,
-        env: &env,
-        effects: Vec::new(),
-        next_wake: None,
-        why: Why::Nothing,
-        suspended_now: false,
-        work_left: 0,
-    };
-    cx.halt_range(0..spec.nodes.len(), reason);
-    if !matches!(cx.ck.root_status, NodeStatus::Success | NodeStatus::Failure) {
-        cx.ck.root_status = NodeStatus::Failure;
-        cx.ck.error = format!("halted: {reason}");
+    let mut effects = Vec::new();
+    halt_range(ck, 0..spec.nodes.len(), reason, &mut effects);
+    if !matches!(ck.root_status, NodeStatus::Success | NodeStatus::Failure) {
+        ck.root_status = NodeStatus::Failure;
+        ck.error = format!("halted: {reason}");
     }
-    cx.effects
+    effects
+}
+
+/// Halts the nodes of a pre-order range (whole subtrees): nodes that were in flight count an
+/// attempt, all are reset to idle, and their active suspensions are withdrawn.
+fn halt_range(ck: &mut Checkpoint, range: Range<usize>, reason: &str, effects: &mut Vec<Effect>) {
+    if range.is_empty() {
+        return;
+    }
+    let mut busy = ck.interaction.active_owners();
+    busy.extend(ck.interaction.progress.values().map(|p| p.node));
+    for (i, state) in ck
+        .nodes
+        .iter_mut()
+        .enumerate()
+        .take(range.end)
+        .skip(range.start)
+    {
+        let in_flight = state.status == NodeStatus::Running
+            || state.data.deadline().is_some()
+            || matches!(state.data, NodeData::Composite { cursor } if cursor > 0)
+            || busy.contains(&(i as u32));
+        if in_flight {
+            state.attempt = state.attempt.wrapping_add(1);
+        }
+        state.status = NodeStatus::Idle;
+        state.data.reset();
+    }
+    let nodes = range.start as u32..range.end as u32;
+    ck.interaction.withdraw(nodes, reason, effects);
 }
 
 impl<'t> Ctx<'t> {
@@ -176,30 +185,9 @@ impl<'t> Ctx<'t> {
         self.halt_range(idx + 1..end, reason);
     }
 
-    /// Halts the nodes of a pre-order range (whole subtrees): nodes that were in flight count an
-    /// attempt, all are reset to idle, and their active suspensions are withdrawn.
+    /// Halts whole subtrees given as a pre-order range.
     pub fn halt_range(&mut self, range: Range<usize>, reason: &str) {
-        if range.is_empty() {
-            return;
-        }
-        let mut busy = self.ck.interaction.active_owners();
-        busy.extend(self.ck.interaction.progress.values().map(|p| p.node));
-        for i in range.clone() {
-            let state = &mut self.ck.nodes[i];
-            let in_flight = state.status == NodeStatus::Running
-                || state.data.deadline().is_some()
-                || matches!(state.data, NodeData::Composite { cursor } if cursor > 0)
-                || busy.contains(&(i as u32));
-            if in_flight {
-                state.attempt = state.attempt.wrapping_add(1);
-            }
-            state.status = NodeStatus::Idle;
-            state.data.reset();
-        }
-        let nodes = range.start as u32..range.end as u32;
-        self.ck
-            .interaction
-            .withdraw(nodes, reason, &mut self.effects);
+        halt_range(self.ck, range, reason, &mut self.effects);
     }
 
     pub fn fail(&mut self, message: impl Into<String>) -> TickStatus {

@@ -172,22 +172,18 @@ impl Parser {
                 }
                 Some(_) => self.violation(format!("{jpath}.children"), "must be an array"),
             }
+            let declared = map
+                .get("children")
+                .and_then(Json::as_array)
+                .map_or(0, Vec::len);
             if let Some(NodeKind::Parallel { success_threshold }) = kind
-                && !map
-                    .get("children")
-                    .and_then(Json::as_array)
-                    .is_none_or(|c| c.is_empty())
+                && declared > 0
+                && success_threshold > declared
             {
-                let n = map
-                    .get("children")
-                    .and_then(Json::as_array)
-                    .map_or(0, Vec::len);
-                if success_threshold > n {
-                    self.violation(
-                        format!("{jpath}.success_threshold"),
-                        format!("must be from 1 to the number of children ({n})"),
-                    );
-                }
+                self.violation(
+                    format!("{jpath}.success_threshold"),
+                    format!("must be from 1 to the number of children ({declared})"),
+                );
             }
         } else if DECORATORS.contains(&ty.as_str()) {
             match map.get("child") {
