@@ -224,8 +224,13 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            toml::from_str::<GuardConfig>(&text)
-                .map_err(|e| format!("invalid guards file {}: {e}", path.display()))?
+            let guards = toml::from_str::<GuardConfig>(&text)
+                .map_err(|e| format!("invalid guards file {}: {e}", path.display()))?;
+            guards.validate().map_err(|violations| {
+                let listed: Vec<String> = violations.iter().map(ToString::to_string).collect();
+                format!("invalid guards file {}: {}", path.display(), listed.join("; "))
+            })?;
+            guards
         }
         None => GuardConfig::default(),
     };
