@@ -167,7 +167,10 @@ fn main() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let fsync = raw_fsync_rate(dir.path());
-    println!("\nArbor mailbox benchmark ({} s per row, {WORKERS} workers)\n", RUN_FOR.as_secs());
+    println!(
+        "\nArbor mailbox benchmark ({} s per row, {WORKERS} workers)\n",
+        RUN_FOR.as_secs()
+    );
     println!("raw serial fsync rate of this disk: {fsync:.0} fsyncs/s\n");
     println!(
         "{:>9} {:>8} {:>14} {:>11} {:>13} {:>9} {:>9}",
@@ -187,5 +190,7 @@ fn main() {
         );
     }
     let target = (2.0 * fsync).max(5000.0);
-    println!("\ntarget with 8 producers: max(5,000, 2 × {fsync:.0}) = {target:.0} durable cycles/s");
+    println!(
+        "\ntarget with 8 producers: max(5,000, 2 × {fsync:.0}) = {target:.0} durable cycles/s"
+    );
 }

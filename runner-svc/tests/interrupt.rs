@@ -50,7 +50,10 @@ async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
         if let Some(v) = f() {
             return v;
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -119,7 +122,10 @@ async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
     })
     .await;
     assert_eq!(busy_run.run.status, RunStatus::Cancelled);
-    assert!(busy_run.suspensions.is_empty(), "its approval was withdrawn");
+    assert!(
+        busy_run.suspensions.is_empty(),
+        "its approval was withdrawn"
+    );
     let next_run = eventually("the replacement run to finish", || {
         let v = runner.get_run(&next.run_id).unwrap();
         v.run.status.is_terminal().then_some(v)
@@ -129,7 +135,14 @@ async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
 
     let jobs = runner
         .mailbox()
-        .list(&JobFilter { mailbox_id: "chat-1".into(), ..JobFilter::default() }, "", 100)
+        .list(
+            &JobFilter {
+                mailbox_id: "chat-1".into(),
+                ..JobFilter::default()
+            },
+            "",
+            100,
+        )
         .unwrap();
     let superseded: Vec<_> = jobs
         .iter()
@@ -138,15 +151,27 @@ async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
         .collect();
     assert_eq!(superseded.len(), 2);
     assert!(superseded.contains(&queued_a.run_id) && superseded.contains(&queued_b.run_id));
-    assert!(jobs.iter().any(|j| j.kind == JobKind::Cancel && j.status == JobStatus::Accepted));
+    assert!(
+        jobs.iter()
+            .any(|j| j.kind == JobKind::Cancel && j.status == JobStatus::Accepted)
+    );
 
     let events = runner.events().read_after(0, 10_000).unwrap();
-    let of = |run: &str, k: EventKind| events.iter().filter(|e| e.run_id == run && e.kind() == k).count();
+    let of = |run: &str, k: EventKind| {
+        events
+            .iter()
+            .filter(|e| e.run_id == run && e.kind() == k)
+            .count()
+    };
     assert_eq!(of(&queued_a.run_id, EventKind::RunSuperseded), 1);
     assert_eq!(of(&queued_b.run_id, EventKind::RunSuperseded), 1);
     assert_eq!(of(&busy.run_id, EventKind::ApprovalRequested), 1);
     assert_eq!(of(&busy.run_id, EventKind::SuspensionWithdrawn), 1);
     assert_eq!(of(&busy.run_id, EventKind::RunCancelled), 1);
-    assert_eq!(of(&queued_a.run_id, EventKind::RunStarted), 0, "superseded runs never ran");
+    assert_eq!(
+        of(&queued_a.run_id, EventKind::RunStarted),
+        0,
+        "superseded runs never ran"
+    );
     stop.cancel();
 }

@@ -77,9 +77,14 @@ async fn a_stalled_worker_loses_its_lease_and_its_late_write_is_refused() {
         },
         ..RunnerOptions::default()
     };
-    let runner = Runner::open(store, Arc::new(SystemClock::default()), Arc::new(tools), opts)
-        .await
-        .unwrap();
+    let runner = Runner::open(
+        store,
+        Arc::new(SystemClock::default()),
+        Arc::new(tools),
+        opts,
+    )
+    .await
+    .unwrap();
     runner.register_tree(TREE, TreeFormat::Json).await.unwrap();
     let run = runner
         .submit(SubmitInput {
@@ -136,6 +141,14 @@ async fn a_stalled_worker_loses_its_lease_and_its_late_write_is_refused() {
     let events = runner.events().read_after(0, 1000).unwrap();
     let count = |k: EventKind| events.iter().filter(|e| e.kind() == k).count();
     assert_eq!(count(EventKind::RunSucceeded), 1);
-    assert_eq!(count(EventKind::RunStarted), 1, "only the winner's step was written");
-    assert_eq!(count(EventKind::CheckpointRestored), 1, "the takeover restored the checkpoint");
+    assert_eq!(
+        count(EventKind::RunStarted),
+        1,
+        "only the winner's step was written"
+    );
+    assert_eq!(
+        count(EventKind::CheckpointRestored),
+        1,
+        "the takeover restored the checkpoint"
+    );
 }

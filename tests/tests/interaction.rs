@@ -17,14 +17,20 @@ use tonic::{Code, transport::Channel};
 
 async fn submit(runner: &mut RunnerServiceClient<Channel>, tree: serde_json::Value) -> String {
     let tree = runner
-        .register_tree(rpb::RegisterTreeRequest { document: tree.to_string(), format: 0 })
+        .register_tree(rpb::RegisterTreeRequest {
+            document: tree.to_string(),
+            format: 0,
+        })
         .await
         .unwrap()
         .into_inner()
         .tree
         .unwrap();
     runner
-        .submit_run(rpb::SubmitRunRequest { tree_id: tree.id, ..Default::default() })
+        .submit_run(rpb::SubmitRunRequest {
+            tree_id: tree.id,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner()
@@ -33,13 +39,24 @@ async fn submit(runner: &mut RunnerServiceClient<Channel>, tree: serde_json::Val
         .run_id
 }
 
-async fn waiting(runner: &RunnerServiceClient<Channel>, run_id: &str, category: rpb::SuspensionCategory) -> rpb::Suspension {
+async fn waiting(
+    runner: &RunnerServiceClient<Channel>,
+    run_id: &str,
+    category: rpb::SuspensionCategory,
+) -> rpb::Suspension {
     eventually("the run to suspend", WAIT, || {
         let mut runner = runner.clone();
         let run_id = run_id.to_string();
         async move {
-            let run = runner.get_run(rpb::GetRunRequest { run_id }).await.ok()?.into_inner().run?;
-            run.suspensions.into_iter().find(|s| s.category == category as i32)
+            let run = runner
+                .get_run(rpb::GetRunRequest { run_id })
+                .await
+                .ok()?
+                .into_inner()
+                .run?;
+            run.suspensions
+                .into_iter()
+                .find(|s| s.category == category as i32)
         }
     })
     .await
@@ -50,7 +67,12 @@ async fn finished(runner: &RunnerServiceClient<Channel>, run_id: &str) -> rpb::R
         let mut runner = runner.clone();
         let run_id = run_id.to_string();
         async move {
-            let run = runner.get_run(rpb::GetRunRequest { run_id }).await.ok()?.into_inner().run?;
+            let run = runner
+                .get_run(rpb::GetRunRequest { run_id })
+                .await
+                .ok()?
+                .into_inner()
+                .run?;
             matches!(
                 rpb::RunStatus::try_from(run.status),
                 Ok(rpb::RunStatus::Succeeded | rpb::RunStatus::Failed)
@@ -61,7 +83,12 @@ async fn finished(runner: &RunnerServiceClient<Channel>, run_id: &str) -> rpb::R
     .await
 }
 
-fn answer(run_id: &str, request_id: &str, decision_id: &str, result: serde_json::Value) -> rpb::ResolveRequest {
+fn answer(
+    run_id: &str,
+    request_id: &str,
+    decision_id: &str,
+    result: serde_json::Value,
+) -> rpb::ResolveRequest {
     rpb::ResolveRequest {
         run_id: run_id.into(),
         request_id: request_id.into(),
@@ -88,23 +115,48 @@ async fn user_input_is_validated_against_its_schema_and_external_results_resume(
     .await;
 
     let input = waiting(&runner, &run_id, rpb::SuspensionCategory::RequireUserInput).await;
-    assert_eq!(input.reason, rpb::SuspensionReason::AwaitingUserInput as i32);
+    assert_eq!(
+        input.reason,
+        rpb::SuspensionReason::AwaitingUserInput as i32
+    );
     let err = runner
-        .resolve(answer(&run_id, &input.request_id, "d-bad", json!({"value": 42})))
+        .resolve(answer(
+            &run_id,
+            &input.request_id,
+            "d-bad",
+            json!({"value": 42}),
+        ))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("result.value"), "{}", err.message());
     let still = waiting(&runner, &run_id, rpb::SuspensionCategory::RequireUserInput).await;
-    assert_eq!(still.request_id, input.request_id, "the run stays suspended on the same request");
+    assert_eq!(
+        still.request_id, input.request_id,
+        "the run stays suspended on the same request"
+    );
 
     runner
-        .resolve(answer(&run_id, &input.request_id, "d-good", json!({"value": 3})))
+        .resolve(answer(
+            &run_id,
+            &input.request_id,
+            "d-good",
+            json!({"value": 3}),
+        ))
         .await
         .unwrap();
-    let external = waiting(&runner, &run_id, rpb::SuspensionCategory::RequireExternalExecution).await;
+    let external = waiting(
+        &runner,
+        &run_id,
+        rpb::SuspensionCategory::RequireExternalExecution,
+    )
+    .await;
     let payload = arbor_shared::json::from_optional_value(external.payload.as_ref());
-    assert_eq!(payload["task"], json!({"replicas": 3}), "the task saw the input");
+    assert_eq!(
+        payload["task"],
+        json!({"replicas": 3}),
+        "the task saw the input"
+    );
     runner
         .resolve(answer(
             &run_id,
@@ -115,7 +167,12 @@ async fn user_input_is_validated_against_its_schema_and_external_results_resume(
         .await
         .unwrap();
     let run = finished(&runner, &run_id).await;
-    assert_eq!(run.status, rpb::RunStatus::Succeeded as i32, "{}", run.error);
+    assert_eq!(
+        run.status,
+        rpb::RunStatus::Succeeded as i32,
+        "{}",
+        run.error
+    );
     let bb = from_proto_struct(&run.blackboard.unwrap());
     assert_eq!(bb["replicas"], json!(3));
     assert_eq!(bb["provisioned"], json!({"cluster": "eu-1"}));
@@ -139,7 +196,10 @@ async fn a_tool_call_approved_with_edited_arguments_runs_with_the_edit() {
         async move {
             approvals
                 .list_approvals(apb::ListApprovalsRequest {
-                    filter: Some(apb::ApprovalFilter { run_id, ..Default::default() }),
+                    filter: Some(apb::ApprovalFilter {
+                        run_id,
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 })
                 .await
@@ -154,7 +214,11 @@ async fn a_tool_call_approved_with_edited_arguments_runs_with_the_edit() {
     let request = pending.request.clone().unwrap();
     assert_eq!(request.kind, rpb::ApprovalKind::Tool as i32);
     assert_eq!(request.tool_name, "ledger.append");
-    assert!(request.allowed_decisions.contains(&(rpb::DecisionKind::Edit as i32)));
+    assert!(
+        request
+            .allowed_decisions
+            .contains(&(rpb::DecisionKind::Edit as i32))
+    );
 
     let edited = json!({"entry": {"replicas": 3}});
     approvals
@@ -169,7 +233,16 @@ async fn a_tool_call_approved_with_edited_arguments_runs_with_the_edit() {
         .await
         .unwrap();
     let run = finished(&runner, &run_id).await;
-    assert_eq!(run.status, rpb::RunStatus::Succeeded as i32, "{}", run.error);
+    assert_eq!(
+        run.status,
+        rpb::RunStatus::Succeeded as i32,
+        "{}",
+        run.error
+    );
     let bb = from_proto_struct(&run.blackboard.unwrap());
-    assert_eq!(bb["receipt"]["entry"], json!({"replicas": 3}), "the tool ran with the edited args");
+    assert_eq!(
+        bb["receipt"]["entry"],
+        json!({"replicas": 3}),
+        "the tool ran with the edited args"
+    );
 }

@@ -27,7 +27,10 @@ async fn every_acknowledged_submission_survives_a_kill_and_completes_once() {
     runner.start().await;
     let mut client = RunnerServiceClient::new(runner.channel().await);
     client
-        .register_tree(rpb::RegisterTreeRequest { document: TREE.into(), format: 0 })
+        .register_tree(rpb::RegisterTreeRequest {
+            document: TREE.into(),
+            format: 0,
+        })
         .await
         .unwrap();
 
@@ -42,11 +45,16 @@ async fn every_acknowledged_submission_survives_a_kill_and_completes_once() {
                 let req = rpb::SubmitRunRequest {
                     tree_id: "burst".into(),
                     thread_id: format!("client-{c}-{n}"),
-                    input: Some(arbor_shared::json::to_proto_struct(input.as_object().unwrap())),
+                    input: Some(arbor_shared::json::to_proto_struct(
+                        input.as_object().unwrap(),
+                    )),
                     ..Default::default()
                 };
                 match client.submit_run(req).await {
-                    Ok(resp) => acked.lock().unwrap().push(resp.into_inner().run.unwrap().run_id),
+                    Ok(resp) => acked
+                        .lock()
+                        .unwrap()
+                        .push(resp.into_inner().run.unwrap().run_id),
                     Err(_) => return n,
                 }
             }
@@ -66,8 +74,14 @@ async fn every_acknowledged_submission_survives_a_kill_and_completes_once() {
         sent += t.await.unwrap();
     }
     let acked: Vec<String> = acked.lock().unwrap().clone();
-    assert!(acked.len() < CLIENTS * PER_CLIENT, "the kill landed mid-burst");
-    println!("acknowledged before the kill: {} of {sent} attempted", acked.len());
+    assert!(
+        acked.len() < CLIENTS * PER_CLIENT,
+        "the kill landed mid-burst"
+    );
+    println!(
+        "acknowledged before the kill: {} of {sent} attempted",
+        acked.len()
+    );
 
     runner.start().await;
     let client = RunnerServiceClient::new(runner.channel().await);
@@ -93,7 +107,8 @@ async fn every_acknowledged_submission_survives_a_kill_and_completes_once() {
                 }
                 token = page.next_page_token;
             }
-            let by_id: HashMap<&str, &rpb::Run> = all.iter().map(|r| (r.run_id.as_str(), r)).collect();
+            let by_id: HashMap<&str, &rpb::Run> =
+                all.iter().map(|r| (r.run_id.as_str(), r)).collect();
             let finished = acked.iter().all(|id| {
                 by_id
                     .get(id.as_str())
@@ -108,7 +123,10 @@ async fn every_acknowledged_submission_survives_a_kill_and_completes_once() {
     let unique: HashSet<&str> = ids.iter().copied().collect();
     assert_eq!(ids.len(), unique.len(), "no run is listed twice");
     for id in &acked {
-        assert!(unique.contains(id.as_str()), "acknowledged run {id} was lost");
+        assert!(
+            unique.contains(id.as_str()),
+            "acknowledged run {id} was lost"
+        );
     }
 
     // Exactly one success and one side effect per run.
@@ -130,7 +148,11 @@ async fn every_acknowledged_submission_survives_a_kill_and_completes_once() {
         *succeeded.entry(item.event.unwrap().run_id).or_default() += 1;
     }
     for id in &acked {
-        assert_eq!(succeeded.get(id), Some(&1), "run {id} succeeded exactly once");
+        assert_eq!(
+            succeeded.get(id),
+            Some(&1),
+            "run {id} succeeded exactly once"
+        );
     }
     runner.stop().await;
     let runner_data = runner.data_dir.clone();
@@ -139,7 +161,11 @@ async fn every_acknowledged_submission_survives_a_kill_and_completes_once() {
         ..Default::default()
     };
     let opened = arbor_runner_svc::open_runner(&cfg).await.unwrap();
-    let ledger = opened.store().db().open_tree(arbor_runner_svc::LEDGER_TREE).unwrap();
+    let ledger = opened
+        .store()
+        .db()
+        .open_tree(arbor_runner_svc::LEDGER_TREE)
+        .unwrap();
     let ledger_runs: Vec<String> = ledger
         .iter()
         .keys()
@@ -153,6 +179,10 @@ async fn every_acknowledged_submission_survives_a_kill_and_completes_once() {
         m
     });
     for id in &acked {
-        assert_eq!(per_run.get(id.as_str()), Some(&1), "one ledger record for {id}");
+        assert_eq!(
+            per_run.get(id.as_str()),
+            Some(&1),
+            "one ledger record for {id}"
+        );
     }
 }

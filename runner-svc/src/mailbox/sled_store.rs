@@ -58,6 +58,12 @@ pub mod tx {
     fn put_job(tx: &Tx<'_>, job: &Job) -> TxResult<(), MailboxError> {
         tx.tree(T::Jobs)
             .insert(job.job_id.as_bytes(), codec::encode(job))?;
+        if super::super::state::is_final(job.status) {
+            tx.tree(T::Finished).insert(
+                crate::store::finished_key(b'j', job.updated_at_ms, &job.job_id),
+                &[],
+            )?;
+        }
         Ok(())
     }
 
