@@ -9,6 +9,7 @@ pub mod error;
 pub mod events;
 pub mod grpc;
 pub mod mailbox;
+pub mod retention;
 pub mod runs;
 pub mod store;
 pub mod worker;
@@ -45,6 +46,7 @@ pub struct ServeConfig {
     pub guards: GuardConfig,
     /// How long shutdown waits for in-flight work before giving up.
     pub drain: Duration,
+    pub retention: retention::RetentionConfig,
 }
 
 impl Default for ServeConfig {
@@ -58,6 +60,7 @@ impl Default for ServeConfig {
             auth: Authenticator::disabled(),
             guards: GuardConfig::default(),
             drain: Duration::from_secs(10),
+            retention: retention::RetentionConfig::default(),
         }
     }
 }
@@ -130,7 +133,12 @@ pub async fn serve_runner(
     >,
 ) -> Result<(), ServeError> {
     let stop = CancellationToken::new();
-    let workers = worker::spawn(runner.clone(), cfg.workers, stop.clone());
+    let mut workers = worker::spawn(runner.clone(), cfg.workers, stop.clone());
+    workers.spawn(retention::compactor(
+        runner.clone(),
+        cfg.retention.clone(),
+        stop.clone(),
+    ));
     let service = RunnerServiceServer::new(grpc::RunnerGrpc::new(runner.clone(), stop.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
