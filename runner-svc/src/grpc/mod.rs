@@ -81,8 +81,10 @@ impl RunnerService for RunnerGrpc {
 
     async fn get_tree(&self, req: Request<pb::GetTreeRequest>) -> Res<pb::GetTreeResponse> {
         let r = req.into_inner();
-        if r.tree_id.is_empty() {
-            return Err(RunnerError::invalid("tree_id", "required").into());
+        // Tree ids are at most 128 bytes (parse_tree enforces it), so a longer one is malformed,
+        // not merely unknown.
+        if r.tree_id.is_empty() || r.tree_id.len() > 128 {
+            return Err(RunnerError::invalid("tree_id", "must be 1-128 bytes").into());
         }
         let tree = self.runner.tree_record(&r.tree_id, r.version)?;
         ok(pb::GetTreeResponse {
@@ -217,6 +219,17 @@ impl RunnerService for RunnerGrpc {
         let first = events.first_seq().map_err(RunnerError::from)?;
         if cursor + 1 < first {
             return Err(compacted(cursor, first).into());
+        }
+        // A cursor past the end claims events this log never had (a runner restored from an
+        // older backup, or a cursor meant for another runner). Following it would skip the
+        // next events silently; refuse, like a compacted cursor, so the subscriber reconciles.
+        let last = events.last_seq().map_err(RunnerError::from)?;
+        if cursor > last {
+            return Err(RunnerError::OutOfRange(format!(
+                "cursor {cursor} is beyond the last event {last}: this log never had those \
+                 events; reconcile state, then resume from a cursor of at most {last}"
+            ))
+            .into());
         }
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER);
         let shutdown = self.shutdown.clone();
