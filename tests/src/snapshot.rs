@@ -148,7 +148,10 @@ impl Snapshot {
             ));
         }
         if self.trees != after.trees {
-            out.push(format!("trees changed: {:?} → {:?}", self.trees, after.trees));
+            out.push(format!(
+                "trees changed: {:?} → {:?}",
+                self.trees, after.trees
+            ));
         }
         out
     }

@@ -58,6 +58,7 @@ const PRECONDITION: &[Code] = &[Code::FailedPrecondition];
 const EXISTS: &[Code] = &[Code::AlreadyExists];
 const DENIED: &[Code] = &[Code::PermissionDenied];
 const UNAUTHENTICATED: &[Code] = &[Code::Unauthenticated];
+const OUT_OF_RANGE: &[Code] = &[Code::OutOfRange];
 const TOO_BIG: &[Code] = &[Code::OutOfRange, Code::ResourceExhausted];
 
 const MIB: usize = 1 << 20;
@@ -122,33 +123,42 @@ async fn wait_status(runner: &RunnerClient, run_id: &str, status: rpb::RunStatus
                 .ok()?
                 .into_inner()
                 .run?;
-            (run.status == status as i32 && !(status == rpb::RunStatus::Suspended && run.suspensions.is_empty()))
-                .then_some(run)
+            (run.status == status as i32
+                && !(status == rpb::RunStatus::Suspended && run.suspensions.is_empty()))
+            .then_some(run)
         }
     })
     .await
 }
 
-async fn approval_of(approvals: &ApprovalClient, run_id: &str, state: apb::ApprovalState) -> String {
-    eventually(&format!("{run_id}'s approval to be {state:?}"), WAIT, || {
-        let mut approvals = approvals.clone();
-        let run_id = run_id.to_string();
-        async move {
-            let page = approvals
-                .list_approvals(apb::ListApprovalsRequest {
-                    filter: Some(apb::ApprovalFilter {
-                        run_id,
-                        states: vec![state as i32],
+async fn approval_of(
+    approvals: &ApprovalClient,
+    run_id: &str,
+    state: apb::ApprovalState,
+) -> String {
+    eventually(
+        &format!("{run_id}'s approval to be {state:?}"),
+        WAIT,
+        || {
+            let mut approvals = approvals.clone();
+            let run_id = run_id.to_string();
+            async move {
+                let page = approvals
+                    .list_approvals(apb::ListApprovalsRequest {
+                        filter: Some(apb::ApprovalFilter {
+                            run_id,
+                            states: vec![state as i32],
+                            ..Default::default()
+                        }),
                         ..Default::default()
-                    }),
-                    ..Default::default()
-                })
-                .await
-                .ok()?
-                .into_inner();
-            page.approvals.into_iter().next().map(|a| a.request_id)
-        }
-    })
+                    })
+                    .await
+                    .ok()?
+                    .into_inner();
+                page.approvals.into_iter().next().map(|a| a.request_id)
+            }
+        },
+    )
     .await
 }
 
@@ -159,7 +169,11 @@ async fn fixture(cluster: &Cluster, tokens: Tokens) -> Fixture {
     let mut bob = runner_as(&runner_url, Some(&tokens.submitter_approver));
     let operator = runner_as(&runner_url, Some(&tokens.operator));
     let alice = approvals_as(&approval_url, Some(&tokens.approver));
-    for doc in [gate_tree("bi-gate", "failure"), input_tree(), external_tree()] {
+    for doc in [
+        gate_tree("bi-gate", "failure"),
+        input_tree(),
+        external_tree(),
+    ] {
         sam.register_tree(rpb::RegisterTreeRequest {
             document: doc,
             format: 0,
@@ -314,6 +328,8 @@ fn runner_cases(fx: &Fixture) -> Vec<Case> {
     let bob = runner_as(&fx.runner_url, Some(&fx.tokens.submitter_approver));
     let alice = runner_as(&fx.runner_url, Some(&fx.tokens.approver));
     let olga = runner_as(&fx.runner_url, Some(&fx.tokens.operator));
+    // approval-svc's identity: the only one that gets past the role check for approvals.
+    let svc = runner_as(&fx.runner_url, Some(&fx.tokens.service));
     let register = |doc: String, format: rpb::TreeFormat| {
         let mut sam = sam.clone();
         async move {
@@ -326,7 +342,8 @@ fn runner_cases(fx: &Fixture) -> Vec<Case> {
             )
         }
     };
-    let json_doc = |root: serde_json::Value| json!({"id": "bad", "version": 1, "root": root}).to_string();
+    let json_doc =
+        |root: serde_json::Value| json!({"id": "bad", "version": 1, "root": root}).to_string();
     let submit = |who: &RunnerClient, r: rpb::SubmitRunRequest| {
         let mut who = who.clone();
         async move { unit(who.submit_run(r).await) }
@@ -362,9 +379,7 @@ fn runner_cases(fx: &Fixture) -> Vec<Case> {
             }
         }
     };
-    let gate = |name: &str| {
-        json!({"type": "sequence", "name": name, "children": [{"type": "succeed", "name": format!("{name}-x")}]})
-    };
+    let gate = |name: &str| json!({"type": "sequence", "name": name, "children": [{"type": "succeed", "name": format!("{name}-x")}]});
     vec![
         case("RegisterTree: not JSON", INVALID, register("{".into(), rpb::TreeFormat::Json)),
         case("RegisterTree: empty document", INVALID, register(String::new(), rpb::TreeFormat::Json)),
@@ -435,10 +450,11 @@ fn runner_cases(fx: &Fixture) -> Vec<Case> {
         case("InterruptThread: 1 MiB thread id", INVALID, { let mut s = olga.clone(); async move { unit(s.interrupt_thread(rpb::InterruptThreadRequest { thread_id: "t".repeat(MIB), ..Default::default() }).await) } }),
         case("InterruptThread: replacement run of an unknown tree", NOT_FOUND, { let mut s = olga.clone(); let t = fx.gate_run.clone(); async move { unit(s.interrupt_thread(rpb::InterruptThreadRequest { thread_id: t, reason: "x".into(), next: Some(rpb::SubmitRunRequest { tree_id: "nope".into(), ..Default::default() }) }).await) } }),
         case("InterruptThread: replacement run with a bad enum", INVALID, { let mut s = olga.clone(); let t = fx.gate_run.clone(); async move { unit(s.interrupt_thread(rpb::InterruptThreadRequest { thread_id: t, reason: "x".into(), next: Some(rpb::SubmitRunRequest { tree_id: "bi-gate".into(), mode: 9, ..Default::default() }) }).await) } }),
+        case("InterruptThread: replacement run id already taken", EXISTS, { let mut s = olga.clone(); let t = fx.gate_run.clone(); async move { unit(s.interrupt_thread(rpb::InterruptThreadRequest { thread_id: t, reason: "x".into(), next: Some(rpb::SubmitRunRequest { tree_id: "bi-gate".into(), run_id: "bi-done-run".into(), restore_policy: rpb::RestorePolicy::Never as i32, ..Default::default() }) }).await) } }),
         case("InterruptThread: approver may not interrupt", DENIED, { let mut s = alice.clone(); let t = fx.gate_run.clone(); async move { unit(s.interrupt_thread(rpb::InterruptThreadRequest { thread_id: t, ..Default::default() }).await) } }),
         case("StreamEvents: unknown kind in filter", INVALID, stream(&olga, rpb::StreamEventsRequest { filter: Some(rpb::EventFilter { kinds: vec![99], ..Default::default() }), ..Default::default() })),
         case("StreamEvents: 1 MiB subscriber id", INVALID, stream(&olga, rpb::StreamEventsRequest { subscriber_id: "s".repeat(MIB), ..Default::default() })),
-        case("StreamEvents: cursor beyond the end of the log", INVALID, stream(&olga, rpb::StreamEventsRequest { after_seq: Some(1 << 40), follow: true, ..Default::default() })),
+        case("StreamEvents: cursor beyond the end of the log", OUT_OF_RANGE, stream(&olga, rpb::StreamEventsRequest { after_seq: Some(1 << 40), follow: true, ..Default::default() })),
         case("Resolve: unknown run", NOT_FOUND, resolve(&sam, rpb::ResolveRequest { run_id: "nope".into(), request_id: "r".into(), decision_id: "d".into(), action: 1, ..Default::default() })),
         case("Resolve: unknown request", NOT_FOUND, resolve(&sam, rpb::ResolveRequest { run_id: fx.input_run.clone(), request_id: "f".repeat(40), decision_id: "d".into(), action: 1, ..Default::default() })),
         case("Resolve: empty decision id", INVALID, resolve(&sam, rpb::ResolveRequest { decision_id: String::new(), ..input_resolve(json!({"text": "valid"})) })),
@@ -453,8 +469,8 @@ fn runner_cases(fx: &Fixture) -> Vec<Case> {
         case("Resolve: external result with a bad status", INVALID, resolve(&sam, rpb::ResolveRequest { run_id: fx.external_run.clone(), request_id: fx.external_request.clone(), decision_id: "bad-ext".into(), action: 1, result: Some(to_proto_value(&json!({"status": "maybe"}))), ..Default::default() })),
         case("Resolve: external result with an unknown field", INVALID, resolve(&sam, rpb::ResolveRequest { run_id: fx.external_run.clone(), request_id: fx.external_request.clone(), decision_id: "bad-ext".into(), action: 1, result: Some(to_proto_value(&json!({"status": "succeeded", "extra": 1}))), ..Default::default() })),
         case("Resolve: result over 4 MiB", TOO_BIG, resolve(&sam, input_resolve(json!({"text": "b".repeat(5 * MIB)})))),
-        case("Resolve: consumed request, new decision id", PRECONDITION, resolve(&olga, rpb::ResolveRequest { run_id: fx.done_run.clone(), request_id: fx.done_request.clone(), decision_id: "late".into(), action: 1, ..Default::default() })),
-        case("Resolve: withdrawn request", PRECONDITION, resolve(&olga, rpb::ResolveRequest { run_id: fx.cancelled_run.clone(), request_id: fx.cancelled_request.clone(), decision_id: "late".into(), action: 1, ..Default::default() })),
+        case("Resolve: consumed request, new decision id", PRECONDITION, resolve(&svc, rpb::ResolveRequest { run_id: fx.done_run.clone(), request_id: fx.done_request.clone(), decision_id: "late".into(), action: 1, ..Default::default() })),
+        case("Resolve: withdrawn request", PRECONDITION, resolve(&svc, rpb::ResolveRequest { run_id: fx.cancelled_run.clone(), request_id: fx.cancelled_request.clone(), decision_id: "late".into(), action: 1, ..Default::default() })),
         case("Resolve: approver resolves an approval on the runner", DENIED, resolve(&alice, rpb::ResolveRequest { run_id: fx.gate_run.clone(), request_id: fx.gate_request.clone(), decision_id: "direct".into(), action: 1, ..Default::default() })),
         case("Resolve: submitter resolves an approval on the runner", DENIED, resolve(&sam, rpb::ResolveRequest { run_id: fx.gate_run.clone(), request_id: fx.gate_request.clone(), decision_id: "direct".into(), action: 1, ..Default::default() })),
         case("Ack: beyond the last event", INVALID, { let mut s = olga.clone(); async move { unit(s.ack(rpb::AckRequest { subscriber_id: "bi".into(), seq: 1 << 40 }).await) } }),
@@ -524,55 +540,435 @@ fn approval_cases(fx: &Fixture) -> Vec<Case> {
         ..Default::default()
     };
     vec![
-        case("ListApprovals: unknown state enum", INVALID, list(&alice, states(vec![99]))),
-        case("ListApprovals: bad page token", INVALID, list(&alice, apb::ListApprovalsRequest { page_token: "not-a-token".into(), ..Default::default() })),
-        case("ListApprovals: bad tool-name glob", INVALID, list(&alice, apb::ListApprovalsRequest { filter: Some(apb::ApprovalFilter { tool_name: "[".into(), ..Default::default() }), ..Default::default() })),
-        case("ListApprovals: min age above max age", INVALID, list(&alice, apb::ListApprovalsRequest { filter: Some(apb::ApprovalFilter { min_age_ms: 10, max_age_ms: 5, ..Default::default() }), ..Default::default() })),
-        case("ListApprovals: submitter may not read approvals", DENIED, list(&sam, apb::ListApprovalsRequest::default())),
-        case("GetApproval: empty id", INVALID, { let mut a = alice.clone(); async move { unit(a.get_approval(apb::GetApprovalRequest { request_id: String::new() }).await) } }),
-        case("GetApproval: unknown id", NOT_FOUND, { let mut a = alice.clone(); async move { unit(a.get_approval(apb::GetApprovalRequest { request_id: "nope".into() }).await) } }),
-        case("GetApproval: 1 MiB id", INVALID, { let mut a = alice.clone(); async move { unit(a.get_approval(apb::GetApprovalRequest { request_id: "r".repeat(MIB) }).await) } }),
-        case("Resolve: UNSPECIFIED decision", INVALID, resolve(&alice, on_gate(rpb::DecisionKind::Unspecified))),
-        case("Resolve: unknown decision enum", INVALID, resolve(&alice, apb::ResolveRequest { decision: 9, ..on_gate(rpb::DecisionKind::Approve) })),
-        case("Resolve: EDIT without args", INVALID, resolve(&alice, on_gate(rpb::DecisionKind::Edit))),
-        case("Resolve: RESPOND without result", INVALID, resolve(&alice, on_gate(rpb::DecisionKind::Respond))),
-        case("Resolve: APPROVE with args", INVALID, resolve(&alice, apb::ResolveRequest { args: Some(to_proto_value(&json!({"a": 1}))), ..on_gate(rpb::DecisionKind::Approve) })),
-        case("Resolve: EDIT on a gate that does not allow it", PRECONDITION, resolve(&alice, apb::ResolveRequest { args: Some(to_proto_value(&json!({"a": 1}))), ..on_gate(rpb::DecisionKind::Edit) })),
-        case("Resolve: reason over 4096 bytes", INVALID, resolve(&alice, apb::ResolveRequest { reason: "r".repeat(5000), ..on_gate(rpb::DecisionKind::Reject) })),
-        case("Resolve: args over 4 MiB", TOO_BIG, resolve(&alice, apb::ResolveRequest { args: Some(to_proto_value(&json!({"blob": "b".repeat(5 * MIB)}))), ..on_gate(rpb::DecisionKind::Edit) })),
-        case("Resolve: empty request id", INVALID, resolve(&alice, apb::ResolveRequest { request_id: String::new(), ..on_gate(rpb::DecisionKind::Approve) })),
-        case("Resolve: 1 MiB request id", INVALID, resolve(&alice, apb::ResolveRequest { request_id: "r".repeat(MIB), ..on_gate(rpb::DecisionKind::Approve) })),
-        case("Resolve: unknown request", NOT_FOUND, resolve(&alice, apb::ResolveRequest { request_id: "nope".into(), ..on_gate(rpb::DecisionKind::Approve) })),
-        case("Resolve: pruned request (decided and consumed)", PRECONDITION, resolve(&alice, apb::ResolveRequest { request_id: fx.done_request.clone(), ..on_gate(rpb::DecisionKind::Reject) })),
-        case("Resolve: cancelled request", PRECONDITION, resolve(&alice, apb::ResolveRequest { request_id: fx.cancelled_request.clone(), ..on_gate(rpb::DecisionKind::Approve) })),
-        case("Resolve: submitter may not decide", DENIED, resolve(&sam, on_gate(rpb::DecisionKind::Approve))),
-        case("Resolve: service identity may not decide", DENIED, resolve(&svc, on_gate(rpb::DecisionKind::Approve))),
-        case("Resolve: approving a run one submitted", DENIED, resolve(&bob, apb::ResolveRequest { request_id: fx.own_request.clone(), ..on_gate(rpb::DecisionKind::Approve) })),
-        case("BulkResolve: ids and filter together", INVALID, bulk(&alice, apb::BulkResolveRequest { request_ids: vec![fx.gate_request.clone()], filter: Some(apb::ApprovalFilter::default()), decision: 1, ..Default::default() })),
-        case("BulkResolve: neither ids nor filter", INVALID, bulk(&alice, apb::BulkResolveRequest { decision: 1, ..Default::default() })),
-        case("BulkResolve: 1001 ids", INVALID, bulk(&alice, apb::BulkResolveRequest { request_ids: (0..1001).map(|i| format!("id-{i}")).collect(), decision: 1, ..Default::default() })),
-        case("BulkResolve: an empty id", INVALID, bulk(&alice, apb::BulkResolveRequest { request_ids: vec![fx.gate_request.clone(), String::new()], decision: 1, ..Default::default() })),
-        case("BulkResolve: EDIT without args", INVALID, bulk(&alice, apb::BulkResolveRequest { request_ids: vec![fx.gate_request.clone()], decision: rpb::DecisionKind::Edit as i32, ..Default::default() })),
-        case("BulkResolve: unknown state in filter", INVALID, bulk(&alice, apb::BulkResolveRequest { filter: Some(apb::ApprovalFilter { states: vec![77], ..Default::default() }), decision: 1, ..Default::default() })),
-        case("BulkResolve: unknown id (item)", NOT_FOUND, bulk(&alice, apb::BulkResolveRequest { request_ids: vec!["nope".into()], decision: 1, ..Default::default() })),
-        case("BulkResolve: own run (item)", DENIED, bulk(&bob, apb::BulkResolveRequest { request_ids: vec![fx.own_request.clone()], decision: 1, ..Default::default() })),
-        case("BulkResolve: submitter may not decide", DENIED, bulk(&sam, apb::BulkResolveRequest { request_ids: vec![fx.gate_request.clone()], decision: 1, ..Default::default() })),
-        case("WatchApprovals: unknown state in filter", INVALID, watch(&alice, Some(apb::ApprovalFilter { states: vec![99], ..Default::default() }))),
-        case("WatchApprovals: bad glob", INVALID, watch(&alice, Some(apb::ApprovalFilter { tool_name: "a[".into(), ..Default::default() }))),
-        case("WatchApprovals: submitter may not watch", DENIED, watch(&sam, None)),
-        case("GetAuditLog: neither request nor run", INVALID, audit(&alice, apb::GetAuditLogRequest::default())),
-        case("GetAuditLog: both request and run", INVALID, audit(&alice, apb::GetAuditLogRequest { request_id: fx.gate_request.clone(), run_id: fx.gate_run.clone(), ..Default::default() })),
-        case("GetAuditLog: unknown request", NOT_FOUND, audit(&alice, apb::GetAuditLogRequest { request_id: "nope".into(), ..Default::default() })),
-        case("GetAuditLog: bad page token", INVALID, audit(&alice, apb::GetAuditLogRequest { run_id: fx.gate_run.clone(), page_token: "zz".into(), ..Default::default() })),
-        case("GetAuditLog: submitter may not read the audit log", DENIED, audit(&sam, apb::GetAuditLogRequest { run_id: fx.gate_run.clone(), ..Default::default() })),
+        case(
+            "ListApprovals: unknown state enum",
+            INVALID,
+            list(&alice, states(vec![99])),
+        ),
+        case(
+            "ListApprovals: bad page token",
+            INVALID,
+            list(
+                &alice,
+                apb::ListApprovalsRequest {
+                    page_token: "not-a-token".into(),
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "ListApprovals: bad tool-name glob",
+            INVALID,
+            list(
+                &alice,
+                apb::ListApprovalsRequest {
+                    filter: Some(apb::ApprovalFilter {
+                        tool_name: "[".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "ListApprovals: min age above max age",
+            INVALID,
+            list(
+                &alice,
+                apb::ListApprovalsRequest {
+                    filter: Some(apb::ApprovalFilter {
+                        min_age_ms: 10,
+                        max_age_ms: 5,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "ListApprovals: submitter may not read approvals",
+            DENIED,
+            list(&sam, apb::ListApprovalsRequest::default()),
+        ),
+        case("GetApproval: empty id", INVALID, {
+            let mut a = alice.clone();
+            async move {
+                unit(
+                    a.get_approval(apb::GetApprovalRequest {
+                        request_id: String::new(),
+                    })
+                    .await,
+                )
+            }
+        }),
+        case("GetApproval: unknown id", NOT_FOUND, {
+            let mut a = alice.clone();
+            async move {
+                unit(
+                    a.get_approval(apb::GetApprovalRequest {
+                        request_id: "nope".into(),
+                    })
+                    .await,
+                )
+            }
+        }),
+        case("GetApproval: 1 MiB id", INVALID, {
+            let mut a = alice.clone();
+            async move {
+                unit(
+                    a.get_approval(apb::GetApprovalRequest {
+                        request_id: "r".repeat(MIB),
+                    })
+                    .await,
+                )
+            }
+        }),
+        case(
+            "Resolve: UNSPECIFIED decision",
+            INVALID,
+            resolve(&alice, on_gate(rpb::DecisionKind::Unspecified)),
+        ),
+        case(
+            "Resolve: unknown decision enum",
+            INVALID,
+            resolve(
+                &alice,
+                apb::ResolveRequest {
+                    decision: 9,
+                    ..on_gate(rpb::DecisionKind::Approve)
+                },
+            ),
+        ),
+        case(
+            "Resolve: EDIT without args",
+            INVALID,
+            resolve(&alice, on_gate(rpb::DecisionKind::Edit)),
+        ),
+        case(
+            "Resolve: RESPOND without result",
+            INVALID,
+            resolve(&alice, on_gate(rpb::DecisionKind::Respond)),
+        ),
+        case(
+            "Resolve: APPROVE with args",
+            INVALID,
+            resolve(
+                &alice,
+                apb::ResolveRequest {
+                    args: Some(to_proto_value(&json!({"a": 1}))),
+                    ..on_gate(rpb::DecisionKind::Approve)
+                },
+            ),
+        ),
+        case(
+            "Resolve: EDIT on a gate that does not allow it",
+            PRECONDITION,
+            resolve(
+                &alice,
+                apb::ResolveRequest {
+                    args: Some(to_proto_value(&json!({"a": 1}))),
+                    ..on_gate(rpb::DecisionKind::Edit)
+                },
+            ),
+        ),
+        case(
+            "Resolve: reason over 4096 bytes",
+            INVALID,
+            resolve(
+                &alice,
+                apb::ResolveRequest {
+                    reason: "r".repeat(5000),
+                    ..on_gate(rpb::DecisionKind::Reject)
+                },
+            ),
+        ),
+        case(
+            "Resolve: args over 4 MiB",
+            TOO_BIG,
+            resolve(
+                &alice,
+                apb::ResolveRequest {
+                    args: Some(to_proto_value(&json!({"blob": "b".repeat(5 * MIB)}))),
+                    ..on_gate(rpb::DecisionKind::Edit)
+                },
+            ),
+        ),
+        case(
+            "Resolve: empty request id",
+            INVALID,
+            resolve(
+                &alice,
+                apb::ResolveRequest {
+                    request_id: String::new(),
+                    ..on_gate(rpb::DecisionKind::Approve)
+                },
+            ),
+        ),
+        case(
+            "Resolve: 1 MiB request id",
+            INVALID,
+            resolve(
+                &alice,
+                apb::ResolveRequest {
+                    request_id: "r".repeat(MIB),
+                    ..on_gate(rpb::DecisionKind::Approve)
+                },
+            ),
+        ),
+        case(
+            "Resolve: unknown request",
+            NOT_FOUND,
+            resolve(
+                &alice,
+                apb::ResolveRequest {
+                    request_id: "nope".into(),
+                    ..on_gate(rpb::DecisionKind::Approve)
+                },
+            ),
+        ),
+        case(
+            "Resolve: pruned request (decided and consumed)",
+            PRECONDITION,
+            resolve(
+                &alice,
+                apb::ResolveRequest {
+                    request_id: fx.done_request.clone(),
+                    ..on_gate(rpb::DecisionKind::Reject)
+                },
+            ),
+        ),
+        case(
+            "Resolve: cancelled request",
+            PRECONDITION,
+            resolve(
+                &alice,
+                apb::ResolveRequest {
+                    request_id: fx.cancelled_request.clone(),
+                    ..on_gate(rpb::DecisionKind::Approve)
+                },
+            ),
+        ),
+        case(
+            "Resolve: submitter may not decide",
+            DENIED,
+            resolve(&sam, on_gate(rpb::DecisionKind::Approve)),
+        ),
+        case(
+            "Resolve: service identity may not decide",
+            DENIED,
+            resolve(&svc, on_gate(rpb::DecisionKind::Approve)),
+        ),
+        case(
+            "Resolve: approving a run one submitted",
+            DENIED,
+            resolve(
+                &bob,
+                apb::ResolveRequest {
+                    request_id: fx.own_request.clone(),
+                    ..on_gate(rpb::DecisionKind::Approve)
+                },
+            ),
+        ),
+        case(
+            "BulkResolve: ids and filter together",
+            INVALID,
+            bulk(
+                &alice,
+                apb::BulkResolveRequest {
+                    request_ids: vec![fx.gate_request.clone()],
+                    filter: Some(apb::ApprovalFilter::default()),
+                    decision: 1,
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "BulkResolve: neither ids nor filter",
+            INVALID,
+            bulk(
+                &alice,
+                apb::BulkResolveRequest {
+                    decision: 1,
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "BulkResolve: 1001 ids",
+            INVALID,
+            bulk(
+                &alice,
+                apb::BulkResolveRequest {
+                    request_ids: (0..1001).map(|i| format!("id-{i}")).collect(),
+                    decision: 1,
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "BulkResolve: an empty id",
+            INVALID,
+            bulk(
+                &alice,
+                apb::BulkResolveRequest {
+                    request_ids: vec![fx.gate_request.clone(), String::new()],
+                    decision: 1,
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "BulkResolve: EDIT without args",
+            INVALID,
+            bulk(
+                &alice,
+                apb::BulkResolveRequest {
+                    request_ids: vec![fx.gate_request.clone()],
+                    decision: rpb::DecisionKind::Edit as i32,
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "BulkResolve: unknown state in filter",
+            INVALID,
+            bulk(
+                &alice,
+                apb::BulkResolveRequest {
+                    filter: Some(apb::ApprovalFilter {
+                        states: vec![77],
+                        ..Default::default()
+                    }),
+                    decision: 1,
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "BulkResolve: unknown id (item)",
+            NOT_FOUND,
+            bulk(
+                &alice,
+                apb::BulkResolveRequest {
+                    request_ids: vec!["nope".into()],
+                    decision: 1,
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "BulkResolve: own run (item)",
+            DENIED,
+            bulk(
+                &bob,
+                apb::BulkResolveRequest {
+                    request_ids: vec![fx.own_request.clone()],
+                    decision: 1,
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "BulkResolve: submitter may not decide",
+            DENIED,
+            bulk(
+                &sam,
+                apb::BulkResolveRequest {
+                    request_ids: vec![fx.gate_request.clone()],
+                    decision: 1,
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "WatchApprovals: unknown state in filter",
+            INVALID,
+            watch(
+                &alice,
+                Some(apb::ApprovalFilter {
+                    states: vec![99],
+                    ..Default::default()
+                }),
+            ),
+        ),
+        case(
+            "WatchApprovals: bad glob",
+            INVALID,
+            watch(
+                &alice,
+                Some(apb::ApprovalFilter {
+                    tool_name: "a[".into(),
+                    ..Default::default()
+                }),
+            ),
+        ),
+        case(
+            "WatchApprovals: submitter may not watch",
+            DENIED,
+            watch(&sam, None),
+        ),
+        case(
+            "GetAuditLog: neither request nor run",
+            INVALID,
+            audit(&alice, apb::GetAuditLogRequest::default()),
+        ),
+        case(
+            "GetAuditLog: both request and run",
+            INVALID,
+            audit(
+                &alice,
+                apb::GetAuditLogRequest {
+                    request_id: fx.gate_request.clone(),
+                    run_id: fx.gate_run.clone(),
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "GetAuditLog: unknown request",
+            NOT_FOUND,
+            audit(
+                &alice,
+                apb::GetAuditLogRequest {
+                    request_id: "nope".into(),
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "GetAuditLog: bad page token",
+            INVALID,
+            audit(
+                &alice,
+                apb::GetAuditLogRequest {
+                    run_id: fx.gate_run.clone(),
+                    page_token: "zz".into(),
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "GetAuditLog: submitter may not read the audit log",
+            DENIED,
+            audit(
+                &sam,
+                apb::GetAuditLogRequest {
+                    run_id: fx.gate_run.clone(),
+                    ..Default::default()
+                },
+            ),
+        ),
     ]
 }
 
 /// A client that sends `authorization` verbatim (`None`: no header at all).
-fn raw_auth(header: Option<&'static str>) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, Status> + Clone {
+fn raw_auth(
+    header: Option<&'static str>,
+) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, Status> + Clone {
     move |mut req: tonic::Request<()>| {
         if let Some(h) = header {
-            req.metadata_mut().insert("authorization", h.parse().unwrap());
+            req.metadata_mut()
+                .insert("authorization", h.parse().unwrap());
         }
         Ok(req)
     }
@@ -581,25 +977,135 @@ fn raw_auth(header: Option<&'static str>) -> impl FnMut(tonic::Request<()>) -> R
 fn credential_cases(fx: &Fixture) -> Vec<Case> {
     let runner = |token: Option<&str>| runner_as(&fx.runner_url, token);
     let approvals = |token: Option<&str>| approvals_as(&fx.approval_url, token);
-    let list_runs = |mut c: RunnerClient| async move { unit(c.list_runs(rpb::ListRunsRequest::default()).await) };
-    let submit = |mut c: RunnerClient| async move { unit(c.submit_run(rpb::SubmitRunRequest { tree_id: "bi-gate".into(), ..Default::default() }).await) };
-    let decide = |mut c: ApprovalClient, id: String| async move { unit(c.resolve(apb::ResolveRequest { request_id: id, decision: 1, ..Default::default() }).await) };
-    let runner_raw = |h: Option<&'static str>| RunnerServiceClient::with_interceptor(lazy_channel(&fx.runner_url), raw_auth(h));
-    let approvals_raw = |h: Option<&'static str>| ApprovalServiceClient::with_interceptor(lazy_channel(&fx.approval_url), raw_auth(h));
+    let list_runs = |mut c: RunnerClient| async move {
+        unit(c.list_runs(rpb::ListRunsRequest::default()).await)
+    };
+    let submit = |mut c: RunnerClient| async move {
+        unit(
+            c.submit_run(rpb::SubmitRunRequest {
+                tree_id: "bi-gate".into(),
+                ..Default::default()
+            })
+            .await,
+        )
+    };
+    let decide = |mut c: ApprovalClient, id: String| async move {
+        unit(
+            c.resolve(apb::ResolveRequest {
+                request_id: id,
+                decision: 1,
+                ..Default::default()
+            })
+            .await,
+        )
+    };
+    let runner_raw = |h: Option<&'static str>| {
+        RunnerServiceClient::with_interceptor(lazy_channel(&fx.runner_url), raw_auth(h))
+    };
+    let approvals_raw = |h: Option<&'static str>| {
+        ApprovalServiceClient::with_interceptor(lazy_channel(&fx.approval_url), raw_auth(h))
+    };
     let id = fx.gate_request.clone();
     vec![
-        case("runner: no credentials", UNAUTHENTICATED, list_runs(runner(None))),
-        case("runner: unknown token", UNAUTHENTICATED, submit(runner(Some("not-a-token")))),
-        case("runner: expired token", UNAUTHENTICATED, submit(runner(Some(&fx.tokens.expired)))),
-        case("runner: Basic instead of Bearer", UNAUTHENTICATED, { let mut c = runner_raw(Some("Basic c2FtOnNhbQ==")); async move { unit(c.submit_run(rpb::SubmitRunRequest { tree_id: "bi-gate".into(), ..Default::default() }).await) } }),
-        case("runner: Bearer without a token", UNAUTHENTICATED, { let mut c = runner_raw(Some("Bearer ")); async move { unit(c.list_runs(rpb::ListRunsRequest::default()).await) } }),
-        case("runner: stream without credentials", UNAUTHENTICATED, { let mut c = runner_raw(None); async move { unit(c.stream_events(rpb::StreamEventsRequest { follow: true, ..Default::default() }).await) } }),
-        case("runner: resolve without credentials", UNAUTHENTICATED, { let mut c = runner_raw(None); let (run, req) = (fx.input_run.clone(), fx.input_request.clone()); async move { unit(c.resolve(rpb::ResolveRequest { run_id: run, request_id: req, decision_id: "d".into(), action: 1, result: Some(to_proto_value(&json!({"text": "valid"}))), ..Default::default() }).await) } }),
-        case("runner: ack without credentials", UNAUTHENTICATED, { let mut c = runner_raw(None); async move { unit(c.ack(rpb::AckRequest { subscriber_id: "approval-svc".into(), seq: 1 }).await) } }),
-        case("approval: no credentials", UNAUTHENTICATED, decide(approvals(None), id.clone())),
-        case("approval: unknown token", UNAUTHENTICATED, decide(approvals(Some("not-a-token")), id.clone())),
-        case("approval: expired token", UNAUTHENTICATED, decide(approvals(Some(&fx.tokens.expired)), id.clone())),
-        case("approval: Basic instead of Bearer", UNAUTHENTICATED, { let mut c = approvals_raw(Some("Basic YWxpY2U6YWxpY2U=")); async move { unit(c.list_approvals(apb::ListApprovalsRequest::default()).await) } }),
-        case("approval: watch without credentials", UNAUTHENTICATED, { let mut c = approvals_raw(None); async move { unit(c.watch_approvals(apb::WatchApprovalsRequest::default()).await) } }),
+        case(
+            "runner: no credentials",
+            UNAUTHENTICATED,
+            list_runs(runner(None)),
+        ),
+        case(
+            "runner: unknown token",
+            UNAUTHENTICATED,
+            submit(runner(Some("not-a-token"))),
+        ),
+        case(
+            "runner: expired token",
+            UNAUTHENTICATED,
+            submit(runner(Some(&fx.tokens.expired))),
+        ),
+        case("runner: Basic instead of Bearer", UNAUTHENTICATED, {
+            let mut c = runner_raw(Some("Basic c2FtOnNhbQ=="));
+            async move {
+                unit(
+                    c.submit_run(rpb::SubmitRunRequest {
+                        tree_id: "bi-gate".into(),
+                        ..Default::default()
+                    })
+                    .await,
+                )
+            }
+        }),
+        case("runner: Bearer without a token", UNAUTHENTICATED, {
+            let mut c = runner_raw(Some("Bearer "));
+            async move { unit(c.list_runs(rpb::ListRunsRequest::default()).await) }
+        }),
+        case("runner: stream without credentials", UNAUTHENTICATED, {
+            let mut c = runner_raw(None);
+            async move {
+                unit(
+                    c.stream_events(rpb::StreamEventsRequest {
+                        follow: true,
+                        ..Default::default()
+                    })
+                    .await,
+                )
+            }
+        }),
+        case("runner: resolve without credentials", UNAUTHENTICATED, {
+            let mut c = runner_raw(None);
+            let (run, req) = (fx.input_run.clone(), fx.input_request.clone());
+            async move {
+                unit(
+                    c.resolve(rpb::ResolveRequest {
+                        run_id: run,
+                        request_id: req,
+                        decision_id: "d".into(),
+                        action: 1,
+                        result: Some(to_proto_value(&json!({"text": "valid"}))),
+                        ..Default::default()
+                    })
+                    .await,
+                )
+            }
+        }),
+        case("runner: ack without credentials", UNAUTHENTICATED, {
+            let mut c = runner_raw(None);
+            async move {
+                unit(
+                    c.ack(rpb::AckRequest {
+                        subscriber_id: "approval-svc".into(),
+                        seq: 1,
+                    })
+                    .await,
+                )
+            }
+        }),
+        case(
+            "approval: no credentials",
+            UNAUTHENTICATED,
+            decide(approvals(None), id.clone()),
+        ),
+        case(
+            "approval: unknown token",
+            UNAUTHENTICATED,
+            decide(approvals(Some("not-a-token")), id.clone()),
+        ),
+        case(
+            "approval: expired token",
+            UNAUTHENTICATED,
+            decide(approvals(Some(&fx.tokens.expired)), id.clone()),
+        ),
+        case("approval: Basic instead of Bearer", UNAUTHENTICATED, {
+            let mut c = approvals_raw(Some("Basic YWxpY2U6YWxpY2U="));
+            async move { unit(c.list_approvals(apb::ListApprovalsRequest::default()).await) }
+        }),
+        case("approval: watch without credentials", UNAUTHENTICATED, {
+            let mut c = approvals_raw(None);
+            async move {
+                unit(
+                    c.watch_approvals(apb::WatchApprovalsRequest::default())
+                        .await,
+                )
+            }
+        }),
     ]
 }
