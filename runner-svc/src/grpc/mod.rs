@@ -153,6 +153,19 @@ impl RunnerService for RunnerGrpc {
         let principal = principal_of(&req);
         principal.require(&[Role::Submitter, Role::Operator], "interrupt threads")?;
         let r = req.into_inner();
+        // An interrupt cancels every run of the thread, so a submitter may interrupt only a
+        // thread whose runs are all its own (as with CancelRun); operators may interrupt any.
+        if !principal.has(Role::Operator) {
+            for run_id in self.runner.thread_runs(&r.thread_id)? {
+                let run = self.runner.run_record(&run_id)?;
+                if run.submitted_by != principal.name {
+                    return Err(Status::permission_denied(format!(
+                        "principal '{}' may only interrupt threads whose runs it submitted",
+                        principal.name
+                    )));
+                }
+            }
+        }
         let next = match &r.next {
             Some(n) => Some(convert::submit_input(n, &principal.name).map_err(RunnerError::from)?),
             None => None,
@@ -334,6 +347,10 @@ impl RunnerService for RunnerGrpc {
     }
 
     async fn ack(&self, req: Request<pb::AckRequest>) -> Res<pb::AckResponse> {
+        // A durable cursor decides which events its subscriber will never be sent again: anyone
+        // who could move approval-svc's cursor could make it skip approval requests. Only
+        // service identities and operators move cursors.
+        principal_of(&req).require(&[Role::Service, Role::Operator], "ack subscriber cursors")?;
         let r = req.into_inner();
         let acked_seq = self.runner.ack_cursor(&r.subscriber_id, r.seq).await?;
         ok(pb::AckResponse { acked_seq })
