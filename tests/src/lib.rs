@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod chaos;
 pub mod clients;
+pub mod flow;
 pub mod process;
 pub mod proxy;
 pub mod snapshot;

@@ -334,3 +334,71 @@ impl Cluster {
         ApprovalServiceClient::new(self.approval.channel().await)
     }
 }
+
+/// How a process that was expected to stop by itself ended.
+#[derive(Debug, Clone)]
+pub struct Exited {
+    /// `None`: killed by a signal, or still running at the deadline (then killed).
+    pub code: Option<i32>,
+    pub timed_out: bool,
+    pub stderr: String,
+}
+
+/// Runs `binary args…` until it exits or `timeout` passes (then kills it); returns its exit code
+/// and stderr.
+pub async fn run_to_exit(binary: &Path, args: &[String], timeout: Duration) -> Exited {
+    let mut child = Command::new(binary)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("binary starts");
+    let mut stderr = child.stderr.take().expect("stderr piped");
+    let read = tokio::spawn(async move {
+        let mut text = String::new();
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut text).await;
+        text
+    });
+    let (code, timed_out) = match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(Ok(status)) => (status.code(), false),
+        _ => {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            (None, true)
+        }
+    };
+    Exited {
+        code,
+        timed_out,
+        stderr: read.await.unwrap_or_default(),
+    }
+}
+
+impl Service {
+    /// Resident set size of the running process in KiB (Linux).
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+}
+
+/// Bytes of all files under `dir`.
+pub fn dir_size(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_size(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}

@@ -17,10 +17,10 @@ use arbor_shared::{
     },
 };
 use arbor_tests::{
-    Cluster, Profile, WAIT,
+    Cluster, Profile,
     auth::Tokens,
     clients::{ApprovalClient, RunnerClient, approvals_as, lazy_channel, runner_as},
-    eventually, gate_tree,
+    flow, gate_tree,
     snapshot::{Probes, Snapshot},
 };
 use serde_json::json;
@@ -102,33 +102,11 @@ fn external_tree() -> String {
 }
 
 async fn submit(runner: &mut RunnerClient, tree: &str, run_id: &str) {
-    runner
-        .submit_run(rpb::SubmitRunRequest {
-            tree_id: tree.into(),
-            run_id: run_id.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    flow::submit(runner, tree, run_id).await;
 }
 
 async fn wait_status(runner: &RunnerClient, run_id: &str, status: rpb::RunStatus) -> rpb::Run {
-    eventually(&format!("{run_id} to be {status:?}"), WAIT, || {
-        let mut runner = runner.clone();
-        let run_id = run_id.to_string();
-        async move {
-            let run = runner
-                .get_run(rpb::GetRunRequest { run_id })
-                .await
-                .ok()?
-                .into_inner()
-                .run?;
-            (run.status == status as i32
-                && !(status == rpb::RunStatus::Suspended && run.suspensions.is_empty()))
-            .then_some(run)
-        }
-    })
-    .await
+    flow::wait_run(runner, run_id, status).await
 }
 
 async fn approval_of(
@@ -136,30 +114,9 @@ async fn approval_of(
     run_id: &str,
     state: apb::ApprovalState,
 ) -> String {
-    eventually(
-        &format!("{run_id}'s approval to be {state:?}"),
-        WAIT,
-        || {
-            let mut approvals = approvals.clone();
-            let run_id = run_id.to_string();
-            async move {
-                let page = approvals
-                    .list_approvals(apb::ListApprovalsRequest {
-                        filter: Some(apb::ApprovalFilter {
-                            run_id,
-                            states: vec![state as i32],
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    })
-                    .await
-                    .ok()?
-                    .into_inner();
-                page.approvals.into_iter().next().map(|a| a.request_id)
-            }
-        },
-    )
-    .await
+    flow::wait_approval(approvals, run_id, state)
+        .await
+        .request_id
 }
 
 async fn fixture(cluster: &Cluster, tokens: Tokens) -> Fixture {
