@@ -139,6 +139,7 @@ pub async fn serve_runner(
         cfg.retention.clone(),
         stop.clone(),
     ));
+    workers.spawn(record_progress(runner.clone(), stop.clone()));
     let service = RunnerServiceServer::new(grpc::RunnerGrpc::new(runner.clone(), stop.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -178,7 +179,26 @@ pub async fn serve_runner(
         tracing::warn!("workers did not stop within the drain timeout");
     }
     runner.flush().await?;
+    if let Err(e) = runner.store().record_progress().await {
+        tracing::error!(error = %e, "cannot record the final progress in the integrity marker");
+    }
     tracing::info!("runner-svc stopped");
     served?;
     Ok(())
+}
+
+/// How often the integrity marker records the durable progress: a loss of data made durable
+/// in the last interval before a crash cannot be told from the crash itself.
+const PROGRESS_RECORD_INTERVAL: Duration = Duration::from_secs(1);
+
+async fn record_progress(runner: Arc<Runner>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(PROGRESS_RECORD_INTERVAL) => {}
+        }
+        if let Err(e) = runner.store().record_progress().await {
+            tracing::error!(error = %e, "cannot record durable progress in the integrity marker");
+        }
+    }
 }

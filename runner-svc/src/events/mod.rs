@@ -7,7 +7,7 @@ use tokio::sync::watch;
 
 use crate::store::{Store, T, Tx, TxResult, abort, codec};
 
-const NEXT_SEQ: &[u8] = b"next_seq";
+pub(crate) const NEXT_SEQ: &[u8] = b"next_seq";
 const FIRST_SEQ: &[u8] = b"first_seq";
 
 fn cursor_key(subscriber: &str) -> Vec<u8> {
