@@ -18,6 +18,8 @@ pub struct ServeConfig {
     /// Who may call this service; disabled means everyone is `anonymous` with every role.
     pub auth: Authenticator,
     pub tuning: Tuning,
+    /// Requests handled at once before new ones are shed with RESOURCE_EXHAUSTED.
+    pub max_in_flight: usize,
 }
 
 impl ServeConfig {
@@ -30,6 +32,7 @@ impl ServeConfig {
             policy: Policy::default(),
             auth: Authenticator::disabled(),
             tuning: Tuning::default(),
+            max_in_flight: arbor_shared::limits::DEFAULT_MAX_IN_FLIGHT,
         }
     }
 }

@@ -113,6 +113,7 @@ pub async fn run(
     let local = listener.local_addr().ok();
     let drained = stop.clone();
     let server = tonic::transport::Server::builder()
+        .layer(arbor_shared::limits::LoadShedLayer::new(cfg.max_in_flight))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

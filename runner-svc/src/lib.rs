@@ -47,6 +47,11 @@ pub struct ServeConfig {
     /// How long shutdown waits for in-flight work before giving up.
     pub drain: Duration,
     pub retention: retention::RetentionConfig,
+    /// Requests handled at once before new ones are shed with RESOURCE_EXHAUSTED.
+    pub max_in_flight: usize,
+    /// A stream subscriber that reads nothing for this long while its buffer is full is dropped
+    /// with RESOURCE_EXHAUSTED (it resumes from its cursor).
+    pub stream_lag_timeout: Duration,
 }
 
 impl Default for ServeConfig {
@@ -61,6 +66,8 @@ impl Default for ServeConfig {
             guards: GuardConfig::default(),
             drain: Duration::from_secs(10),
             retention: retention::RetentionConfig::default(),
+            max_in_flight: arbor_shared::limits::DEFAULT_MAX_IN_FLIGHT,
+            stream_lag_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -139,9 +146,13 @@ pub async fn serve_runner(
         cfg.retention.clone(),
         stop.clone(),
     ));
-    let service = RunnerServiceServer::new(grpc::RunnerGrpc::new(runner.clone(), stop.clone()))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let service = RunnerServiceServer::new(grpc::RunnerGrpc::new(
+        runner.clone(),
+        stop.clone(),
+        cfg.stream_lag_timeout,
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let service = InterceptedService::new(service, AuthInterceptor(cfg.auth.clone()));
     let (reflection_v1, reflection_v1alpha) = reflection_services()?;
 
@@ -165,13 +176,26 @@ pub async fn serve_runner(
             .await;
         drain_stop.cancel();
     };
-    let served = tonic::transport::Server::builder()
+    let server = tonic::transport::Server::builder()
+        .layer(arbor_shared::limits::LoadShedLayer::new(cfg.max_in_flight))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(service)
-        .serve_with_incoming_shutdown(incoming(listener), signal)
-        .await;
+        .serve_with_incoming_shutdown(incoming(listener), signal);
+    // Graceful shutdown waits for open connections; the drain bound keeps a client that never
+    // hangs up from holding the process forever.
+    let bounded_drain = async {
+        stop.cancelled().await;
+        tokio::time::sleep(cfg.drain).await;
+    };
+    let served = tokio::select! {
+        served = server => served,
+        _ = bounded_drain => {
+            tracing::warn!(drain = ?cfg.drain, "connections still open after the drain timeout; closing");
+            Ok(())
+        }
+    };
     stop.cancel();
     let drained = tokio::time::timeout(cfg.drain, workers.join_all()).await;
     if drained.is_err() {

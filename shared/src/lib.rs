@@ -7,6 +7,7 @@ pub mod convert;
 pub mod domain;
 pub mod durability;
 pub mod json;
+pub mod limits;
 pub mod proto;
 pub mod server;
 pub mod status;
