@@ -21,6 +21,10 @@ impl Metrics {
         counter.fetch_add(1, Ordering::Relaxed) + 1
     }
 
+    pub fn add(counter: &AtomicU64, n: u64) -> u64 {
+        counter.fetch_add(n, Ordering::Relaxed) + n
+    }
+
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
     }

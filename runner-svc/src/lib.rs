@@ -58,7 +58,7 @@ impl Default for ServeConfig {
     fn default() -> Self {
         Self {
             data_dir: PathBuf::from("data/runner"),
-            workers: 4,
+            workers: 16,
             lease: Duration::from_secs(30),
             max_attempts: 5,
             cache_bytes: 64 << 20,

@@ -60,9 +60,17 @@ pub fn check_bind(addr: SocketAddr, auth_enabled: bool, insecure: bool) -> Resul
     ))
 }
 
-/// The accepted-connection stream of a bound listener, with TCP_NODELAY set.
-pub fn incoming(listener: tokio::net::TcpListener) -> TcpListenerStream {
-    TcpListenerStream::new(listener)
+/// The accepted-connection stream of a bound listener, with TCP_NODELAY set: gRPC writes small
+/// frames, and Nagle's algorithm meeting delayed ACKs would add ~40 ms to every exchange.
+pub fn incoming(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    TcpListenerStream::new(listener).map(|conn| {
+        let conn = conn?;
+        conn.set_nodelay(true)?;
+        Ok(conn)
+    })
 }
 
 /// gRPC server reflection (v1 and v1alpha) over every Arbor proto.

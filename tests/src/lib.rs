@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod bench;
 pub mod process;
 
 use std::{future::Future, time::Duration};

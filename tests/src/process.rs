@@ -156,11 +156,11 @@ impl Service {
             .arg("--data-dir")
             .arg(&self.data_dir)
             .args(&self.extra_args)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env(
                 "RUST_LOG",
                 std::env::var("ARBOR_TEST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone().expect("log file")))
             .stderr(Stdio::from(log))

@@ -6,6 +6,8 @@
 use arbor_shared::proto::runner::v1::{
     self as runner_pb, AckRequest, EventKind, StreamEventsRequest, event::Detail,
 };
+use std::time::Duration;
+
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
@@ -20,6 +22,9 @@ use crate::{
 /// Health-check name that reports whether the event subscription is live. It is NOT_SERVING
 /// while disconnected and after the runner compacted the log past our cursor.
 pub const SUBSCRIPTION_HEALTH: &str = "arbor.approval.v1.RunnerSubscription";
+
+/// Events applied together at most (more wait for the next batch).
+const MAX_BATCH: usize = 512;
 
 /// Who the audit trail names for cancellations the runner caused.
 const ACTOR: &str = "runner";
@@ -129,13 +134,33 @@ impl<S: ApprovalStore> Subscriber<S> {
                 _ = sleep_until(ack_due), if ack_due.is_some() => self.ack(cursor).await,
                 message = stream.message() => match message {
                     Ok(Some(resp)) => {
-                        let Some(event) = resp.event else { continue };
-                        if let Err(e) = self.apply(cursor, &event).await {
+                        // Take whatever else has already arrived, so one batch of events is
+                        // applied together and their store writes share fsyncs.
+                        let mut batch: Vec<runner_pb::Event> = resp.event.into_iter().collect();
+                        let mut end = None;
+                        while batch.len() < MAX_BATCH {
+                            match tokio::time::timeout(Duration::ZERO, stream.message()).await {
+                                Ok(Ok(Some(more))) => batch.extend(more.event),
+                                Ok(Ok(None)) => {
+                                    end = Some(SessionEnd::Runner(Status::unavailable("stream closed")));
+                                    break;
+                                }
+                                Ok(Err(status)) => {
+                                    end = Some(SessionEnd::Runner(status));
+                                    break;
+                                }
+                                Err(_) => break,
+                            }
+                        }
+                        if let Err(e) = self.apply_batch(cursor, batch).await {
                             return SessionEnd::Store(e);
                         }
                         backoff.reset();
                         if cursor.since_ack >= self.tuning.ack_every {
                             self.ack(cursor).await;
+                        }
+                        if let Some(end) = end {
+                            return end;
                         }
                     }
                     Ok(None) => return SessionEnd::Runner(Status::unavailable("stream closed")),
@@ -145,25 +170,52 @@ impl<S: ApprovalStore> Subscriber<S> {
         }
     }
 
-    /// Applies one event; afterwards everything it changed is durable.
-    async fn apply(&self, cursor: &mut Cursor, event: &runner_pb::Event) -> Result<(), Error> {
-        if let Some(done) = cursor.processed {
-            if event.seq <= done {
-                return Ok(()); // replayed after a reconnect; already applied
+    /// Applies a batch of events; afterwards everything they changed is durable. Events of one
+    /// run are applied in order (a request comes before its consumption or its run's cancel);
+    /// different runs are applied concurrently, so their store writes share group commits.
+    async fn apply_batch(
+        &self,
+        cursor: &mut Cursor,
+        batch: Vec<runner_pb::Event>,
+    ) -> Result<(), Error> {
+        let mut last = cursor.processed;
+        let mut by_run: Vec<(String, Vec<runner_pb::Event>)> = Vec::new();
+        let mut index: std::collections::HashMap<String, usize> = Default::default();
+        for event in batch {
+            if let Some(done) = last {
+                if event.seq <= done {
+                    continue; // replayed after a reconnect; already applied
+                }
+                if event.seq > done + 1 {
+                    tracing::warn!(
+                        after = done,
+                        got = event.seq,
+                        "gap in the runner's event sequence"
+                    );
+                }
             }
-            if event.seq > done + 1 {
-                tracing::warn!(
-                    after = done,
-                    got = event.seq,
-                    "gap in the runner's event sequence"
-                );
-            }
+            last = Some(event.seq);
+            let slot = *index.entry(event.run_id.clone()).or_insert_with(|| {
+                by_run.push((event.run_id.clone(), Vec::new()));
+                by_run.len() - 1
+            });
+            by_run[slot].1.push(event);
         }
-        self.handle(event).await?;
-        Metrics::inc(&self.approvals.metrics().events_processed);
-        cursor.processed = Some(event.seq);
-        cursor.since_ack += 1;
-        cursor.dirty_since.get_or_insert_with(Instant::now);
+        let applied: usize = by_run.iter().map(|(_, events)| events.len()).sum();
+        let results = futures_util::future::join_all(by_run.iter().map(|(_, events)| async move {
+            for event in events {
+                self.handle(event).await?;
+            }
+            Ok::<(), Error>(())
+        }))
+        .await;
+        results.into_iter().collect::<Result<(), Error>>()?;
+        if applied > 0 {
+            Metrics::add(&self.approvals.metrics().events_processed, applied as u64);
+            cursor.processed = last;
+            cursor.since_ack += applied as u32;
+            cursor.dirty_since.get_or_insert_with(Instant::now);
+        }
         Ok(())
     }
 
