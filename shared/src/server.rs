@@ -1,7 +1,18 @@
-//! Serving plumbing both binaries share: tracing set-up, the shutdown signal, reflection, and the
-//! rule that an unauthenticated service only listens on loopback.
+//! Serving plumbing both binaries share: tracing set-up, the shutdown signal, reflection, the
+//! rule that an unauthenticated service only listens on loopback, and the deferred service that
+//! lets health answer NOT_SERVING while the real service is still recovering.
 
-use std::net::SocketAddr;
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{Arc, OnceLock},
+};
+
+use tonic::{
+    body::Body,
+    codegen::{BoxFuture, Context, Poll, Service, http},
+    server::NamedService,
+};
 
 use tokio_stream::wrappers::TcpListenerStream;
 
@@ -86,6 +97,80 @@ pub fn reflection_services() -> Result<
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
     Ok((v1, v1alpha))
+}
+
+/// A gRPC service that is routed from the moment the server binds but only exists once start-up
+/// has recovered its state: until [`Deferred::set`] every call is answered UNAVAILABLE (which
+/// clients retry), so the health service can be served, NOT_SERVING, on the same port meanwhile.
+pub struct Deferred<S> {
+    slot: Arc<OnceLock<S>>,
+}
+
+impl<S> Clone for Deferred<S> {
+    fn clone(&self) -> Self {
+        Self {
+            slot: self.slot.clone(),
+        }
+    }
+}
+
+impl<S> Default for Deferred<S> {
+    fn default() -> Self {
+        Self {
+            slot: Arc::new(OnceLock::new()),
+        }
+    }
+}
+
+impl<S> Deferred<S> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Installs the real service; later calls are routed to it. A second `set` is ignored.
+    pub fn set(&self, service: S) {
+        let _ = self.slot.set(service);
+    }
+}
+
+impl<S: NamedService> NamedService for Deferred<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> Service<http::Request<Body>> for Deferred<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    B: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    B::Error: Into<tonic::codegen::StdError>,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        match self.slot.get() {
+            Some(inner) => {
+                let mut inner = inner.clone();
+                Box::pin(async move {
+                    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+                    Ok(inner.call(req).await?.map(Body::new))
+                })
+            }
+            None => {
+                let status = tonic::Status::unavailable("starting: recovering state; retry");
+                Box::pin(std::future::ready(Ok(status.into_http())))
+            }
+        }
+    }
 }
 
 #[cfg(test)]
