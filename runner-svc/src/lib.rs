@@ -9,6 +9,7 @@ pub mod error;
 pub mod events;
 pub mod grpc;
 pub mod mailbox;
+pub mod metrics;
 pub mod runs;
 pub mod store;
 pub mod worker;
@@ -17,8 +18,9 @@ use std::{future::Future, path::PathBuf, sync::Arc, time::Duration};
 
 use arbor_shared::{
     auth::{AuthInterceptor, Authenticator},
+    metrics::MetricsListen,
     proto::runner::v1::runner_service_server::RunnerServiceServer,
-    server::{MAX_MESSAGE_BYTES, incoming, reflection_services},
+    server::{Deferred, MAX_MESSAGE_BYTES, incoming, reflection_services},
 };
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -45,6 +47,10 @@ pub struct ServeConfig {
     pub guards: GuardConfig,
     /// How long shutdown waits for in-flight work before giving up.
     pub drain: Duration,
+    /// How long health says NOT_SERVING before shutdown starts closing anything.
+    pub drain_grace: Duration,
+    /// Where `/metrics` is served (`None`: off).
+    pub metrics_listen: MetricsListen,
 }
 
 impl Default for ServeConfig {
@@ -58,6 +64,8 @@ impl Default for ServeConfig {
             auth: Authenticator::disabled(),
             guards: GuardConfig::default(),
             drain: Duration::from_secs(10),
+            drain_grace: Duration::ZERO,
+            metrics_listen: MetricsListen(None),
         }
     }
 }
@@ -72,6 +80,8 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("cannot listen for metrics on {0}: {1}")]
+    Metrics(String, std::io::Error),
 }
 
 /// The tree name under which the ledger tool keeps its records.
@@ -80,7 +90,7 @@ pub const LEDGER_TREE: &str = "ledger";
 /// Opens the runner's database and core without serving (also used by tests and tools that
 /// inspect a stopped runner's data).
 pub async fn open_runner(cfg: &ServeConfig) -> Result<Arc<Runner>, ServeError> {
-    let store = Store::open(&cfg.data_dir, cfg.cache_bytes)?;
+    let store = open_store(cfg).await?;
     let ledger =
         LedgerTool::new(
             store
@@ -103,74 +113,147 @@ pub async fn open_runner(cfg: &ServeConfig) -> Result<Arc<Runner>, ServeError> {
     Ok(Runner::open(store, Arc::new(SystemClock::default()), tools, opts).await?)
 }
 
-/// Serves runner-svc on `listener` until `shutdown` resolves, then drains: health goes
-/// NOT_SERVING, streams end with UNAVAILABLE, workers stop, sled is flushed.
+/// How long start-up waits for another process (a previous instance still flushing) to release
+/// the database lock before giving up.
+const LOCK_WAIT: Duration = Duration::from_secs(10);
+
+async fn open_store(cfg: &ServeConfig) -> Result<Store, ServeError> {
+    let deadline = tokio::time::Instant::now() + LOCK_WAIT;
+    let mut told = false;
+    loop {
+        match Store::open(&cfg.data_dir, cfg.cache_bytes) {
+            Err(store::OpenError::Open { source, .. })
+                if source.to_string().contains("could not acquire lock")
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                if !told {
+                    tracing::warn!(data_dir = %cfg.data_dir.display(), "database is locked by another process; waiting for it");
+                    told = true;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return Ok(other?),
+        }
+    }
+}
+
+/// Serves runner-svc on `listener` until `shutdown` resolves. The health service answers from
+/// the start: NOT_SERVING while the database is opened and the previous process's claims are
+/// recovered, SERVING once the runner is ready. On shutdown: NOT_SERVING first and everything
+/// keeps serving for `drain_grace` (so load balancers stop routing here), then streams end with
+/// UNAVAILABLE, workers stop, in-flight calls drain (bounded by `drain`) and sled is flushed.
 pub async fn run(
     cfg: ServeConfig,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let metrics_listener = arbor_shared::metrics::bind(cfg.metrics_listen)
+        .await
+        .map_err(|e| ServeError::Metrics(cfg.metrics_listen.to_string(), e))?;
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_service_status("", ServingStatus::NotServing)
-        .await;
-    let runner = open_runner(&cfg).await?;
-    serve_runner(cfg, runner, listener, shutdown, health, health_service).await
-}
+    set_health(&health, ServingStatus::NotServing).await;
+    let deferred: Deferred<ApiService> = Deferred::new();
+    let (reflection_v1, reflection_v1alpha) = reflection_services()?;
+    let addr = listener.local_addr().ok();
+    let closing = CancellationToken::new();
+    let close_signal = closing.clone();
+    let mut server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(deferred.clone())
+            .serve_with_incoming_shutdown(incoming(listener), close_signal.cancelled_owned()),
+    );
+    tracing::info!(?addr, data_dir = %cfg.data_dir.display(), "runner-svc recovering (health NOT_SERVING)");
 
-/// Serves an already opened runner (tests use this to reach the runner's internals).
-pub async fn serve_runner(
-    cfg: ServeConfig,
-    runner: Arc<Runner>,
-    listener: TcpListener,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-    health: tonic_health::server::HealthReporter,
-    health_service: tonic_health::pb::health_server::HealthServer<
-        impl tonic_health::pb::health_server::Health,
-    >,
-) -> Result<(), ServeError> {
+    let mut shutdown = Box::pin(shutdown);
+    let opened = tokio::select! {
+        r = open_runner(&cfg) => Some(r),
+        _ = &mut shutdown => None,
+    };
+    let runner = match opened {
+        Some(Ok(runner)) => runner,
+        other => {
+            closing.cancel();
+            let _ = tokio::time::timeout(cfg.drain, &mut server).await;
+            return match other {
+                Some(Err(e)) => Err(e),
+                _ => Ok(()),
+            };
+        }
+    };
+
     let stop = CancellationToken::new();
     let workers = worker::spawn(runner.clone(), cfg.workers, stop.clone());
-    let service = RunnerServiceServer::new(grpc::RunnerGrpc::new(runner.clone(), stop.clone()))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let service = InterceptedService::new(service, AuthInterceptor(cfg.auth.clone()));
-    let (reflection_v1, reflection_v1alpha) = reflection_services()?;
+    deferred.set(InterceptedService::new(
+        RunnerServiceServer::new(grpc::RunnerGrpc::new(runner.clone(), stop.clone()))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        AuthInterceptor(cfg.auth.clone()),
+    ));
+    let metrics_task = metrics_listener.map(|l| {
+        let registry = Arc::new(metrics::registry(runner.clone()));
+        tokio::spawn(arbor_shared::metrics::serve(
+            l,
+            registry,
+            stop.clone().cancelled_owned(),
+        ))
+    });
+    set_health(&health, ServingStatus::Serving).await;
+    tracing::info!(
+        ?addr,
+        workers = cfg.workers,
+        auth = cfg.auth.is_enabled(),
+        "runner-svc serving"
+    );
 
-    let addr = listener.local_addr().ok();
-    health.set_service_status("", ServingStatus::Serving).await;
-    health
-        .set_serving::<RunnerServiceServer<grpc::RunnerGrpc>>()
-        .await;
-    tracing::info!(?addr, data_dir = %cfg.data_dir.display(), workers = cfg.workers, auth = cfg.auth.is_enabled(), "runner-svc serving");
-
-    let drain_health = health.clone();
-    let drain_stop = stop.clone();
-    let signal = async move {
-        shutdown.await;
-        tracing::info!("shutdown requested: draining");
-        drain_health
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
-        drain_health
-            .set_not_serving::<RunnerServiceServer<grpc::RunnerGrpc>>()
-            .await;
-        drain_stop.cancel();
+    let server_ended = tokio::select! {
+        _ = &mut shutdown => None,
+        r = &mut server => Some(r),
     };
-    let served = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(service)
-        .serve_with_incoming_shutdown(incoming(listener), signal)
-        .await;
+    set_health(&health, ServingStatus::NotServing).await;
+    if server_ended.is_none() && !cfg.drain_grace.is_zero() {
+        tracing::info!(grace = ?cfg.drain_grace, "shutdown requested: NOT_SERVING, still serving during the drain grace");
+        tokio::time::sleep(cfg.drain_grace).await;
+    }
+    tracing::info!("draining");
     stop.cancel();
-    let drained = tokio::time::timeout(cfg.drain, workers.join_all()).await;
-    if drained.is_err() {
+    closing.cancel();
+    let served = match server_ended {
+        Some(r) => Some(r),
+        None => tokio::time::timeout(cfg.drain, &mut server).await.ok(),
+    };
+    if served.is_none() {
+        tracing::warn!("in-flight calls did not finish within the drain timeout");
+        server.abort();
+    }
+    if tokio::time::timeout(cfg.drain, workers.join_all())
+        .await
+        .is_err()
+    {
         tracing::warn!("workers did not stop within the drain timeout");
+    }
+    if let Some(task) = metrics_task {
+        task.abort();
     }
     runner.flush().await?;
     tracing::info!("runner-svc stopped");
-    served?;
-    Ok(())
+    match served {
+        Some(Ok(r)) => Ok(r?),
+        // Aborted after the drain timeout, or the server task panicked: sled is flushed anyway.
+        _ => Ok(()),
+    }
+}
+
+type ApiService = InterceptedService<RunnerServiceServer<grpc::RunnerGrpc>, AuthInterceptor>;
+
+async fn set_health(health: &tonic_health::server::HealthReporter, status: ServingStatus) {
+    health.set_service_status("", status).await;
+    health
+        .set_service_status(
+            <RunnerServiceServer<grpc::RunnerGrpc> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
 }
