@@ -3,7 +3,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod flow;
 pub mod process;
+pub mod scrape;
 
 use std::{future::Future, time::Duration};
 
