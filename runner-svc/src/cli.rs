@@ -166,6 +166,22 @@ pub struct ServeArgs {
     /// load balancers and meshes stop routing here first (Kubernetes: about 5000).
     #[arg(long, env = "ARBOR_DRAIN_GRACE_MS", default_value_t = 0)]
     pub drain_grace_ms: u64,
+    /// Keep events every durable subscriber has acked this long (ms).
+    #[arg(
+        long,
+        env = "ARBOR_EVENT_RETENTION_ACKED_MS",
+        default_value_t = 3_600_000
+    )]
+    pub event_retention_acked_ms: u64,
+    /// Drop events older than this even if a subscriber has not acked them (ms).
+    #[arg(long, env = "ARBOR_EVENT_RETENTION_MAX_MS", default_value_t = 7 * 86_400_000)]
+    pub event_retention_max_ms: u64,
+    /// Keep finished runs and final jobs this long (ms).
+    #[arg(long, env = "ARBOR_FINISHED_RETENTION_MS", default_value_t = 7 * 86_400_000)]
+    pub finished_retention_ms: u64,
+    /// How often retention runs (ms).
+    #[arg(long, env = "ARBOR_COMPACT_INTERVAL_MS", default_value_t = 60_000)]
+    pub compact_interval_ms: u64,
 }
 
 #[derive(Debug, Args)]
@@ -233,8 +249,17 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            toml::from_str::<GuardConfig>(&text)
-                .map_err(|e| format!("invalid guards file {}: {e}", path.display()))?
+            let guards = toml::from_str::<GuardConfig>(&text)
+                .map_err(|e| format!("invalid guards file {}: {e}", path.display()))?;
+            guards.validate().map_err(|violations| {
+                let listed: Vec<String> = violations.iter().map(ToString::to_string).collect();
+                format!(
+                    "invalid guards file {}: {}",
+                    path.display(),
+                    listed.join("; ")
+                )
+            })?;
+            guards
         }
         None => GuardConfig::default(),
     };
@@ -250,6 +275,12 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         guards,
         drain_grace: Duration::from_millis(args.drain_grace_ms),
         metrics_listen: args.metrics_listen,
+        retention: crate::retention::RetentionConfig {
+            events_acked: Duration::from_millis(args.event_retention_acked_ms),
+            events_max: Duration::from_millis(args.event_retention_max_ms),
+            finished: Duration::from_millis(args.finished_retention_ms),
+            interval: Duration::from_millis(args.compact_interval_ms.max(100)),
+        },
         ..ServeConfig::default()
     };
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -10,6 +10,7 @@ pub mod events;
 pub mod grpc;
 pub mod mailbox;
 pub mod metrics;
+pub mod retention;
 pub mod runs;
 pub mod store;
 pub mod worker;
@@ -51,6 +52,7 @@ pub struct ServeConfig {
     pub drain_grace: Duration,
     /// Where `/metrics` is served (`None`: off).
     pub metrics_listen: MetricsListen,
+    pub retention: retention::RetentionConfig,
 }
 
 impl Default for ServeConfig {
@@ -66,6 +68,7 @@ impl Default for ServeConfig {
             drain: Duration::from_secs(10),
             drain_grace: Duration::ZERO,
             metrics_listen: MetricsListen(None),
+            retention: retention::RetentionConfig::default(),
         }
     }
 }
@@ -147,62 +150,149 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let metrics_listener = arbor_shared::metrics::bind(cfg.metrics_listen)
-        .await
-        .map_err(|e| ServeError::Metrics(cfg.metrics_listen.to_string(), e))?;
+    let metrics_listener = bind_metrics(&cfg).await?;
     let (health, health_service) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::NotServing).await;
-    let deferred: Deferred<ApiService> = Deferred::new();
-    let (reflection_v1, reflection_v1alpha) = reflection_services()?;
-    let addr = listener.local_addr().ok();
-    let closing = CancellationToken::new();
-    let close_signal = closing.clone();
-    let mut server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(health_service)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
-            .add_service(deferred.clone())
-            .serve_with_incoming_shutdown(incoming(listener), close_signal.cancelled_owned()),
-    );
-    tracing::info!(?addr, data_dir = %cfg.data_dir.display(), "runner-svc recovering (health NOT_SERVING)");
-
+    let mut front = Front::start(listener, health_service)?;
+    tracing::info!(addr = ?front.addr, data_dir = %cfg.data_dir.display(), "runner-svc recovering (health NOT_SERVING)");
     let mut shutdown = Box::pin(shutdown);
     let opened = tokio::select! {
         r = open_runner(&cfg) => Some(r),
         _ = &mut shutdown => None,
     };
-    let runner = match opened {
-        Some(Ok(runner)) => runner,
-        other => {
-            closing.cancel();
-            let _ = tokio::time::timeout(cfg.drain, &mut server).await;
-            return match other {
-                Some(Err(e)) => Err(e),
-                _ => Ok(()),
-            };
+    match opened {
+        Some(Ok(runner)) => {
+            serve_opened(cfg, runner, front, health, shutdown, metrics_listener).await
         }
-    };
+        Some(Err(e)) => {
+            front.close(cfg.drain).await;
+            Err(e)
+        }
+        None => {
+            front.close(cfg.drain).await;
+            Ok(())
+        }
+    }
+}
 
+/// Serves an already opened runner (tests use this to reach the runner's internals).
+pub async fn serve_runner(
+    cfg: ServeConfig,
+    runner: Arc<Runner>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    health: tonic_health::server::HealthReporter,
+    health_service: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+) -> Result<(), ServeError> {
+    let metrics_listener = bind_metrics(&cfg).await?;
+    set_health(&health, ServingStatus::NotServing).await;
+    let front = Front::start(listener, health_service)?;
+    serve_opened(
+        cfg,
+        runner,
+        front,
+        health,
+        Box::pin(shutdown),
+        metrics_listener,
+    )
+    .await
+}
+
+async fn bind_metrics(cfg: &ServeConfig) -> Result<Option<TcpListener>, ServeError> {
+    arbor_shared::metrics::bind(cfg.metrics_listen)
+        .await
+        .map_err(|e| ServeError::Metrics(cfg.metrics_listen.to_string(), e))
+}
+
+/// The gRPC server, listening from start-up on: health and reflection at once, the
+/// RunnerService once [`Deferred::set`] (UNAVAILABLE before).
+struct Front {
+    addr: Option<std::net::SocketAddr>,
+    api: Deferred<ApiService>,
+    closing: CancellationToken,
+    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Front {
+    fn start(
+        listener: TcpListener,
+        health_service: tonic_health::pb::health_server::HealthServer<
+            impl tonic_health::pb::health_server::Health,
+        >,
+    ) -> Result<Self, ServeError> {
+        let api: Deferred<ApiService> = Deferred::new();
+        let (reflection_v1, reflection_v1alpha) = reflection_services()?;
+        let addr = listener.local_addr().ok();
+        let closing = CancellationToken::new();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(health_service)
+                .add_service(reflection_v1)
+                .add_service(reflection_v1alpha)
+                .add_service(api.clone())
+                .serve_with_incoming_shutdown(
+                    incoming(listener),
+                    closing.clone().cancelled_owned(),
+                ),
+        );
+        Ok(Self {
+            addr,
+            api,
+            closing,
+            server,
+        })
+    }
+
+    /// Stops accepting and waits (at most `drain`) for in-flight calls; `None` on timeout.
+    async fn close(&mut self, drain: Duration) -> Option<Result<(), tonic::transport::Error>> {
+        self.closing.cancel();
+        match tokio::time::timeout(drain, &mut self.server).await {
+            Ok(Ok(r)) => Some(r),
+            // The server task panicked: nothing left to wait for.
+            Ok(Err(_)) => Some(Ok(())),
+            Err(_) => {
+                tracing::warn!("in-flight calls did not finish within the drain timeout");
+                self.server.abort();
+                None
+            }
+        }
+    }
+}
+
+async fn serve_opened(
+    cfg: ServeConfig,
+    runner: Arc<Runner>,
+    mut front: Front,
+    health: tonic_health::server::HealthReporter,
+    mut shutdown: std::pin::Pin<Box<impl Future<Output = ()> + Send + 'static>>,
+    metrics_listener: Option<TcpListener>,
+) -> Result<(), ServeError> {
     let stop = CancellationToken::new();
-    let workers = worker::spawn(runner.clone(), cfg.workers, stop.clone());
-    deferred.set(InterceptedService::new(
+    let mut workers = worker::spawn(runner.clone(), cfg.workers, stop.clone());
+    workers.spawn(retention::compactor(
+        runner.clone(),
+        cfg.retention.clone(),
+        stop.clone(),
+    ));
+    front.api.set(InterceptedService::new(
         RunnerServiceServer::new(grpc::RunnerGrpc::new(runner.clone(), stop.clone()))
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
         AuthInterceptor(cfg.auth.clone()),
     ));
-    let metrics_task = metrics_listener.map(|l| {
+    if let Some(l) = metrics_listener {
         let registry = Arc::new(metrics::registry(runner.clone()));
-        tokio::spawn(arbor_shared::metrics::serve(
+        workers.spawn(arbor_shared::metrics::serve(
             l,
             registry,
             stop.clone().cancelled_owned(),
-        ))
-    });
+        ));
+    }
     set_health(&health, ServingStatus::Serving).await;
     tracing::info!(
-        ?addr,
+        addr = ?front.addr,
         workers = cfg.workers,
         auth = cfg.auth.is_enabled(),
         "runner-svc serving"
@@ -210,7 +300,7 @@ pub async fn run(
 
     let server_ended = tokio::select! {
         _ = &mut shutdown => None,
-        r = &mut server => Some(r),
+        r = &mut front.server => Some(r),
     };
     set_health(&health, ServingStatus::NotServing).await;
     if server_ended.is_none() && !cfg.drain_grace.is_zero() {
@@ -219,30 +309,23 @@ pub async fn run(
     }
     tracing::info!("draining");
     stop.cancel();
-    closing.cancel();
     let served = match server_ended {
-        Some(r) => Some(r),
-        None => tokio::time::timeout(cfg.drain, &mut server).await.ok(),
+        Some(Ok(r)) => Some(r),
+        Some(Err(_)) => None,
+        None => front.close(cfg.drain).await,
     };
-    if served.is_none() {
-        tracing::warn!("in-flight calls did not finish within the drain timeout");
-        server.abort();
-    }
     if tokio::time::timeout(cfg.drain, workers.join_all())
         .await
         .is_err()
     {
         tracing::warn!("workers did not stop within the drain timeout");
     }
-    if let Some(task) = metrics_task {
-        task.abort();
-    }
     runner.flush().await?;
     tracing::info!("runner-svc stopped");
     match served {
-        Some(Ok(r)) => Ok(r?),
+        Some(r) => Ok(r?),
         // Aborted after the drain timeout, or the server task panicked: sled is flushed anyway.
-        _ => Ok(()),
+        None => Ok(()),
     }
 }
 

@@ -2,11 +2,9 @@
 //! rule that an unauthenticated service only listens on loopback, and the deferred service that
 //! lets health answer NOT_SERVING while the real service is still recovering.
 
-use std::{
-    convert::Infallible,
-    net::SocketAddr,
-    sync::{Arc, OnceLock},
-};
+use std::{convert::Infallible, net::SocketAddr, sync::Arc};
+
+use tokio::sync::watch;
 
 use tonic::{
     body::Body,
@@ -100,10 +98,11 @@ pub fn reflection_services() -> Result<
 }
 
 /// A gRPC service that is routed from the moment the server binds but only exists once start-up
-/// has recovered its state: until [`Deferred::set`] every call is answered UNAVAILABLE (which
-/// clients retry), so the health service can be served, NOT_SERVING, on the same port meanwhile.
+/// has recovered its state, so the health service can answer (NOT_SERVING) on the same port
+/// meanwhile. A call that arrives before [`Deferred::set`] waits for it, within the caller's
+/// deadline, as it would have waited in the accept backlog before health-first start-up.
 pub struct Deferred<S> {
-    slot: Arc<OnceLock<S>>,
+    slot: Arc<watch::Sender<Option<S>>>,
 }
 
 impl<S> Clone for Deferred<S> {
@@ -117,7 +116,7 @@ impl<S> Clone for Deferred<S> {
 impl<S> Default for Deferred<S> {
     fn default() -> Self {
         Self {
-            slot: Arc::new(OnceLock::new()),
+            slot: Arc::new(watch::channel(None).0),
         }
     }
 }
@@ -127,9 +126,9 @@ impl<S> Deferred<S> {
         Self::default()
     }
 
-    /// Installs the real service; later calls are routed to it. A second `set` is ignored.
+    /// Installs the real service; waiting and later calls are routed to it.
     pub fn set(&self, service: S) {
-        let _ = self.slot.set(service);
+        self.slot.send_replace(Some(service));
     }
 }
 
@@ -157,19 +156,22 @@ where
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        match self.slot.get() {
-            Some(inner) => {
-                let mut inner = inner.clone();
-                Box::pin(async move {
+        let mut slot = self.slot.subscribe();
+        Box::pin(async move {
+            // Ends only with the server (start-up failed): then the call is UNAVAILABLE.
+            let inner = slot
+                .wait_for(Option::is_some)
+                .await
+                .ok()
+                .and_then(|s| s.clone());
+            match inner {
+                Some(mut inner) => {
                     std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
                     Ok(inner.call(req).await?.map(Body::new))
-                })
+                }
+                None => Ok(tonic::Status::unavailable("service failed to start").into_http()),
             }
-            None => {
-                let status = tonic::Status::unavailable("starting: recovering state; retry");
-                Box::pin(std::future::ready(Ok(status.into_http())))
-            }
-        }
+        })
     }
 }
 

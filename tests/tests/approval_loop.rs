@@ -36,7 +36,7 @@ async fn register_and_submit(runner: &mut RunnerServiceClient<Channel>, tree: St
 
 /// Waits for the run's approval to show up as PENDING in approval-svc.
 async fn pending_approval(cluster: &Cluster, run_id: &str) -> apb::Approval {
-    let mut approvals = cluster.approval_client().await;
+    let approvals = cluster.approval_client().await;
     eventually("the approval to be pending", WAIT, || {
         let mut approvals = approvals.clone();
         let run_id = run_id.to_string();
@@ -168,7 +168,7 @@ async fn approved_gate_runs_to_success_with_events_in_order_and_the_approval_pru
     let approval = pending_approval(&cluster, &run.run_id).await;
     let request = approval.request.clone().unwrap();
     assert_eq!(request.title, "Ship it?");
-    assert_eq!(request.context.unwrap().fields["plan"].kind.is_some(), true);
+    assert!(request.context.unwrap().fields["plan"].kind.is_some());
 
     let resolved = cluster
         .approval_client()

@@ -18,6 +18,11 @@ pub(crate) fn get<'a>(board: &'a Map<String, Json>, path: &str) -> Option<&'a Js
 
 /// Writes at a dotted path, creating intermediate objects.
 pub(crate) fn set(board: &mut Map<String, Json>, path: &str, value: Json) -> Result<(), String> {
+    if !path.contains('.') {
+        // One search of the map: the common case is a plain top-level key.
+        board.insert(path.to_string(), value);
+        return Ok(());
+    }
     let mut parts: Vec<&str> = path.split('.').collect();
     let Some(last) = parts.pop() else {
         return Err("empty blackboard key".into());
@@ -39,6 +44,15 @@ pub(crate) fn set(board: &mut Map<String, Json>, path: &str, value: Json) -> Res
     }
     map.insert(last.to_string(), value);
     Ok(())
+}
+
+/// Whether `resolve` would change anything.
+pub(crate) fn has_refs(value: &Json) -> bool {
+    match value {
+        Json::Object(map) => map.contains_key("$ref") || map.values().any(has_refs),
+        Json::Array(items) => items.iter().any(has_refs),
+        _ => false,
+    }
 }
 
 /// Replaces every `{"$ref": "path"}` with the blackboard value at that path.

@@ -229,6 +229,14 @@ impl Checkpoint {
         Ok(())
     }
 
+    pub fn tree_id(&self) -> &str {
+        &self.tree_id
+    }
+
+    pub fn tree_version(&self) -> u32 {
+        self.tree_version
+    }
+
     pub fn blackboard(&self) -> &Map<String, Json> {
         &self.blackboard
     }

@@ -1,6 +1,21 @@
 //! The behaviour-tree engine: a pure library that ticks a validated tree spec against a run's
 //! checkpoint and reports what happened as effects. It does no I/O of its own except through
 //! tools; persisting checkpoints and publishing effects is the runner's job.
+//!
+//! Contract details the design leaves open, decided here:
+//! - A node's *attempt* counts how often it finished or was halted. Suspension ids hash
+//!   `thread_id, run_id, locator, phase, attempt` (phase is `before`/`after` for gates, the
+//!   tool call id for tools, `user_input` / `external` for those leaves); tool call ids are
+//!   `{locator}#{attempt}`. Replaying a tick from an older checkpoint therefore reproduces ids and
+//!   idempotency keys, while a retry or a re-entry after a halt asks anew.
+//! - Yield mode: a parallel stops ticking further children once a suspension became active in the
+//!   tick, and the output asks for an immediate re-tick (`next_wake_ms == Some(now_ms)`), so the
+//!   run persists and publishes the first suspension before the other branches move on.
+//! - Approval deadlines are carried in the request; expiring them (and resolving per
+//!   `on_timeout`) is approval-svc's job, which delivers the outcome as a decision.
+//! - `halt` finishes the run as a Failure (`halted: {reason}`); later ticks return that outcome.
+//! - The guard budget counts calls admitted by the guard (asked calls included); the rate limit
+//!   is a sliding window per tool name, in memory, per registry (i.e. per process).
 
 mod blackboard;
 pub mod checkpoint;

@@ -147,6 +147,12 @@ pub fn ack_cursor<E: From<codec::Corrupt>>(
     Ok(stored)
 }
 
+/// Records that events before `seq` were compacted away (inside a runner transaction).
+pub fn set_first_seq<E>(tx: &Tx<'_>, seq: u64) -> TxResult<(), E> {
+    tx.tree(T::Meta).insert(FIRST_SEQ, &codec::u64_key(seq))?;
+    Ok(())
+}
+
 /// Read side of the log plus the durable-seq watermark streams wait on.
 #[derive(Clone)]
 pub struct EventLog {

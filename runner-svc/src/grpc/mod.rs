@@ -30,6 +30,15 @@ const STREAM_BATCH: usize = 512;
 /// Events buffered per stream before the reader waits for the client.
 const STREAM_BUFFER: usize = 1024;
 
+/// The error for a cursor whose next events were compacted away.
+fn compacted(cursor: u64, first: u64) -> RunnerError {
+    RunnerError::OutOfRange(format!(
+        "cursor {cursor} is older than the oldest retained event {first}: events were compacted \
+         away; reconcile state, then resume after seq {}",
+        first - 1
+    ))
+}
+
 #[derive(Clone)]
 pub struct RunnerGrpc {
     runner: Arc<Runner>,
@@ -218,12 +227,7 @@ impl RunnerService for RunnerGrpc {
         };
         let first = events.first_seq().map_err(RunnerError::from)?;
         if cursor + 1 < first {
-            return Err(RunnerError::OutOfRange(format!(
-                "cursor {cursor} is older than the oldest retained event {first}: events were compacted away; \
-                 restart from seq {} after reconciling state",
-                first - 1
-            ))
-            .into());
+            return Err(compacted(cursor, first).into());
         }
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER);
         let shutdown = self.shutdown.clone();
@@ -239,6 +243,21 @@ impl RunnerService for RunnerGrpc {
                     }
                 };
                 let caught_up = batch.len() < STREAM_BATCH;
+                // Retention may have compacted events this stream has not read yet: say so
+                // rather than skip them silently.
+                if batch.first().is_none_or(|e| e.seq != cursor + 1) {
+                    match events.first_seq() {
+                        Ok(first) if cursor + 1 < first => {
+                            let _ = tx.send(Err(Status::from(compacted(cursor, first)))).await;
+                            return;
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            let _ = tx.send(Err(Status::from(RunnerError::from(e)))).await;
+                            return;
+                        }
+                    }
+                }
                 for event in batch {
                     cursor = event.seq;
                     if !filter.matches(&event) {

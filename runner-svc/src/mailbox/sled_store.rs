@@ -58,6 +58,12 @@ pub mod tx {
     fn put_job(tx: &Tx<'_>, job: &Job) -> TxResult<(), MailboxError> {
         tx.tree(T::Jobs)
             .insert(job.job_id.as_bytes(), codec::encode(job))?;
+        if super::super::state::is_final(job.status) {
+            tx.tree(T::Finished).insert(
+                crate::store::finished_key(b'j', job.updated_at_ms, &job.job_id),
+                &[],
+            )?;
+        }
         Ok(())
     }
 
@@ -387,6 +393,9 @@ pub struct SledMailbox {
     clock: Arc<dyn Clock>,
     cfg: MailboxConfig,
     leases: Mutex<HashMap<String, Lease>>,
+    /// One claim scan at a time: concurrent scans would all race for the same head job and
+    /// waste a transaction each on losing; serialised, every scan's transaction wins.
+    claiming: Mutex<()>,
 }
 
 impl SledMailbox {
@@ -402,6 +411,7 @@ impl SledMailbox {
             clock,
             cfg,
             leases: Mutex::new(HashMap::new()),
+            claiming: Mutex::new(()),
         };
         let mut recovered = Vec::new();
         for entry in mailbox.store.tree(T::Active).iter() {
@@ -478,12 +488,25 @@ impl MailboxStore for SledMailbox {
     }
 
     fn claim(&self, worker_id: &str) -> Result<Option<Claim>, MailboxError> {
+        let _one_at_a_time = self.claiming.lock();
         let now = self.now();
         for entry in self.store.tree(T::Queue).iter() {
             let (key, _) = entry?;
             let Some(job_id) = tx::job_id_of_queue_key(&key) else {
                 continue;
             };
+            // Cheap look outside the transaction: skip what cannot be claimed now, so the one
+            // transaction per claim is spent on a job that will be won.
+            if let Some(job) = self.get(job_id)?
+                && job.status == JobStatus::Queued
+                && (job.available_at_ms > now
+                    || self
+                        .store
+                        .tree(T::Active)
+                        .contains_key(job.mailbox_id.as_bytes())?)
+            {
+                continue;
+            }
             let token = uuid::Uuid::new_v4().to_string();
             let lease = self.cfg.lease;
             let outcome = self

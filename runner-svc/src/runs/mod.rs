@@ -23,6 +23,7 @@ pub use query::{JobPage, RunFilter, RunPage, RunView};
 pub use records::{RunRecord, TreeRecord};
 pub use resolve::ResolveInput;
 pub use submit::{SubmitInput, Submitted};
+pub use work::Processed;
 
 use crate::{
     engine::{ToolRegistry, TreeFormat, TreeSpec, parse_tree},

@@ -77,6 +77,12 @@ pub fn must_get_run(tx: &Tx<'_>, run_id: &str) -> TxResult<RunRecord, RunnerErro
 pub fn put_run(tx: &Tx<'_>, run: &RunRecord) -> TxResult<(), RunnerError> {
     tx.tree(T::Runs)
         .insert(run.run_id.as_bytes(), codec::encode(run))?;
+    if run.status.is_terminal() {
+        tx.tree(T::Finished).insert(
+            crate::store::finished_key(b'r', run.updated_at_ms, &run.run_id),
+            &[],
+        )?;
+    }
     Ok(())
 }
 

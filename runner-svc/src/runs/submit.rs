@@ -367,7 +367,7 @@ pub(crate) fn enqueue_cancel(
     let enq = lift(mtx::enqueue(
         tx,
         &EnqueueRequest {
-            job_id: format!("cancel-{}", uuid::Uuid::now_v7()),
+            job_id: uuid::Uuid::now_v7().to_string(),
             mailbox_id: run.thread_id.clone(),
             run_id: run.run_id.clone(),
             origin: JobOrigin::Internal,

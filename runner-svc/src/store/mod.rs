@@ -42,9 +42,12 @@ pub enum T {
     Mailboxes,
     /// `{mailbox_id}\0{order BE}` → job_id (jobs of a thread).
     MailboxJobs,
+    /// `{kind}{finished_at BE}{id}` → () for finished runs (`r`) and jobs (`j`), oldest first,
+    /// so retention walks only what it may delete.
+    Finished,
 }
 
-const TREE_NAMES: [&str; 13] = [
+const TREE_NAMES: [&str; 14] = [
     "trees",
     "runs",
     "thread_runs",
@@ -58,6 +61,7 @@ const TREE_NAMES: [&str; 13] = [
     "dedupe",
     "mailboxes",
     "mailbox_jobs",
+    "finished",
 ];
 
 /// A view of every runner tree inside one sled transaction.
@@ -88,6 +92,15 @@ impl<E> From<TransactionError<E>> for TxError<E> {
             TransactionError::Storage(e) => TxError::Storage(e),
         }
     }
+}
+
+/// Key of a finished-index entry.
+pub fn finished_key(kind: u8, at_ms: u64, id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9 + id.len());
+    k.push(kind);
+    k.extend_from_slice(&at_ms.to_be_bytes());
+    k.extend_from_slice(id.as_bytes());
+    k
 }
 
 /// Opening the database failed.

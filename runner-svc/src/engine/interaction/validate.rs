@@ -83,17 +83,17 @@ fn external_result(result: &Json) -> Result<Json, DecisionError> {
     if let Some(key) = map.keys().find(|k| *k != "status" && *k != "result") {
         return Err(DecisionError::new(format!("result.{key}"), "unknown field"));
     }
-    match map.get("status").and_then(Json::as_str) {
-        Some("succeeded" | "failed") => {}
+    let status = match map.get("status").and_then(Json::as_str) {
+        Some(status @ ("succeeded" | "failed")) => status,
         _ => {
             return Err(DecisionError::new(
                 "result.status",
                 "must be \"succeeded\" or \"failed\"",
             ));
         }
-    }
+    };
     let mut normal = Map::new();
-    normal.insert("status".into(), map["status"].clone());
+    normal.insert("status".into(), status.into());
     normal.insert(
         "result".into(),
         map.get("result").cloned().unwrap_or(Json::Null),

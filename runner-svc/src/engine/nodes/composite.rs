@@ -42,8 +42,7 @@ pub(super) fn sequence(cx: &mut Ctx<'_>, idx: usize) -> TickStatus {
 pub(super) fn selector(cx: &mut Ctx<'_>, idx: usize) -> TickStatus {
     let status = with_memory(cx, idx, TickStatus::Failure);
     if status == TickStatus::Failure {
-        let loc = cx.locator(idx);
-        return cx.fail(format!("selector '{loc}': every child failed"));
+        return cx.fail_quietly(idx);
     }
     status
 }

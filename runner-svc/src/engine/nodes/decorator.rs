@@ -67,7 +67,7 @@ pub(super) fn retry(cx: &mut Ctx<'_>, idx: usize, max_attempts: u32) -> TickStat
                 failed += 1;
                 if failed >= max_attempts {
                     let loc = cx.locator(idx);
-                    let why = std::mem::take(&mut cx.error);
+                    let why = cx.take_error();
                     return cx.fail(format!(
                         "retry '{loc}': {max_attempts} attempts failed (last: {why})"
                     ));

@@ -1,5 +1,6 @@
 //! Plain leaves: condition, set, wait, fail, log (succeed needs no code).
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 
 use serde_json::Value as Json;
@@ -10,12 +11,16 @@ use crate::engine::spec::{CondOp, ConditionSpec};
 use crate::engine::{Effect, TickStatus, blackboard};
 
 pub(super) fn condition(cx: &mut Ctx<'_>, idx: usize, c: &ConditionSpec) -> TickStatus {
-    let expected = match cx.resolve(&c.value) {
-        Ok(v) => v,
-        Err(e) => {
-            let loc = cx.locator(idx);
-            return cx.fail(format!("condition '{loc}': {e}"));
+    let expected = if blackboard::has_refs(&c.value) {
+        match cx.resolve(&c.value) {
+            Ok(v) => Cow::Owned(v),
+            Err(e) => {
+                let loc = cx.locator(idx);
+                return cx.fail(format!("condition '{loc}': {e}"));
+            }
         }
+    } else {
+        Cow::Borrowed(&c.value)
     };
     let actual = blackboard::get(cx.board(), &c.key);
     let holds = match c.op {
@@ -38,13 +43,7 @@ pub(super) fn condition(cx: &mut Ctx<'_>, idx: usize, c: &ConditionSpec) -> Tick
     if holds {
         TickStatus::Success
     } else {
-        let loc = cx.locator(idx);
-        cx.fail(format!(
-            "condition '{loc}' ({} {} {}) is false",
-            c.key,
-            c.op.as_str(),
-            expected
-        ))
+        cx.fail_quietly(idx)
     }
 }
 

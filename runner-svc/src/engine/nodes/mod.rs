@@ -22,6 +22,12 @@ use super::{Effect, TickEnv, TickOutput, TickStatus, blackboard};
 /// nested repeats can never pin a worker.
 const WORK_BUDGET: u32 = 1_000_000;
 
+enum Why {
+    Nothing,
+    Text(String),
+    Node(usize),
+}
+
 pub(crate) struct Ctx<'t> {
     pub spec: &'t TreeSpec,
     pub ck: &'t mut Checkpoint,
@@ -29,7 +35,7 @@ pub(crate) struct Ctx<'t> {
     pub effects: Vec<Effect>,
     next_wake: Option<u64>,
     /// The most recent failure reason; becomes the run's error if the root fails.
-    error: String,
+    why: Why,
     /// A suspension became active in this tick (Yield mode stops ticking parallel siblings).
     pub suspended_now: bool,
     work_left: u32,
@@ -47,7 +53,7 @@ pub(crate) fn tick_root(
         env,
         effects,
         next_wake: None,
-        error: String::new(),
+        why: Why::Nothing,
         suspended_now: false,
         work_left: WORK_BUDGET,
     };
@@ -63,11 +69,10 @@ pub(crate) fn tick_root(
                 .withdraw(0..u32::MAX, "run finished", &mut cx.effects);
             cx.next_wake = None;
             if status == TickStatus::Failure {
-                error = if cx.error.is_empty() {
-                    "tree failed".to_string()
-                } else {
-                    std::mem::take(&mut cx.error)
-                };
+                error = cx.take_error();
+                if error.is_empty() {
+                    error = "tree failed".to_string();
+                }
             }
         }
     }
@@ -81,33 +86,42 @@ pub(crate) fn tick_root(
 }
 
 pub(crate) fn halt_all(spec: &TreeSpec, ck: &mut Checkpoint, reason: &str) -> Vec<Effect> {
-    let tools = super::ToolRegistry::new(super::GuardConfig::default());
-    let env = TickEnv {
-        run_id: "",
-        thread_id: "",
-        tree_id: "",
-        tree_version: 0,
-        submitted_by: "",
-        now_ms: 0,
-        mode: RunMode::Yield,
-        tools: &tools,
-    };
-    let mut cx = Ctx {
-        spec,
-        ck,
-        env: &env,
-        effects: Vec::new(),
-        next_wake: None,
-        error: String::new(),
-        suspended_now: false,
-        work_left: 0,
-    };
-    cx.halt_range(0..spec.nodes.len(), reason);
-    if !matches!(cx.ck.root_status, NodeStatus::Success | NodeStatus::Failure) {
-        cx.ck.root_status = NodeStatus::Failure;
-        cx.ck.error = format!("halted: {reason}");
+    let mut effects = Vec::new();
+    halt_range(ck, 0..spec.nodes.len(), reason, &mut effects);
+    if !matches!(ck.root_status, NodeStatus::Success | NodeStatus::Failure) {
+        ck.root_status = NodeStatus::Failure;
+        ck.error = format!("halted: {reason}");
     }
-    cx.effects
+    effects
+}
+
+/// Halts the nodes of a pre-order range (whole subtrees): nodes that were in flight count an
+/// attempt, all are reset to idle, and their active suspensions are withdrawn.
+fn halt_range(ck: &mut Checkpoint, range: Range<usize>, reason: &str, effects: &mut Vec<Effect>) {
+    if range.is_empty() {
+        return;
+    }
+    let mut busy = ck.interaction.active_owners();
+    busy.extend(ck.interaction.progress.values().map(|p| p.node));
+    for (i, state) in ck
+        .nodes
+        .iter_mut()
+        .enumerate()
+        .take(range.end)
+        .skip(range.start)
+    {
+        let in_flight = state.status == NodeStatus::Running
+            || state.data.deadline().is_some()
+            || matches!(state.data, NodeData::Composite { cursor } if cursor > 0)
+            || busy.contains(&(i as u32));
+        if in_flight {
+            state.attempt = state.attempt.wrapping_add(1);
+        }
+        state.status = NodeStatus::Idle;
+        state.data.reset();
+    }
+    let nodes = range.start as u32..range.end as u32;
+    ck.interaction.withdraw(nodes, reason, effects);
 }
 
 impl<'t> Ctx<'t> {
@@ -171,35 +185,43 @@ impl<'t> Ctx<'t> {
         self.halt_range(idx + 1..end, reason);
     }
 
-    /// Halts the nodes of a pre-order range (whole subtrees): nodes that were in flight count an
-    /// attempt, all are reset to idle, and their active suspensions are withdrawn.
+    /// Halts whole subtrees given as a pre-order range.
     pub fn halt_range(&mut self, range: Range<usize>, reason: &str) {
-        if range.is_empty() {
-            return;
-        }
-        let mut busy = self.ck.interaction.active_owners();
-        busy.extend(self.ck.interaction.progress.values().map(|p| p.node));
-        for i in range.clone() {
-            let state = &mut self.ck.nodes[i];
-            let in_flight = state.status == NodeStatus::Running
-                || state.data.deadline().is_some()
-                || matches!(state.data, NodeData::Composite { cursor } if cursor > 0)
-                || busy.contains(&(i as u32));
-            if in_flight {
-                state.attempt = state.attempt.wrapping_add(1);
-            }
-            state.status = NodeStatus::Idle;
-            state.data.reset();
-        }
-        let nodes = range.start as u32..range.end as u32;
-        self.ck
-            .interaction
-            .withdraw(nodes, reason, &mut self.effects);
+        halt_range(self.ck, range, reason, &mut self.effects);
     }
 
     pub fn fail(&mut self, message: impl Into<String>) -> TickStatus {
-        self.error = message.into();
+        self.why = Why::Text(message.into());
         TickStatus::Failure
+    }
+
+    /// Fails with a reason derived from the node's spec, formatted only if it is ever reported:
+    /// failing conditions and selectors are ordinary control flow.
+    pub fn fail_quietly(&mut self, idx: usize) -> TickStatus {
+        self.why = Why::Node(idx);
+        TickStatus::Failure
+    }
+
+    /// The most recent failure reason ("" if none), consumed.
+    pub fn take_error(&mut self) -> String {
+        match std::mem::replace(&mut self.why, Why::Nothing) {
+            Why::Nothing => String::new(),
+            Why::Text(text) => text,
+            Why::Node(idx) => {
+                let node = self.node(idx);
+                let loc = &node.locator;
+                match &node.kind {
+                    NodeKind::Condition(c) => format!(
+                        "condition '{loc}' ({} {} {}) is false",
+                        c.key,
+                        c.op.as_str(),
+                        c.value
+                    ),
+                    NodeKind::Selector => format!("selector '{loc}': every child failed"),
+                    _ => format!("'{loc}' failed"),
+                }
+            }
+        }
     }
 
     pub fn wake_at(&mut self, at_ms: u64) {

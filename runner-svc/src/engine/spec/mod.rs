@@ -2,6 +2,7 @@
 //! the checkpoint; nothing here changes while a run ticks.
 
 mod fields;
+mod kinds;
 mod parse;
 
 use arbor_shared::domain::TimeoutAction;
@@ -58,8 +59,15 @@ impl TreeSpec {
 /// Parses and validates a tree document; returns every violation, each with its JSON path.
 pub fn parse_tree(document: &str, format: TreeFormat) -> Result<TreeSpec, Vec<FieldViolation>> {
     let value: Json = match format {
-        TreeFormat::Json => serde_json::from_str(document)
-            .map_err(|e| vec![FieldViolation::new("$", format!("not valid JSON: {e}"))])?,
+        TreeFormat::Json => serde_json::from_str(document).map_err(|e| {
+            // serde_json stops at 128 levels of JSON, which a tree of ~64 composites reaches.
+            let why = if e.to_string().contains("recursion limit") {
+                format!("nesting deeper than {MAX_DEPTH} nodes ({e})")
+            } else {
+                format!("not valid JSON: {e}")
+            };
+            vec![FieldViolation::new("$", why)]
+        })?,
         TreeFormat::Yaml => serde_yaml_ng::from_str(document)
             .map_err(|e| vec![FieldViolation::new("$", format!("not valid YAML: {e}"))])?,
     };

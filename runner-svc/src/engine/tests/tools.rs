@@ -244,3 +244,57 @@ fn a_retried_tool_asks_again_with_a_new_call_id() {
     assert_eq!(req.tool_call_id, "t#1");
     assert_eq!(h.decide(vec![approve(&second)]).status, TickStatus::Success);
 }
+
+#[test]
+fn guard_config_deserialises_and_validates_its_globs() {
+    let config: GuardConfig = serde_json::from_value(json!({
+        "rules": [{"tool": "ledger.*", "policy": "ask"}, {"tool": "*", "policy": "allow"}],
+        "budget_per_run": 10,
+        "rate_limit": {"calls": 5, "window_ms": 1000}
+    }))
+    .unwrap();
+    assert_eq!(config.rules[0].policy, Policy::Ask);
+    assert!(config.validate().is_ok());
+    assert!(serde_json::from_value::<GuardConfig>(json!({"rulez": []})).is_err());
+
+    let bad = GuardConfig {
+        rules: vec![GuardRule {
+            tool: "ledger.[".into(),
+            policy: Policy::Allow,
+        }],
+        rate_limit: Some(RateLimit {
+            calls: 0,
+            window_ms: 10,
+        }),
+        ..GuardConfig::default()
+    };
+    let fields: Vec<String> = bad
+        .validate()
+        .unwrap_err()
+        .into_iter()
+        .map(|v| v.field)
+        .collect();
+    assert_eq!(fields, vec!["rules[0].tool", "rate_limit"]);
+    // A rule that does not compile denies everything rather than allowing by accident.
+    let mut h = Harness::with_guards(json!({"type": "tool", "tool": "echo"}), bad);
+    assert!(h.tick().error.ends_with("denied by policy"));
+}
+
+#[test]
+fn decisions_and_records_survive_postcard() {
+    let mut h = Harness::new(ledger_node(json!({"policy": "ask"}))).input(json!({"amount": 5}));
+    let out = h.tick();
+    let record = suspended(&out.effects).remove(0);
+    let bytes = postcard::to_stdvec(&record).unwrap();
+    assert_eq!(
+        postcard::from_bytes::<crate::engine::SuspensionRecord>(&bytes).unwrap(),
+        record
+    );
+    let d = Decision::resume(
+        &record.request_id,
+        "d1",
+        json!({"entry": {"nested": [1, null]}}),
+    );
+    let bytes = postcard::to_stdvec(&d).unwrap();
+    assert_eq!(postcard::from_bytes::<Decision>(&bytes).unwrap(), d);
+}

@@ -154,3 +154,18 @@ fn odd_schemas_are_violations_not_panics() {
         assert_eq!(errs[0].field, "$.root.schema");
     }
 }
+
+#[test]
+fn json_nested_past_the_parser_limit_reports_depth() {
+    let mut node = json!({"type": "succeed"});
+    for _ in 0..70 {
+        node = json!({"type": "sequence", "children": [node]});
+    }
+    let errs = errors(json!({"id": "t", "version": 1, "root": node}));
+    assert_eq!(errs.len(), 1);
+    assert!(
+        errs[0].description.starts_with("nesting deeper than 64"),
+        "{}",
+        errs[0]
+    );
+}

@@ -1,0 +1,196 @@
+//! Mailbox benchmark: the disk's raw serial fsync rate, then durable enqueue → claim → ack cycles
+//! per second through the sled mailbox with group commit, for 1 and 8 concurrent producers.
+//! Every enqueue and every ack waits for a flush that covers it before the next step, exactly as
+//! an RPC answering OK would. Run: `cargo bench -p arbor-runner-svc --bench mailbox`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    io::Write,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use arbor_runner_svc::{
+    mailbox::{EnqueueRequest, MailboxConfig, MailboxStore, SledMailbox, SystemClock},
+    store::Store,
+};
+use tokio::sync::Notify;
+
+const RUN_FOR: Duration = Duration::from_secs(3);
+const WORKERS: usize = 8;
+
+fn raw_fsync_rate(dir: &std::path::Path) -> f64 {
+    let mut f = std::fs::File::create(dir.join("fsync.probe")).unwrap();
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < Duration::from_secs(2) {
+        f.write_all(&[0u8; 64]).unwrap();
+        f.sync_all().unwrap();
+        n += 1;
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+struct Outcome {
+    cycles_per_s: f64,
+    fsyncs_per_cycle: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+async fn cycles(producers: usize, window: usize) -> Outcome {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), 64 << 20).unwrap();
+    let (mailbox, _) = SledMailbox::open(
+        store.clone(),
+        Arc::new(SystemClock::default()),
+        MailboxConfig::default(),
+    )
+    .unwrap();
+    let mailbox = Arc::new(mailbox);
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicU64::new(0));
+    let work = Arc::new(Notify::new());
+    let latencies = Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
+    let enqueued_at = Arc::new(dashmap_like::Map::default());
+
+    let mut tasks = Vec::new();
+    for w in 0..WORKERS {
+        let (mailbox, store, stop, acked, work, latencies, enqueued_at) = (
+            mailbox.clone(),
+            store.clone(),
+            stop.clone(),
+            acked.clone(),
+            work.clone(),
+            latencies.clone(),
+            enqueued_at.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let me = format!("w{w}");
+            while !stop.load(Ordering::Relaxed) {
+                let notified = work.notified();
+                match mailbox.claim(&me).unwrap() {
+                    Some(claim) => {
+                        mailbox.ack(&claim.job.job_id, &claim.token).unwrap();
+                        store.durable().await.unwrap();
+                        if let Some(t) = enqueued_at.take(&claim.job.job_id) {
+                            latencies.lock().unwrap().push(t.elapsed());
+                        }
+                        acked.fetch_add(1, Ordering::Relaxed);
+                    }
+                    None => {
+                        let _ = tokio::time::timeout(Duration::from_millis(5), notified).await;
+                    }
+                }
+            }
+        }));
+    }
+    let flushes_before = store.flush_count();
+    let start = Instant::now();
+    for p in 0..producers {
+        for lane in 0..window {
+            let (mailbox, store, stop, work, enqueued_at) = (
+                mailbox.clone(),
+                store.clone(),
+                stop.clone(),
+                work.clone(),
+                enqueued_at.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let job_id = format!("p{p}-l{lane}-{i}");
+                    enqueued_at.put(job_id.clone(), Instant::now());
+                    mailbox
+                        .enqueue(EnqueueRequest {
+                            job_id,
+                            mailbox_id: format!("thread-{p}-{lane}-{}", i % 4),
+                            run_id: format!("run-{p}-{lane}-{i}"),
+                            ..Default::default()
+                        })
+                        .unwrap();
+                    store.durable().await.unwrap();
+                    work.notify_one();
+                    i += 1;
+                }
+            }));
+        }
+    }
+    tokio::time::sleep(RUN_FOR).await;
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = start.elapsed();
+    let done = acked.load(Ordering::Relaxed);
+    let flushes = store.flush_count() - flushes_before;
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut lat = latencies.lock().unwrap().clone();
+    lat.sort();
+    let pct = |q: f64| {
+        lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+            .map(|d| d.as_secs_f64() * 1e3)
+            .unwrap_or(0.0)
+    };
+    Outcome {
+        cycles_per_s: done as f64 / elapsed.as_secs_f64(),
+        fsyncs_per_cycle: flushes as f64 / done.max(1) as f64,
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+    }
+}
+
+/// A tiny concurrent map for enqueue timestamps (keeps the bench free of extra dependencies).
+mod dashmap_like {
+    use std::{collections::HashMap, sync::Mutex, time::Instant};
+
+    #[derive(Default)]
+    pub struct Map(Mutex<HashMap<String, Instant>>);
+
+    impl Map {
+        pub fn put(&self, k: String, v: Instant) {
+            self.0.lock().unwrap().insert(k, v);
+        }
+        pub fn take(&self, k: &str) -> Option<Instant> {
+            self.0.lock().unwrap().remove(k)
+        }
+    }
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let fsync = raw_fsync_rate(dir.path());
+    println!(
+        "\nArbor mailbox benchmark ({} s per row, {WORKERS} workers)\n",
+        RUN_FOR.as_secs()
+    );
+    println!("raw serial fsync rate of this disk: {fsync:.0} fsyncs/s\n");
+    println!(
+        "{:>9} {:>8} {:>14} {:>11} {:>13} {:>9} {:>9}",
+        "producers", "in-flight", "cycles/s", "× fsync/s", "fsyncs/cycle", "p50 ms", "p99 ms"
+    );
+    for (producers, window) in [(1, 1), (8, 1), (1, 8), (8, 8), (8, 32)] {
+        let o = rt.block_on(cycles(producers, window));
+        println!(
+            "{:>9} {:>8} {:>14.0} {:>10.1}× {:>13.2} {:>9.2} {:>9.2}",
+            producers,
+            producers * window,
+            o.cycles_per_s,
+            o.cycles_per_s / fsync,
+            o.fsyncs_per_cycle,
+            o.p50_ms,
+            o.p99_ms
+        );
+    }
+    let target = (2.0 * fsync).max(5000.0);
+    println!(
+        "\ntarget with 8 producers: max(5,000, 2 × {fsync:.0}) = {target:.0} durable cycles/s"
+    );
+}

@@ -1,0 +1,177 @@
+//! InterruptThread: the thread's queued jobs become Superseded, the running run is cancelled
+//! cooperatively (after its current step, its pending suspension withdrawn), the replacement run
+//! starts at the new generation, and `MailboxInterrupt` counts it all.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    sync::{Arc, Mutex, mpsc},
+    time::Duration,
+};
+
+use arbor_runner_svc::{
+    engine::{GuardConfig, LedgerTool, Tool, ToolCall, ToolError, ToolRegistry, TreeFormat},
+    mailbox::{JobFilter, MailboxStore, SystemClock},
+    runs::{Runner, RunnerOptions, SubmitInput},
+    store::Store,
+    worker,
+};
+use arbor_shared::domain::{EventKind, JobKind, JobStatus, RunStatus};
+use serde_json::{Value as Json, json};
+use tokio_util::sync::CancellationToken;
+
+/// Blocks every call until the test releases it.
+struct Gate {
+    entered: Mutex<mpsc::Sender<()>>,
+    release: Mutex<mpsc::Receiver<()>>,
+}
+
+impl Tool for Gate {
+    fn name(&self) -> &str {
+        "hold"
+    }
+
+    fn call(&self, _call: &ToolCall) -> Result<Json, ToolError> {
+        self.entered.lock().unwrap().send(()).unwrap();
+        self.release.lock().unwrap().recv().unwrap();
+        Ok(json!("released"))
+    }
+}
+
+const BUSY: &str = r#"{"id": "busy", "version": 1, "root": {"type": "sequence", "name": "main", "children": [
+  {"type": "tool", "name": "work", "tool": "hold", "args": {}},
+  {"type": "approval", "name": "ok", "title": "Continue?", "child": {"type": "succeed", "name": "go"}}
+]}}"#;
+const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "name": "s", "key": "x", "value": 1}}"#;
+
+async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), 16 << 20).unwrap();
+    let ledger = LedgerTool::new(store.db().open_tree("ledger").unwrap());
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel();
+    let mut tools = ToolRegistry::with_builtins(ledger, GuardConfig::default());
+    tools.register(Gate {
+        entered: Mutex::new(entered_tx),
+        release: Mutex::new(release_rx),
+    });
+    let runner = Runner::open(
+        store,
+        Arc::new(SystemClock::default()),
+        Arc::new(tools),
+        RunnerOptions::default(),
+    )
+    .await
+    .unwrap();
+    runner.register_tree(BUSY, TreeFormat::Json).await.unwrap();
+    runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
+    let stop = CancellationToken::new();
+    let _workers = worker::spawn(runner.clone(), 2, stop.clone());
+
+    let submit = |tree: &str| SubmitInput {
+        tree_id: tree.into(),
+        thread_id: "chat-1".into(),
+        submitted_by: "alice".into(),
+        ..Default::default()
+    };
+    let busy = runner.submit(submit("busy")).await.unwrap().run;
+    tokio::task::spawn_blocking(move || entered_rx.recv().unwrap())
+        .await
+        .unwrap();
+    // The thread is busy: these two wait in the mailbox.
+    let queued_a = runner.submit(submit("quick")).await.unwrap().run;
+    let queued_b = runner.submit(submit("quick")).await.unwrap().run;
+
+    let (intr, next) = runner
+        .interrupt("chat-1", "user sent a new message", Some(submit("quick")))
+        .await
+        .unwrap();
+    assert_eq!(intr.new_generation, 1);
+    assert_eq!(intr.superseded_count, 2);
+    let active = intr.active_job.expect("the running job");
+    assert_eq!(active.run_id, busy.run_id);
+    assert_eq!(active.status, JobStatus::Claimed);
+    let next = next.expect("replacement run").run;
+    assert_eq!(next.generation, 1);
+
+    for run in [&queued_a, &queued_b] {
+        let view = runner.get_run(&run.run_id).unwrap();
+        assert_eq!(view.run.status, RunStatus::Superseded);
+    }
+
+    // The running step finishes (it reaches the approval gate), then the cancel job halts it.
+    release_tx.send(()).unwrap();
+    let busy_run = eventually("the running run to be cancelled", || {
+        let v = runner.get_run(&busy.run_id).unwrap();
+        v.run.status.is_terminal().then_some(v)
+    })
+    .await;
+    assert_eq!(busy_run.run.status, RunStatus::Cancelled);
+    assert!(
+        busy_run.suspensions.is_empty(),
+        "its approval was withdrawn"
+    );
+    let next_run = eventually("the replacement run to finish", || {
+        let v = runner.get_run(&next.run_id).unwrap();
+        v.run.status.is_terminal().then_some(v)
+    })
+    .await;
+    assert_eq!(next_run.run.status, RunStatus::Succeeded);
+
+    let jobs = runner
+        .mailbox()
+        .list(
+            &JobFilter {
+                mailbox_id: "chat-1".into(),
+                ..JobFilter::default()
+            },
+            "",
+            100,
+        )
+        .unwrap();
+    let superseded: Vec<_> = jobs
+        .iter()
+        .filter(|j| j.status == JobStatus::Superseded)
+        .map(|j| j.run_id.clone())
+        .collect();
+    assert_eq!(superseded.len(), 2);
+    assert!(superseded.contains(&queued_a.run_id) && superseded.contains(&queued_b.run_id));
+    assert!(
+        jobs.iter()
+            .any(|j| j.kind == JobKind::Cancel && j.status == JobStatus::Accepted)
+    );
+
+    let events = runner.events().read_after(0, 10_000).unwrap();
+    let of = |run: &str, k: EventKind| {
+        events
+            .iter()
+            .filter(|e| e.run_id == run && e.kind() == k)
+            .count()
+    };
+    assert_eq!(of(&queued_a.run_id, EventKind::RunSuperseded), 1);
+    assert_eq!(of(&queued_b.run_id, EventKind::RunSuperseded), 1);
+    assert_eq!(of(&busy.run_id, EventKind::ApprovalRequested), 1);
+    assert_eq!(of(&busy.run_id, EventKind::SuspensionWithdrawn), 1);
+    assert_eq!(of(&busy.run_id, EventKind::RunCancelled), 1);
+    assert_eq!(
+        of(&queued_a.run_id, EventKind::RunStarted),
+        0,
+        "superseded runs never ran"
+    );
+    stop.cancel();
+}

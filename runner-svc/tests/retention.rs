@@ -1,0 +1,131 @@
+//! Retention keeps the database bounded: acked events, finished runs and final jobs are
+//! compacted, unacked events stay until their maximum age, and a stream whose cursor was
+//! compacted away gets OUT_OF_RANGE instead of a silent gap.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use arbor_runner_svc::{
+    ServeConfig, engine::TreeFormat, open_runner, retention::RetentionConfig, runs::SubmitInput,
+    serve_runner,
+};
+use arbor_shared::{
+    domain::RunStatus,
+    proto::runner::v1::{self as pb, runner_service_client::RunnerServiceClient},
+};
+
+const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "name": "s", "key": "x", "value": 1}}"#;
+const HOUR: Duration = Duration::from_secs(3600);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acked_events_finished_runs_and_final_jobs_are_compacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ServeConfig {
+        data_dir: dir.path().to_path_buf(),
+        workers: 2,
+        ..ServeConfig::default()
+    };
+    let runner = open_runner(&cfg).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve_runner(
+        cfg,
+        runner.clone(),
+        listener,
+        async move {
+            let _ = stop_rx.await;
+        },
+        health,
+        health_svc,
+    ));
+
+    runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        let s = runner
+            .submit(SubmitInput {
+                tree_id: "quick".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        ids.push(s.run.run_id);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !ids
+        .iter()
+        .all(|id| runner.get_run(id).unwrap().run.status == RunStatus::Succeeded)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "runs did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let last = runner.events().durable_seq();
+    let half = last / 2;
+    runner.ack_cursor("audit-sink", half).await.unwrap();
+
+    // Only events the durable subscriber acked go; nothing finished is old enough yet.
+    let now = arbor_shared::time::now_ms() + 1;
+    let keep_finished = RetentionConfig {
+        events_acked: Duration::ZERO,
+        events_max: HOUR,
+        finished: HOUR,
+        interval: HOUR,
+    };
+    let c = runner.compact(&keep_finished, now).await.unwrap();
+    assert_eq!((c.events, c.runs, c.jobs), (half, 0, 0));
+    assert_eq!(runner.events().first_seq().unwrap(), half + 1);
+    assert_eq!(
+        runner.get_run(&ids[0]).unwrap().run.status,
+        RunStatus::Succeeded
+    );
+
+    // A stream from before the compacted range is told so.
+    let mut client = RunnerServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let err = client
+        .stream_events(pb::StreamEventsRequest {
+            after_seq: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::OutOfRange);
+    let mut ok = client
+        .stream_events(pb::StreamEventsRequest {
+            after_seq: Some(half),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        ok.message().await.unwrap().unwrap().event.unwrap().seq,
+        half + 1
+    );
+
+    // Finished runs and final jobs past their retention go; the rest of the events past max age.
+    let drop_all = RetentionConfig {
+        events_acked: Duration::ZERO,
+        events_max: Duration::ZERO,
+        finished: Duration::ZERO,
+        interval: HOUR,
+    };
+    let c = runner.compact(&drop_all, now).await.unwrap();
+    assert_eq!(c.events, last - half);
+    assert_eq!(c.runs, 20);
+    assert_eq!(c.jobs, 20);
+    assert!(runner.get_run(&ids[0]).is_err());
+    assert_eq!(runner.events().first_seq().unwrap(), last + 1);
+    let again = runner.compact(&drop_all, now).await.unwrap();
+    assert_eq!(again, Default::default(), "nothing left to compact");
+
+    let _ = stop_tx.send(());
+    server.await.unwrap().unwrap();
+}
