@@ -17,12 +17,15 @@ use tokio_stream::wrappers::TcpListenerStream;
 /// Largest gRPC message either service accepts or sends (4 MiB, tonic's default decode limit).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
-/// Initialises the global tracing subscriber (`RUST_LOG` filter, `info` by default).
+/// Initialises the global tracing subscriber (`RUST_LOG` filter, `info` by default). With `json`
+/// every line is one JSON object whose `spans` carry span fields such as `trace_id`.
 pub fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour codes only for a person at a terminal; in files and collectors they are noise.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = if json {
         builder.json().try_init()

@@ -6,6 +6,7 @@
 pub mod flow;
 pub mod process;
 pub mod scrape;
+pub mod tools;
 
 use std::{future::Future, time::Duration};
 

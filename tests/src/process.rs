@@ -31,7 +31,8 @@ pub struct Binaries {
     pub approval: PathBuf,
 }
 
-fn workspace_root() -> PathBuf {
+/// The repository root (where `Cargo.toml`, `proto/` and `deploy/` live).
+pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("tests/ lives in the workspace")
