@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod deploy;
 pub mod flow;
 pub mod process;
 pub mod scrape;
