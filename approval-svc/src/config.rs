@@ -22,6 +22,8 @@ pub struct ServeConfig {
     pub drain_grace: Duration,
     /// Where `/metrics` is served (`None`: off).
     pub metrics_listen: MetricsListen,
+    /// Requests handled at once before new ones are shed with RESOURCE_EXHAUSTED.
+    pub max_in_flight: usize,
 }
 
 impl ServeConfig {
@@ -36,6 +38,7 @@ impl ServeConfig {
             tuning: Tuning::default(),
             drain_grace: Duration::ZERO,
             metrics_listen: MetricsListen(None),
+            max_in_flight: arbor_shared::limits::DEFAULT_MAX_IN_FLIGHT,
         }
     }
 }

@@ -78,6 +78,7 @@ pub async fn run(
     let drained = stop.clone();
     let mut server = tokio::spawn(
         tonic::transport::Server::builder()
+            .layer(arbor_shared::limits::LoadShedLayer::new(cfg.max_in_flight))
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)

@@ -179,6 +179,12 @@ pub struct ServeArgs {
     /// Keep finished runs and final jobs this long (ms).
     #[arg(long, env = "ARBOR_FINISHED_RETENTION_MS", default_value_t = 7 * 86_400_000)]
     pub finished_retention_ms: u64,
+    /// Requests handled at once; more are shed with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "ARBOR_MAX_IN_FLIGHT", default_value_t = arbor_shared::limits::DEFAULT_MAX_IN_FLIGHT)]
+    pub max_in_flight: usize,
+    /// Drop a stream subscriber whose buffer stays full this long (ms).
+    #[arg(long, env = "ARBOR_STREAM_LAG_TIMEOUT_MS", default_value_t = 30_000)]
+    pub stream_lag_timeout_ms: u64,
     /// How often retention runs (ms).
     #[arg(long, env = "ARBOR_COMPACT_INTERVAL_MS", default_value_t = 60_000)]
     pub compact_interval_ms: u64,
@@ -281,6 +287,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             finished: Duration::from_millis(args.finished_retention_ms),
             interval: Duration::from_millis(args.compact_interval_ms.max(100)),
         },
+        max_in_flight: args.max_in_flight.max(1),
+        stream_lag_timeout: Duration::from_millis(args.stream_lag_timeout_ms.max(1)),
         ..ServeConfig::default()
     };
     let listener = tokio::net::TcpListener::bind(args.listen)

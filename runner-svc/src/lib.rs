@@ -53,6 +53,11 @@ pub struct ServeConfig {
     /// Where `/metrics` is served (`None`: off).
     pub metrics_listen: MetricsListen,
     pub retention: retention::RetentionConfig,
+    /// Requests handled at once before new ones are shed with RESOURCE_EXHAUSTED.
+    pub max_in_flight: usize,
+    /// A stream subscriber that reads nothing for this long while its buffer is full is dropped
+    /// with RESOURCE_EXHAUSTED (it resumes from its cursor).
+    pub stream_lag_timeout: Duration,
 }
 
 impl Default for ServeConfig {
@@ -69,6 +74,8 @@ impl Default for ServeConfig {
             drain_grace: Duration::ZERO,
             metrics_listen: MetricsListen(None),
             retention: retention::RetentionConfig::default(),
+            max_in_flight: arbor_shared::limits::DEFAULT_MAX_IN_FLIGHT,
+            stream_lag_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -153,7 +160,7 @@ pub async fn run(
     let metrics_listener = bind_metrics(&cfg).await?;
     let (health, health_service) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::NotServing).await;
-    let mut front = Front::start(listener, health_service)?;
+    let mut front = Front::start(listener, health_service, cfg.max_in_flight)?;
     tracing::info!(addr = ?front.addr, data_dir = %cfg.data_dir.display(), "runner-svc recovering (health NOT_SERVING)");
     let mut shutdown = Box::pin(shutdown);
     let opened = tokio::select! {
@@ -188,7 +195,7 @@ pub async fn serve_runner(
 ) -> Result<(), ServeError> {
     let metrics_listener = bind_metrics(&cfg).await?;
     set_health(&health, ServingStatus::NotServing).await;
-    let front = Front::start(listener, health_service)?;
+    let front = Front::start(listener, health_service, cfg.max_in_flight)?;
     serve_opened(
         cfg,
         runner,
@@ -221,6 +228,7 @@ impl Front {
         health_service: tonic_health::pb::health_server::HealthServer<
             impl tonic_health::pb::health_server::Health,
         >,
+        max_in_flight: usize,
     ) -> Result<Self, ServeError> {
         let api: Deferred<ApiService> = Deferred::new();
         let (reflection_v1, reflection_v1alpha) = reflection_services()?;
@@ -228,6 +236,7 @@ impl Front {
         let closing = CancellationToken::new();
         let server = tokio::spawn(
             tonic::transport::Server::builder()
+                .layer(arbor_shared::limits::LoadShedLayer::new(max_in_flight))
                 .add_service(health_service)
                 .add_service(reflection_v1)
                 .add_service(reflection_v1alpha)
@@ -277,9 +286,13 @@ async fn serve_opened(
         stop.clone(),
     ));
     front.api.set(InterceptedService::new(
-        RunnerServiceServer::new(grpc::RunnerGrpc::new(runner.clone(), stop.clone()))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        RunnerServiceServer::new(grpc::RunnerGrpc::new(
+            runner.clone(),
+            stop.clone(),
+            cfg.stream_lag_timeout,
+        ))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES),
         AuthInterceptor(cfg.auth.clone()),
     ));
     if let Some(l) = metrics_listener {

@@ -7,6 +7,7 @@ pub mod convert;
 pub mod domain;
 pub mod durability;
 pub mod json;
+pub mod limits;
 pub mod metrics;
 pub mod proto;
 pub mod server;

@@ -3,7 +3,7 @@
 
 mod convert;
 
-use std::{pin::Pin, sync::Arc};
+use std::{pin::Pin, sync::Arc, time::Duration};
 
 use arbor_shared::{
     auth::{Role, principal_of},
@@ -43,11 +43,44 @@ fn compacted(cursor: u64, first: u64) -> RunnerError {
 pub struct RunnerGrpc {
     runner: Arc<Runner>,
     shutdown: CancellationToken,
+    lag_timeout: Duration,
 }
 
 impl RunnerGrpc {
-    pub fn new(runner: Arc<Runner>, shutdown: CancellationToken) -> Self {
-        Self { runner, shutdown }
+    pub fn new(runner: Arc<Runner>, shutdown: CancellationToken, lag_timeout: Duration) -> Self {
+        Self {
+            runner,
+            shutdown,
+            lag_timeout,
+        }
+    }
+}
+
+type StreamItem = Result<pb::StreamEventsResponse, Status>;
+
+/// Sends one item, keeping one buffer slot free for a final error. A subscriber that leaves its
+/// buffer full for `lag` is dropped with RESOURCE_EXHAUSTED: the runner never waits on it, and
+/// it resumes from its cursor.
+async fn send_or_drop(
+    tx: &tokio::sync::mpsc::Sender<StreamItem>,
+    item: pb::StreamEventsResponse,
+    lag: Duration,
+) -> bool {
+    match tokio::time::timeout(lag, tx.reserve_many(2)).await {
+        Ok(Ok(mut permits)) => {
+            if let Some(permit) = permits.next() {
+                permit.send(Ok(item));
+            }
+            true
+        }
+        Ok(Err(_)) => false,
+        Err(_) => {
+            let _ = tx.try_send(Err(Status::resource_exhausted(format!(
+                "subscriber read nothing for {lag:?} with its buffer full; dropped — resume from \
+                 your cursor"
+            ))));
+            false
+        }
     }
 }
 
@@ -231,6 +264,7 @@ impl RunnerService for RunnerGrpc {
         }
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER);
         let shutdown = self.shutdown.clone();
+        let lag = self.lag_timeout;
         tokio::spawn(async move {
             let mut watch = events.watch();
             let mut cursor = cursor;
@@ -266,7 +300,7 @@ impl RunnerService for RunnerGrpc {
                     let item = pb::StreamEventsResponse {
                         event: Some(pb::Event::from(&event)),
                     };
-                    if tx.send(Ok(item)).await.is_err() {
+                    if !send_or_drop(&tx, item, lag).await {
                         return;
                     }
                 }
