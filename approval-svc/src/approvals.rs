@@ -125,9 +125,37 @@ impl<S: ApprovalStore> Approvals<S> {
     pub async fn decide(&self, request_id: &str, decision: NewDecision) -> Result<Resolved> {
         let resolved = self.store.resolve_request(request_id, decision).await?;
         if !resolved.duplicate {
+            self.observe_decision(&resolved.approval);
             self.publish(&resolved.approval);
         }
         Ok(resolved)
+    }
+
+    /// The log span of one approval: its id and the trace id of the run that asked for it, so
+    /// every line about it can be found next to the runner's events of the same trace.
+    pub fn span(&self, request_id: &str) -> tracing::Span {
+        let trace_id = self
+            .store
+            .trace(request_id)
+            .ok()
+            .flatten()
+            .map(|tp| arbor_shared::trace::trace_id_of(&tp))
+            .unwrap_or_default();
+        tracing::info_span!("approval", request_id, trace_id = %trace_id)
+    }
+
+    fn observe_decision(&self, a: &Approval) {
+        if let Some(d) = &a.decision {
+            let waited_ms = d.decided_at_ms.saturating_sub(a.created_at_ms);
+            self.metrics.observe_decision(d.source, d.kind, waited_ms);
+            tracing::info!(
+                request_id = a.id(),
+                decision = d.kind.as_str(),
+                source = crate::metrics::source_label(d.source),
+                waited_ms,
+                "approval decided"
+            );
+        }
     }
 
     /// A person's decision: nobody may decide on a run they submitted, unless authentication
@@ -158,6 +186,7 @@ impl<S: ApprovalStore> Approvals<S> {
         match self.store.expire(request_id).await {
             Ok(a) => {
                 tracing::info!(request_id, "approval expired; resolved by its on_timeout");
+                self.observe_decision(&a);
                 self.publish(&a);
                 Ok(Some(a))
             }

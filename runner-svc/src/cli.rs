@@ -8,6 +8,7 @@ use arbor_shared::{
     auth::{Authenticator, BearerToken},
     domain::{EventDetail, RunStatus},
     json::{from_proto_struct, to_proto_struct, to_proto_value},
+    metrics::MetricsListen,
     proto::runner::v1::{self as pb, runner_service_client::RunnerServiceClient},
 };
 use clap::{Args, Parser, Subcommand};
@@ -155,8 +156,16 @@ pub struct ServeArgs {
     /// Allow serving without tokens on a non-loopback address.
     #[arg(long, env = "ARBOR_INSECURE")]
     pub insecure: bool,
+    /// Log as JSON lines (one object per line, span fields such as trace ids included).
     #[arg(long, env = "ARBOR_LOG_JSON")]
     pub log_json: bool,
+    /// Where Prometheus scrapes `/metrics` (HTTP), or `off`.
+    #[arg(long, env = "ARBOR_METRICS_LISTEN", default_value = "127.0.0.1:9464")]
+    pub metrics_listen: MetricsListen,
+    /// On SIGTERM, report NOT_SERVING and keep serving this long before closing anything, so
+    /// load balancers and meshes stop routing here first (Kubernetes: about 5000).
+    #[arg(long, env = "ARBOR_DRAIN_GRACE_MS", default_value_t = 0)]
+    pub drain_grace_ms: u64,
     /// Keep events every durable subscriber has acked this long (ms).
     #[arg(
         long,
@@ -270,6 +279,8 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         cache_bytes: args.cache_mb.max(8) << 20,
         auth,
         guards,
+        drain_grace: Duration::from_millis(args.drain_grace_ms),
+        metrics_listen: args.metrics_listen,
         retention: crate::retention::RetentionConfig {
             events_acked: Duration::from_millis(args.event_retention_acked_ms),
             events_max: Duration::from_millis(args.event_retention_max_ms),

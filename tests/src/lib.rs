@@ -4,7 +4,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod bench;
+pub mod deploy;
+pub mod flow;
 pub mod process;
+pub mod scrape;
+pub mod tools;
 
 use std::{future::Future, time::Duration};
 

@@ -5,9 +5,11 @@
 
 use std::collections::HashMap;
 
+use arbor_shared::trace::TraceContext;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
+use tracing::Instrument;
 
 use super::{RunnerClient, backoff::Backoff};
 use crate::{
@@ -94,7 +96,8 @@ impl<S: ApprovalStore> Delivery<S> {
         let outcomes: Vec<(String, Result<bool, Error>)> = futures_util::stream::iter(ready)
             .take_while(|_| std::future::ready(!self.shutdown.is_cancelled()))
             .map(|approval| async move {
-                let outcome = self.deliver(&approval).await;
+                let span = self.approvals.span(approval.id());
+                let outcome = self.deliver(&approval).instrument(span).await;
                 (approval.id().to_string(), outcome)
             })
             .buffer_unordered(DELIVERIES_IN_FLIGHT)
@@ -174,6 +177,11 @@ impl<S: ApprovalStore> Delivery<S> {
         };
         let mut request = tonic::Request::new(runner_resolve(approval, decision));
         request.set_timeout(self.tuning.rpc_timeout);
+        // The runner continues the run's trace with the steps this decision causes.
+        let trace = self.approvals.store().trace(approval.id()).ok().flatten();
+        if let Some(ctx) = trace.as_deref().and_then(TraceContext::parse) {
+            ctx.child().inject(&mut request);
+        }
         let mut client = self.client.clone();
         let call = tokio::select! {
             _ = self.shutdown.cancelled() => return Attempt::Failed("shutting down".into()),

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 use tonic_health::{ServingStatus, server::HealthReporter};
+use tracing::Instrument;
 
 use super::{RunnerClient, SUBSCRIBER_ID, backoff::Backoff};
 use crate::{
@@ -224,19 +225,36 @@ impl<S: ApprovalStore> Subscriber<S> {
         match &event.detail {
             Some(Detail::ApprovalRequested(r)) => match request_from_event(r) {
                 Ok((request, unknown_kind)) if valid_id(&request.request_id) => {
-                    a.request(request, unknown_kind).await?;
+                    let id = request.request_id.clone();
+                    if !event.traceparent.is_empty() {
+                        a.store().put_trace(&id, &event.traceparent)?;
+                    }
+                    let span = a.span(&id);
+                    async {
+                        let stored = a.request(request, unknown_kind).await?;
+                        tracing::info!(state = %stored.state, "approval requested");
+                        Ok::<_, Error>(())
+                    }
+                    .instrument(span)
+                    .await?;
                 }
                 Ok(_) => self.malformed(event, "request_id holds a NUL byte"),
                 Err(e) => self.malformed(event, &e.to_string()),
             },
-            Some(Detail::ApprovalConsumed(c)) => a.consumed(&c.request_id, &c.decision_id).await?,
+            Some(Detail::ApprovalConsumed(c)) => {
+                a.consumed(&c.request_id, &c.decision_id)
+                    .instrument(a.span(&c.request_id))
+                    .await?
+            }
             Some(Detail::SuspensionWithdrawn(w)) => {
                 let reason = if w.reason.is_empty() {
                     "suspension withdrawn by the runner".to_string()
                 } else {
                     format!("suspension withdrawn: {}", w.reason)
                 };
-                a.withdraw(&w.request_id, ACTOR, &reason).await?;
+                a.withdraw(&w.request_id, ACTOR, &reason)
+                    .instrument(a.span(&w.request_id))
+                    .await?;
             }
             _ if event.kind == EventKind::RunCancelled as i32 => {
                 a.withdraw_run(&event.run_id, ACTOR, "run cancelled")

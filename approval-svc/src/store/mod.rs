@@ -133,6 +133,14 @@ pub trait ApprovalStore: Send + Sync + 'static {
 
     fn set_cursor(&self, seq: u64) -> Result<()>;
 
+    /// Remembers the W3C `traceparent` the runner sent with a request, so the approval's log
+    /// lines and the delivery of its decision stay in the run's trace. Callers write it before
+    /// `put_request`, whose flush makes it durable; a replayed event writes it again.
+    fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<()>;
+
+    /// The `traceparent` stored for a request, if any.
+    fn trace(&self, request_id: &str) -> Result<Option<String>>;
+
     /// Everything written so far is on disk (shutdown).
     fn flush(&self) -> impl Future<Output = Result<()>> + Send;
 }

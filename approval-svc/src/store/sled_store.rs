@@ -25,6 +25,12 @@ type TxResult<T> = std::result::Result<T, ConflictableTransactionError<Error>>;
 
 const CURSOR_KEY: &[u8] = b"subscriber_cursor";
 
+fn trace_key(request_id: &str) -> Vec<u8> {
+    let mut k = b"trace:".to_vec();
+    k.extend_from_slice(request_id.as_bytes());
+    k
+}
+
 /// Who the audit trail names for the service's own bookkeeping.
 pub const ACTOR_SERVICE: &str = "approval-svc";
 pub const ACTOR_RUNNER: &str = "runner";
@@ -512,6 +518,21 @@ impl ApprovalStore for SledStore {
     fn set_cursor(&self, seq: u64) -> Result<()> {
         self.trees.meta.insert(CURSOR_KEY, &seq.to_be_bytes())?;
         Ok(())
+    }
+
+    fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<()> {
+        self.trees
+            .meta
+            .insert(trace_key(request_id), traceparent.as_bytes())?;
+        Ok(())
+    }
+
+    fn trace(&self, request_id: &str) -> Result<Option<String>> {
+        Ok(self
+            .trees
+            .meta
+            .get(trace_key(request_id))?
+            .and_then(|v| String::from_utf8(v.to_vec()).ok()))
     }
 
     async fn flush(&self) -> Result<()> {

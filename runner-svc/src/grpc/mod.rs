@@ -10,10 +10,12 @@ use arbor_shared::{
     domain::{DecisionSource, EventKind, JobStatus, ResolveAction},
     json::from_optional_value,
     proto::runner::v1::{self as pb, runner_service_server::RunnerService},
+    trace::TraceContext,
 };
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::{
     engine::TreeFormat,
@@ -126,9 +128,12 @@ impl RunnerService for RunnerGrpc {
     async fn submit_run(&self, req: Request<pb::SubmitRunRequest>) -> Res<pb::SubmitRunResponse> {
         let principal = principal_of(&req);
         principal.require(&[Role::Submitter, Role::Operator], "submit runs")?;
-        let input =
+        let mut input =
             convert::submit_input(req.get_ref(), &principal.name).map_err(RunnerError::from)?;
+        input.trace = TraceContext::from_metadata(req.metadata());
         let submitted = self.runner.submit(input).await?;
+        tracing::info!(run_id = %submitted.run.run_id, deduplicated = submitted.deduplicated,
+            trace_id = %self.runner.events().run_trace_id(&submitted.run.run_id), "run submitted");
         let view = self.runner.get_run(&submitted.run.run_id)?;
         ok(pb::SubmitRunResponse {
             run: Some(convert::run(&view)),
@@ -183,9 +188,15 @@ impl RunnerService for RunnerGrpc {
     ) -> Res<pb::InterruptThreadResponse> {
         let principal = principal_of(&req);
         principal.require(&[Role::Submitter, Role::Operator], "interrupt threads")?;
+        let trace = TraceContext::from_metadata(req.metadata());
         let r = req.into_inner();
         let next = match &r.next {
-            Some(n) => Some(convert::submit_input(n, &principal.name).map_err(RunnerError::from)?),
+            Some(n) => {
+                let mut input =
+                    convert::submit_input(n, &principal.name).map_err(RunnerError::from)?;
+                input.trace = trace;
+                Some(input)
+            }
             None => None,
         };
         let (intr, next_run) = self.runner.interrupt(&r.thread_id, &r.reason, next).await?;
@@ -323,6 +334,7 @@ impl RunnerService for RunnerGrpc {
             ],
             "resolve suspensions",
         )?;
+        let trace = TraceContext::from_metadata(req.metadata());
         let r = req.into_inner();
         let action = ResolveAction::from_wire(r.action, "action").map_err(RunnerError::from)?;
         let source = DecisionSource::from_wire_opt(r.source, "source")
@@ -333,6 +345,9 @@ impl RunnerService for RunnerGrpc {
         } else {
             principal.name.clone()
         };
+        let span = tracing::info_span!("resolve", run_id = %r.run_id, request_id = %r.request_id,
+            trace_id = %trace.map(|t| t.trace_id()).unwrap_or_default());
+        let decision_id = r.decision_id.clone();
         let resolved = self
             .runner
             .resolve(ResolveInput {
@@ -345,8 +360,17 @@ impl RunnerService for RunnerGrpc {
                 decided_by,
                 source,
                 may_resolve_approvals: principal.has(Role::Service),
+                trace,
             })
+            .instrument(span.clone())
             .await?;
+        span.in_scope(|| {
+            tracing::info!(
+                decision_id,
+                duplicate = resolved.duplicate,
+                "decision accepted"
+            )
+        });
         let view = self.runner.get_run(&resolved.run.run_id)?;
         ok(pb::ResolveResponse {
             duplicate: resolved.duplicate,

@@ -1,0 +1,131 @@
+//! Steps of the approval loop that several end-to-end tests share: register and submit (with
+//! or without a `traceparent`), wait for the approval, decide it, wait for the run, read events.
+
+use arbor_shared::proto::{approval::v1 as apb, runner::v1 as rpb};
+
+use crate::{Cluster, WAIT, eventually};
+
+/// Registers `tree` and submits a run of it; `traceparent` goes out as gRPC metadata.
+pub async fn submit(cluster: &Cluster, tree: String, traceparent: Option<&str>) -> rpb::Run {
+    let mut runner = cluster.runner_client().await;
+    let tree = runner
+        .register_tree(rpb::RegisterTreeRequest {
+            document: tree,
+            format: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .tree
+        .unwrap();
+    let mut request = tonic::Request::new(rpb::SubmitRunRequest {
+        tree_id: tree.id,
+        tree_version: tree.version,
+        ..Default::default()
+    });
+    if let Some(tp) = traceparent {
+        request
+            .metadata_mut()
+            .insert("traceparent", tp.parse().unwrap());
+    }
+    runner
+        .submit_run(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap()
+}
+
+/// Waits until approval-svc holds an approval of `run_id` in `state`.
+pub async fn approval_of(
+    cluster: &Cluster,
+    run_id: &str,
+    state: apb::ApprovalState,
+) -> apb::Approval {
+    let approvals = cluster.approval_client().await;
+    eventually(
+        &format!("an approval of {run_id} in {state:?}"),
+        WAIT,
+        || {
+            let mut approvals = approvals.clone();
+            let run_id = run_id.to_string();
+            async move {
+                let page = approvals
+                    .list_approvals(apb::ListApprovalsRequest {
+                        filter: Some(apb::ApprovalFilter {
+                            run_id,
+                            states: vec![state as i32],
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    })
+                    .await
+                    .ok()?
+                    .into_inner();
+                page.approvals.into_iter().next()
+            }
+        },
+    )
+    .await
+}
+
+/// Approves through `ApprovalService.Resolve`.
+pub async fn approve(cluster: &Cluster, request_id: &str) -> apb::ResolveResponse {
+    cluster
+        .approval_client()
+        .await
+        .resolve(apb::ResolveRequest {
+            request_id: request_id.into(),
+            decision: rpb::DecisionKind::Approve as i32,
+            reason: "ok".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Waits until the run has `status`.
+pub async fn wait_run(cluster: &Cluster, run_id: &str, status: rpb::RunStatus) -> rpb::Run {
+    let runner = cluster.runner_client().await;
+    eventually(&format!("run {run_id} to be {status:?}"), WAIT, || {
+        let mut runner = runner.clone();
+        async move {
+            let run = runner
+                .get_run(rpb::GetRunRequest {
+                    run_id: run_id.into(),
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .run?;
+            (run.status == status as i32).then_some(run)
+        }
+    })
+    .await
+}
+
+/// Every event of a run so far.
+pub async fn events_of(cluster: &Cluster, run_id: &str) -> Vec<rpb::Event> {
+    let mut stream = cluster
+        .runner_client()
+        .await
+        .stream_events(rpb::StreamEventsRequest {
+            after_seq: Some(0),
+            filter: Some(rpb::EventFilter {
+                run_id: run_id.into(),
+                ..Default::default()
+            }),
+            follow: false,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(item) = stream.message().await.unwrap() {
+        out.push(item.event.unwrap());
+    }
+    out
+}
