@@ -180,6 +180,12 @@ pub fn registry<S: ApprovalStore>(approvals: Approvals<S>) -> Registry {
         for (name, help, value) in counters {
             s.counter(name, help, &[], Metrics::get(value));
         }
+        s.counter(
+            "arbor_approval_fsyncs",
+            "Group-commit flushes (fsyncs) of the approval database.",
+            &[],
+            approvals.store().fsyncs(),
+        );
         match pending_count(&approvals) {
             Some(n) => s.gauge(
                 "arbor_approval_pending",

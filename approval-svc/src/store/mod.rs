@@ -143,4 +143,9 @@ pub trait ApprovalStore: Send + Sync + 'static {
 
     /// Everything written so far is on disk (shutdown).
     fn flush(&self) -> impl Future<Output = Result<()>> + Send;
+
+    /// fsyncs (group-commit flushes) issued so far.
+    fn fsyncs(&self) -> u64 {
+        0
+    }
 }

@@ -535,6 +535,10 @@ impl ApprovalStore for SledStore {
             .and_then(|v| String::from_utf8(v.to_vec()).ok()))
     }
 
+    fn fsyncs(&self) -> u64 {
+        self.gc.flush_count()
+    }
+
     async fn flush(&self) -> Result<()> {
         self.gc.flush().await?;
         self.db.flush_async().await?;

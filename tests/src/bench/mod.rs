@@ -10,9 +10,13 @@ use std::time::Duration;
 use cycle::{CycleResult, Decider};
 use procstat::pct_ms;
 
-/// fsyncs issued by both services so far, when their metrics say (None otherwise).
-pub async fn fsyncs(_cluster: &cluster::BenchCluster) -> Option<u64> {
-    None
+/// fsyncs issued by both services so far, from their `/metrics`.
+pub async fn fsyncs(cluster: &cluster::BenchCluster) -> Option<u64> {
+    let runner = crate::scrape::scrape(&cluster.runner.metrics_url()).await;
+    let approval = crate::scrape::scrape(&cluster.approval.metrics_url()).await;
+    let r = runner.get("arbor_runner_fsyncs_total", &[])?;
+    let a = approval.get("arbor_approval_fsyncs_total", &[])?;
+    Some((r + a) as u64)
 }
 
 /// Options of one benchmark invocation.
