@@ -14,7 +14,7 @@ use crate::{
     metrics::Metrics,
     model::{Approval, NewDecision},
     policy::{Policy, Subject},
-    store::{ApprovalStore, DeliveryOutcome, Resolved},
+    store::{ApprovalStore, DeliveryOutcome, Put, Resolved},
 };
 
 /// How many changes a watcher may fall behind before it is ended with RESOURCE_EXHAUSTED.
@@ -89,16 +89,24 @@ impl<S: ApprovalStore> Approvals<S> {
     /// APPROVAL_REQUESTED: store it (idempotent), then let the policy decide if it can.
     /// Re-running this for a request that is still PENDING re-applies the policy, so a crash
     /// between storing and deciding is healed by the replayed event.
+    /// Stores a runner request (durably) and applies the policy to it.
     pub async fn request(
         &self,
         request: ApprovalRequest,
         unknown_kind: Option<i32>,
     ) -> Result<Approval> {
-        let put = self.store.put_request(request, unknown_kind).await?;
-        if put.created {
-            self.publish(&put.approval);
-        }
+        let put = self.store.put_request_lazy(request, unknown_kind).await?;
+        self.store.flush().await?;
+        self.settle(put).await
+    }
+
+    /// Publishes a stored (durable) request and applies the policy: an allow/deny rule decides it
+    /// through the same path as a person; otherwise it waits, with its deadline armed.
+    pub async fn settle(&self, put: Put) -> Result<Approval> {
         let approval = put.approval;
+        if put.created {
+            self.publish(&approval);
+        }
         if approval.state != ApprovalState::Pending {
             return Ok(approval);
         }
@@ -121,7 +129,6 @@ impl<S: ApprovalStore> Approvals<S> {
         Ok(approval)
     }
 
-    /// Stores a decision (single winner) and hands it to delivery.
     pub async fn decide(&self, request_id: &str, decision: NewDecision) -> Result<Resolved> {
         let resolved = self.store.resolve_request(request_id, decision).await?;
         if !resolved.duplicate {
@@ -243,8 +250,10 @@ impl<S: ApprovalStore> Approvals<S> {
             return Ok(());
         }
         if a.state.awaits_delivery() {
-            let acked = self.store.ack_result(request_id, decision_id).await?;
+            let (acked, pruned) = self.store.ack_and_prune(request_id, decision_id).await?;
             self.publish(&acked);
+            self.publish(&pruned);
+            return Ok(());
         }
         match self.store.prune_result(request_id).await {
             Ok(pruned) => self.publish(&pruned),

@@ -16,8 +16,12 @@ use tracing::Instrument;
 
 use super::{RunnerClient, SUBSCRIBER_ID, backoff::Backoff};
 use crate::{
-    approvals::Approvals, config::Tuning, convert::request_from_event, error::Error,
-    metrics::Metrics, store::ApprovalStore,
+    approvals::Approvals,
+    config::Tuning,
+    convert::request_from_event,
+    error::Error,
+    metrics::Metrics,
+    store::{ApprovalStore, Put},
 };
 
 /// Health-check name that reports whether the event subscription is live. It is NOT_SERVING
@@ -203,9 +207,32 @@ impl<S: ApprovalStore> Subscriber<S> {
             by_run[slot].1.push(event);
         }
         let applied: usize = by_run.iter().map(|(_, events)| events.len()).sum();
+        // New requests are stored first, in stream order (so arrival order is event order), and
+        // made durable with one flush; then each run's events are applied in order, runs
+        // concurrently.
+        let mut stored: std::collections::HashMap<u64, Put> = Default::default();
+        let mut requested: Vec<&runner_pb::Event> = by_run
+            .iter()
+            .flat_map(|(_, events)| events.iter())
+            .filter(|e| matches!(e.detail, Some(Detail::ApprovalRequested(_))))
+            .collect();
+        requested.sort_by_key(|e| e.seq);
+        for event in &requested {
+            if let Some(put) = self.store_request(event).await? {
+                stored.insert(event.seq, put);
+            }
+        }
+        if !stored.is_empty() {
+            self.approvals.store().flush().await?;
+        }
+        let stored = &stored;
         let results = futures_util::future::join_all(by_run.iter().map(|(_, events)| async move {
             for event in events {
-                self.handle(event).await?;
+                match stored.get(&event.seq) {
+                    Some(put) => self.settle(put.clone()).await?,
+                    None if matches!(event.detail, Some(Detail::ApprovalRequested(_))) => {}
+                    None => self.handle(event).await?,
+                }
             }
             Ok::<(), Error>(())
         }))
@@ -220,27 +247,50 @@ impl<S: ApprovalStore> Subscriber<S> {
         Ok(())
     }
 
+    /// Stores (not yet durably) the request an APPROVAL_REQUESTED event carries; `None` for a
+    /// malformed one, which is logged and passed over.
+    async fn store_request(&self, event: &runner_pb::Event) -> Result<Option<Put>, Error> {
+        let a = &self.approvals;
+        let Some(Detail::ApprovalRequested(r)) = &event.detail else {
+            return Ok(None);
+        };
+        match request_from_event(r) {
+            Ok((request, unknown_kind)) if valid_id(&request.request_id) => {
+                if !event.traceparent.is_empty() {
+                    a.store()
+                        .put_trace(&request.request_id, &event.traceparent)?;
+                }
+                Ok(Some(
+                    a.store().put_request_lazy(request, unknown_kind).await?,
+                ))
+            }
+            Ok(_) => {
+                self.malformed(event, "request_id holds a NUL byte");
+                Ok(None)
+            }
+            Err(e) => {
+                self.malformed(event, &e.to_string());
+                Ok(None)
+            }
+        }
+    }
+
+    /// Applies the policy to a stored request, inside the approval's trace span.
+    async fn settle(&self, put: Put) -> Result<(), Error> {
+        let a = &self.approvals;
+        let span = a.span(put.approval.id());
+        async {
+            let stored = a.settle(put).await?;
+            tracing::info!(state = %stored.state, "approval requested");
+            Ok::<_, Error>(())
+        }
+        .instrument(span)
+        .await
+    }
+
     async fn handle(&self, event: &runner_pb::Event) -> Result<(), Error> {
         let a = &self.approvals;
         match &event.detail {
-            Some(Detail::ApprovalRequested(r)) => match request_from_event(r) {
-                Ok((request, unknown_kind)) if valid_id(&request.request_id) => {
-                    let id = request.request_id.clone();
-                    if !event.traceparent.is_empty() {
-                        a.store().put_trace(&id, &event.traceparent)?;
-                    }
-                    let span = a.span(&id);
-                    async {
-                        let stored = a.request(request, unknown_kind).await?;
-                        tracing::info!(state = %stored.state, "approval requested");
-                        Ok::<_, Error>(())
-                    }
-                    .instrument(span)
-                    .await?;
-                }
-                Ok(_) => self.malformed(event, "request_id holds a NUL byte"),
-                Err(e) => self.malformed(event, &e.to_string()),
-            },
             Some(Detail::ApprovalConsumed(c)) => {
                 a.consumed(&c.request_id, &c.decision_id)
                     .instrument(a.span(&c.request_id))

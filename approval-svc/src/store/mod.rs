@@ -53,6 +53,16 @@ pub trait ApprovalStore: Send + Sync + 'static {
         unknown_kind: Option<i32>,
     ) -> impl Future<Output = Result<Put>> + Send;
 
+    /// Like `put_request`, but answers once the write is committed, before it is durable. For
+    /// callers that make it durable right after (a policy decision's flush, or `flush`).
+    fn put_request_lazy(
+        &self,
+        request: ApprovalRequest,
+        unknown_kind: Option<i32>,
+    ) -> impl Future<Output = Result<Put>> + Send {
+        self.put_request(request, unknown_kind)
+    }
+
     /// PENDING → RESOLVED, single winner. The same decision again is a duplicate (OK, nothing
     /// changes); a different one is `AlreadyDecided` and the first decision stands.
     fn resolve_request(
@@ -79,6 +89,20 @@ pub trait ApprovalStore: Send + Sync + 'static {
         request_id: &str,
         decision_id: &str,
     ) -> impl Future<Output = Result<Approval>> + Send;
+
+    /// `ack_result` then `prune_result` as one atomic, durable step (the run consumed the
+    /// decision: nothing is left to keep).
+    fn ack_and_prune(
+        &self,
+        request_id: &str,
+        decision_id: &str,
+    ) -> impl Future<Output = Result<(Approval, Approval)>> + Send {
+        async move {
+            let acked = self.ack_result(request_id, decision_id).await?;
+            let pruned = self.prune_result(request_id).await?;
+            Ok((acked, pruned))
+        }
+    }
 
     /// ACKED → PRUNED: drops the request payload and the decision's args/result; the record
     /// stays as a tombstone and the audit trail stays whole.
