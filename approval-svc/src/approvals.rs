@@ -14,7 +14,7 @@ use crate::{
     metrics::Metrics,
     model::{Approval, NewDecision},
     policy::{Policy, Subject},
-    store::{ApprovalStore, DeliveryOutcome, Resolved},
+    store::{ApprovalStore, DeliveryOutcome, Put, Resolved},
 };
 
 /// How many changes a watcher may fall behind before it is ended with RESOURCE_EXHAUSTED.
@@ -89,16 +89,24 @@ impl<S: ApprovalStore> Approvals<S> {
     /// APPROVAL_REQUESTED: store it (idempotent), then let the policy decide if it can.
     /// Re-running this for a request that is still PENDING re-applies the policy, so a crash
     /// between storing and deciding is healed by the replayed event.
+    /// Stores a runner request (durably) and applies the policy to it.
     pub async fn request(
         &self,
         request: ApprovalRequest,
         unknown_kind: Option<i32>,
     ) -> Result<Approval> {
-        let put = self.store.put_request(request, unknown_kind).await?;
-        if put.created {
-            self.publish(&put.approval);
-        }
+        let put = self.store.put_request_lazy(request, unknown_kind).await?;
+        self.store.flush().await?;
+        self.settle(put).await
+    }
+
+    /// Publishes a stored (durable) request and applies the policy: an allow/deny rule decides it
+    /// through the same path as a person; otherwise it waits, with its deadline armed.
+    pub async fn settle(&self, put: Put) -> Result<Approval> {
         let approval = put.approval;
+        if put.created {
+            self.publish(&approval);
+        }
         if approval.state != ApprovalState::Pending {
             return Ok(approval);
         }
@@ -121,13 +129,40 @@ impl<S: ApprovalStore> Approvals<S> {
         Ok(approval)
     }
 
-    /// Stores a decision (single winner) and hands it to delivery.
     pub async fn decide(&self, request_id: &str, decision: NewDecision) -> Result<Resolved> {
         let resolved = self.store.resolve_request(request_id, decision).await?;
         if !resolved.duplicate {
+            self.observe_decision(&resolved.approval);
             self.publish(&resolved.approval);
         }
         Ok(resolved)
+    }
+
+    /// The log span of one approval: its id and the trace id of the run that asked for it, so
+    /// every line about it can be found next to the runner's events of the same trace.
+    pub fn span(&self, request_id: &str) -> tracing::Span {
+        let trace_id = self
+            .store
+            .trace(request_id)
+            .ok()
+            .flatten()
+            .map(|tp| arbor_shared::trace::trace_id_of(&tp))
+            .unwrap_or_default();
+        tracing::info_span!("approval", request_id, trace_id = %trace_id)
+    }
+
+    fn observe_decision(&self, a: &Approval) {
+        if let Some(d) = &a.decision {
+            let waited_ms = d.decided_at_ms.saturating_sub(a.created_at_ms);
+            self.metrics.observe_decision(d.source, d.kind, waited_ms);
+            tracing::info!(
+                request_id = a.id(),
+                decision = d.kind.as_str(),
+                source = crate::metrics::source_label(d.source),
+                waited_ms,
+                "approval decided"
+            );
+        }
     }
 
     /// A person's decision: nobody may decide on a run they submitted, unless authentication
@@ -158,6 +193,7 @@ impl<S: ApprovalStore> Approvals<S> {
         match self.store.expire(request_id).await {
             Ok(a) => {
                 tracing::info!(request_id, "approval expired; resolved by its on_timeout");
+                self.observe_decision(&a);
                 self.publish(&a);
                 Ok(Some(a))
             }
@@ -214,8 +250,10 @@ impl<S: ApprovalStore> Approvals<S> {
             return Ok(());
         }
         if a.state.awaits_delivery() {
-            let acked = self.store.ack_result(request_id, decision_id).await?;
+            let (acked, pruned) = self.store.ack_and_prune(request_id, decision_id).await?;
             self.publish(&acked);
+            self.publish(&pruned);
+            return Ok(());
         }
         match self.store.prune_result(request_id).await {
             Ok(pruned) => self.publish(&pruned),

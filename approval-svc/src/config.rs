@@ -3,7 +3,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use arbor_shared::auth::Authenticator;
+use arbor_shared::{auth::Authenticator, metrics::MetricsListen};
 
 use crate::policy::Policy;
 
@@ -18,6 +18,12 @@ pub struct ServeConfig {
     /// Who may call this service; disabled means everyone is `anonymous` with every role.
     pub auth: Authenticator,
     pub tuning: Tuning,
+    /// How long health says NOT_SERVING on shutdown before anything is closed.
+    pub drain_grace: Duration,
+    /// Where `/metrics` is served (`None`: off).
+    pub metrics_listen: MetricsListen,
+    /// Requests handled at once before new ones are shed with RESOURCE_EXHAUSTED.
+    pub max_in_flight: usize,
 }
 
 impl ServeConfig {
@@ -30,6 +36,9 @@ impl ServeConfig {
             policy: Policy::default(),
             auth: Authenticator::disabled(),
             tuning: Tuning::default(),
+            drain_grace: Duration::ZERO,
+            metrics_listen: MetricsListen(None),
+            max_in_flight: arbor_shared::limits::DEFAULT_MAX_IN_FLIGHT,
         }
     }
 }

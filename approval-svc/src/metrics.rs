@@ -1,9 +1,44 @@
-//! Counters an operator needs to see that the loop with the runner is healthy. They are logged
-//! with every notable change and readable in process (tests, a future metrics endpoint).
+//! Counters an operator needs to see that the loop with the runner is healthy, and how long
+//! approvals wait for a decision. The counters are logged with every notable change and
+//! exported, with the decision-latency histogram and the pending gauge, on `/metrics`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-#[derive(Debug, Default)]
+use arbor_shared::{
+    domain::{DecisionKind, DecisionSource},
+    metrics::ScrapeCollector,
+    time::now_ms,
+};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    registry::Registry,
+};
+
+use crate::{approvals::Approvals, lifecycle::ApprovalState, model::Filter, store::ApprovalStore};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    pub source: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    pub source: &'static str,
+    pub decision: &'static str,
+}
+
+/// People take minutes to days; policies and timeouts milliseconds. Seconds, 10 ms to 1 week.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.01, 0.1, 1.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0, 43200.0, 86400.0,
+    604800.0,
+];
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+#[derive(Debug)]
 pub struct Metrics {
     pub events_processed: AtomicU64,
     /// The runner compacted the event log past our cursor: events may have been lost.
@@ -12,8 +47,37 @@ pub struct Metrics {
     pub stream_reconnects: AtomicU64,
     pub acks_sent: AtomicU64,
     pub deliveries_accepted: AtomicU64,
+    /// Attempts that failed and will be retried.
     pub delivery_failures: AtomicU64,
     pub deliveries_refused: AtomicU64,
+    /// Seconds from the request's arrival here to its decision, by source.
+    pub decision_latency: Family<SourceLabels, Histogram, fn() -> Histogram>,
+    pub decisions: Family<DecisionLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            events_processed: AtomicU64::new(0),
+            cursor_lost: AtomicU64::new(0),
+            malformed_events: AtomicU64::new(0),
+            stream_reconnects: AtomicU64::new(0),
+            acks_sent: AtomicU64::new(0),
+            deliveries_accepted: AtomicU64::new(0),
+            delivery_failures: AtomicU64::new(0),
+            deliveries_refused: AtomicU64::new(0),
+            decision_latency: Family::new_with_constructor(latency_histogram),
+            decisions: Family::default(),
+        }
+    }
+}
+
+pub fn source_label(source: DecisionSource) -> &'static str {
+    match source {
+        DecisionSource::Person => "person",
+        DecisionSource::Policy => "policy",
+        DecisionSource::Timeout => "timeout",
+    }
 }
 
 impl Metrics {
@@ -21,7 +85,137 @@ impl Metrics {
         counter.fetch_add(1, Ordering::Relaxed) + 1
     }
 
+    pub fn add(counter: &AtomicU64, n: u64) -> u64 {
+        counter.fetch_add(n, Ordering::Relaxed) + n
+    }
+
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
+    }
+
+    /// One new decision (not a duplicate) that waited `waited_ms` since the request arrived.
+    pub fn observe_decision(&self, source: DecisionSource, kind: DecisionKind, waited_ms: u64) {
+        let source = source_label(source);
+        self.decision_latency
+            .get_or_create(&SourceLabels { source })
+            .observe(waited_ms as f64 / 1000.0);
+        self.decisions
+            .get_or_create(&DecisionLabels {
+                source,
+                decision: kind.as_str(),
+            })
+            .inc();
+    }
+}
+
+/// The registry `/metrics` serves: the histogram and decision counter as they are kept, the
+/// atomic counters and the pending count read at scrape time.
+pub fn registry<S: ApprovalStore>(approvals: Approvals<S>) -> Registry {
+    let mut registry = Registry::default();
+    let metrics = approvals.metrics();
+    // Every source appears from the first scrape, so rate() and absent() behave.
+    for source in [
+        DecisionSource::Person,
+        DecisionSource::Policy,
+        DecisionSource::Timeout,
+    ] {
+        let _ = metrics.decision_latency.get_or_create(&SourceLabels {
+            source: source_label(source),
+        });
+    }
+    registry.register(
+        "arbor_approval_decision_latency_seconds",
+        "Time from an approval request's arrival to its decision, by source.",
+        metrics.decision_latency.clone(),
+    );
+    registry.register(
+        "arbor_approval_decisions",
+        "Decisions taken (duplicates not counted), by source and decision.",
+        metrics.decisions.clone(),
+    );
+    registry.register_collector(Box::new(ScrapeCollector::new(move |s| {
+        let m = approvals.metrics();
+        let counters: [(&str, &str, &AtomicU64); 8] = [
+            (
+                "arbor_approval_delivery_retries",
+                "Deliveries to the runner that failed and will be retried.",
+                &m.delivery_failures,
+            ),
+            (
+                "arbor_approval_cursor_lost",
+                "Times the runner had compacted its event log past this service's cursor.",
+                &m.cursor_lost,
+            ),
+            (
+                "arbor_approval_deliveries_accepted",
+                "Decisions the runner accepted.",
+                &m.deliveries_accepted,
+            ),
+            (
+                "arbor_approval_deliveries_refused",
+                "Decisions the runner refused as stale (the approval was cancelled).",
+                &m.deliveries_refused,
+            ),
+            (
+                "arbor_approval_events_processed",
+                "Runner events applied to the store.",
+                &m.events_processed,
+            ),
+            (
+                "arbor_approval_malformed_events",
+                "Runner events that could not be stored and were passed over.",
+                &m.malformed_events,
+            ),
+            (
+                "arbor_approval_stream_reconnects",
+                "Reconnects of the event subscription.",
+                &m.stream_reconnects,
+            ),
+            (
+                "arbor_approval_acks_sent",
+                "Cursor acks sent to the runner.",
+                &m.acks_sent,
+            ),
+        ];
+        for (name, help, value) in counters {
+            s.counter(name, help, &[], Metrics::get(value));
+        }
+        s.counter(
+            "arbor_approval_fsyncs",
+            "Group-commit flushes (fsyncs) of the approval database.",
+            &[],
+            approvals.store().fsyncs(),
+        );
+        match pending_count(&approvals) {
+            Some(n) => s.gauge(
+                "arbor_approval_pending",
+                "Approvals waiting for a decision.",
+                &[],
+                n as f64,
+            ),
+            None => tracing::warn!("metrics: could not count pending approvals"),
+        }
+    })));
+    registry
+}
+
+fn pending_count<S: ApprovalStore>(approvals: &Approvals<S>) -> Option<u64> {
+    let filter = Filter {
+        states: vec![ApprovalState::Pending],
+        ..Filter::default()
+    };
+    let now = now_ms();
+    let mut count = 0u64;
+    let mut token: Option<String> = None;
+    loop {
+        let page = approvals
+            .store()
+            .list(&filter, 1000, token.as_deref(), now)
+            .ok()?;
+        count += page.items.len() as u64;
+        match page.next {
+            Some(next) => token = Some(next),
+            None => return Some(count),
+        }
     }
 }

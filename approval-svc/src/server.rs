@@ -1,13 +1,14 @@
-//! `run`: opens the store, starts the loops with the runner and the deadline timer, serves the
-//! ApprovalService, health and reflection on a bound listener, and shuts down in order:
-//! health NOT_SERVING → streams end with UNAVAILABLE → bounded drain → store flushed.
+//! `run`: serves health (NOT_SERVING) on the bound listener at once, opens the store, starts the
+//! loops with the runner, the deadline timer and `/metrics`, serves the ApprovalService and
+//! reflection, and shuts down in order: health NOT_SERVING → drain grace → streams end with
+//! UNAVAILABLE → bounded drain → store flushed.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
 use arbor_shared::{
     auth::AuthInterceptor,
     proto::approval::v1::approval_service_server::{ApprovalServiceServer, SERVICE_NAME},
-    server::{MAX_MESSAGE_BYTES, incoming, reflection_services},
+    server::{Deferred, MAX_MESSAGE_BYTES, incoming, reflection_services},
 };
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -41,6 +42,8 @@ pub enum ServeError {
     Reflection(String),
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("cannot listen for metrics on {0}: {1}")]
+    Metrics(String, std::io::Error),
 }
 
 async fn set_all(health: &HealthReporter, status: ServingStatus) {
@@ -49,20 +52,67 @@ async fn set_all(health: &HealthReporter, status: ServingStatus) {
 }
 
 /// Serves until `shutdown` resolves, then drains and returns. Tests call this on port 0.
+///
+/// Health answers from the moment the listener is served: NOT_SERVING while the store is
+/// opened, SERVING once the loops run. On shutdown health turns NOT_SERVING first and everything
+/// keeps working for `drain_grace` (load balancers stop routing here), then new decisions are
+/// refused, streams end with UNAVAILABLE, in-flight calls drain and the store is flushed.
 pub async fn run(
     cfg: ServeConfig,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    let metrics_listener = arbor_shared::metrics::bind(cfg.metrics_listen)
+        .await
+        .map_err(|e| ServeError::Metrics(cfg.metrics_listen.to_string(), e))?;
     let (health, health_service) = tonic_health::server::health_reporter();
     set_all(&health, ServingStatus::NotServing).await;
     health
         .set_service_status(SUBSCRIPTION_HEALTH, ServingStatus::NotServing)
         .await;
+    let deferred: Deferred<ApiService> = Deferred::new();
+    let (reflection_v1, reflection_v1alpha) =
+        reflection_services().map_err(|e| ServeError::Reflection(e.to_string()))?;
+    let local = listener.local_addr().ok();
+    let stop = CancellationToken::new();
+    let drained = stop.clone();
+    let mut server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .layer(arbor_shared::limits::LoadShedLayer::new(cfg.max_in_flight))
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(deferred.clone())
+            .serve_with_incoming_shutdown(
+                incoming(listener),
+                async move { drained.cancelled().await },
+            ),
+    );
 
-    let store = open_store(&cfg).await.map_err(ServeError::Store)?;
-    let client =
-        connect_lazy(&cfg.runner_url, cfg.runner_token.as_deref()).map_err(ServeError::Runner)?;
+    let mut shutdown = std::pin::pin!(shutdown);
+    let opened = tokio::select! {
+        r = open_store(&cfg) => Some(r),
+        _ = &mut shutdown => None,
+    };
+    let store = match opened {
+        Some(Ok(store)) => store,
+        other => {
+            stop.cancel();
+            let _ = tokio::time::timeout(cfg.tuning.drain_timeout, &mut server).await;
+            return match other {
+                Some(Err(e)) => Err(ServeError::Store(e)),
+                _ => Ok(()),
+            };
+        }
+    };
+    let client = match connect_lazy(&cfg.runner_url, cfg.runner_token.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            stop.cancel();
+            let _ = tokio::time::timeout(cfg.tuning.drain_timeout, &mut server).await;
+            return Err(ServeError::Runner(e));
+        }
+    };
     tracing::info!(
         data_dir = %cfg.data_dir.display(),
         runner = %cfg.runner_url,
@@ -72,8 +122,7 @@ pub async fn run(
     );
     let progress_store = store.clone();
     let approvals = Approvals::new(Arc::new(store), cfg.policy.clone());
-    let stop = CancellationToken::new();
-    let tasks: Vec<JoinHandle<()>> = vec![
+    let mut tasks: Vec<JoinHandle<()>> = vec![
         tokio::spawn(record_progress(progress_store.clone(), stop.clone())),
         tokio::spawn(
             Subscriber {
@@ -102,37 +151,38 @@ pub async fn run(
             .run(),
         ),
     ];
+    if let Some(l) = metrics_listener {
+        let registry = Arc::new(crate::metrics::registry(approvals.clone()));
+        tasks.push(tokio::spawn(arbor_shared::metrics::serve(
+            l,
+            registry,
+            stop.clone().cancelled_owned(),
+        )));
+    }
 
-    let api = ApprovalServiceServer::new(ApprovalApi::new(
-        approvals.clone(),
-        cfg.auth.is_enabled(),
-        stop.clone(),
-    ))
-    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-    .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let (reflection_v1, reflection_v1alpha) =
-        reflection_services().map_err(|e| ServeError::Reflection(e.to_string()))?;
-    let local = listener.local_addr().ok();
-    let drained = stop.clone();
-    let server = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(InterceptedService::new(
-            api,
-            AuthInterceptor(cfg.auth.clone()),
+    deferred.set(InterceptedService::new(
+        ApprovalServiceServer::new(ApprovalApi::new(
+            approvals.clone(),
+            cfg.auth.is_enabled(),
+            stop.clone(),
         ))
-        .serve_with_incoming_shutdown(incoming(listener), async move { drained.cancelled().await });
-    let mut server = tokio::spawn(server);
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        AuthInterceptor(cfg.auth.clone()),
+    ));
     set_all(&health, ServingStatus::Serving).await;
     tracing::info!(addr = ?local, "approval-svc serving");
 
     let outcome = tokio::select! {
-        _ = shutdown => None,
+        _ = &mut shutdown => None,
         r = &mut server => Some(r),
     };
-    tracing::info!("approval-svc draining");
     set_all(&health, ServingStatus::NotServing).await;
+    if outcome.is_none() && !cfg.drain_grace.is_zero() {
+        tracing::info!(grace = ?cfg.drain_grace, "shutdown requested: NOT_SERVING, still serving during the drain grace");
+        tokio::time::sleep(cfg.drain_grace).await;
+    }
+    tracing::info!("approval-svc draining");
     stop.cancel();
     let served = match outcome {
         Some(r) => r,
@@ -166,6 +216,9 @@ pub async fn run(
         Err(_) => Ok(()),
     }
 }
+
+type ApiService =
+    InterceptedService<ApprovalServiceServer<ApprovalApi<SledStore>>, AuthInterceptor>;
 
 async fn open_store(cfg: &ServeConfig) -> Result<SledStore, Error> {
     let deadline = tokio::time::Instant::now() + OPEN_TIMEOUT;

@@ -8,6 +8,7 @@ use arbor_shared::{
     auth::{Authenticator, BearerToken},
     domain::{EventDetail, RunStatus},
     json::{from_proto_struct, to_proto_struct, to_proto_value},
+    metrics::MetricsListen,
     proto::runner::v1::{self as pb, runner_service_client::RunnerServiceClient},
 };
 use clap::{Args, Parser, Subcommand};
@@ -137,7 +138,7 @@ pub struct ServeArgs {
     pub listen: SocketAddr,
     #[arg(long, env = "ARBOR_DATA_DIR", default_value = "data/runner")]
     pub data_dir: PathBuf,
-    #[arg(long, env = "ARBOR_WORKERS", default_value_t = 4)]
+    #[arg(long, env = "ARBOR_WORKERS", default_value_t = 16)]
     pub workers: usize,
     #[arg(long, env = "ARBOR_LEASE_MS", default_value_t = 30_000)]
     pub lease_ms: u64,
@@ -155,8 +156,16 @@ pub struct ServeArgs {
     /// Allow serving without tokens on a non-loopback address.
     #[arg(long, env = "ARBOR_INSECURE")]
     pub insecure: bool,
+    /// Log as JSON lines (one object per line, span fields such as trace ids included).
     #[arg(long, env = "ARBOR_LOG_JSON")]
     pub log_json: bool,
+    /// Where Prometheus scrapes `/metrics` (HTTP), or `off`.
+    #[arg(long, env = "ARBOR_METRICS_LISTEN", default_value = "127.0.0.1:9464")]
+    pub metrics_listen: MetricsListen,
+    /// On SIGTERM, report NOT_SERVING and keep serving this long before closing anything, so
+    /// load balancers and meshes stop routing here first (Kubernetes: about 5000).
+    #[arg(long, env = "ARBOR_DRAIN_GRACE_MS", default_value_t = 0)]
+    pub drain_grace_ms: u64,
     /// Keep events every durable subscriber has acked this long (ms).
     #[arg(
         long,
@@ -170,6 +179,12 @@ pub struct ServeArgs {
     /// Keep finished runs and final jobs this long (ms).
     #[arg(long, env = "ARBOR_FINISHED_RETENTION_MS", default_value_t = 7 * 86_400_000)]
     pub finished_retention_ms: u64,
+    /// Requests handled at once; more are shed with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "ARBOR_MAX_IN_FLIGHT", default_value_t = arbor_shared::limits::DEFAULT_MAX_IN_FLIGHT)]
+    pub max_in_flight: usize,
+    /// Drop a stream subscriber whose buffer stays full this long (ms).
+    #[arg(long, env = "ARBOR_STREAM_LAG_TIMEOUT_MS", default_value_t = 30_000)]
+    pub stream_lag_timeout_ms: u64,
     /// How often retention runs (ms).
     #[arg(long, env = "ARBOR_COMPACT_INTERVAL_MS", default_value_t = 60_000)]
     pub compact_interval_ms: u64,
@@ -264,12 +279,16 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         cache_bytes: args.cache_mb.max(8) << 20,
         auth,
         guards,
+        drain_grace: Duration::from_millis(args.drain_grace_ms),
+        metrics_listen: args.metrics_listen,
         retention: crate::retention::RetentionConfig {
             events_acked: Duration::from_millis(args.event_retention_acked_ms),
             events_max: Duration::from_millis(args.event_retention_max_ms),
             finished: Duration::from_millis(args.finished_retention_ms),
             interval: Duration::from_millis(args.compact_interval_ms.max(100)),
         },
+        max_in_flight: args.max_in_flight.max(1),
+        stream_lag_timeout: Duration::from_millis(args.stream_lag_timeout_ms.max(1)),
         ..ServeConfig::default()
     };
     let listener = tokio::net::TcpListener::bind(args.listen)

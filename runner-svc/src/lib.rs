@@ -9,6 +9,7 @@ pub mod error;
 pub mod events;
 pub mod grpc;
 pub mod mailbox;
+pub mod metrics;
 pub mod retention;
 pub mod runs;
 pub mod store;
@@ -18,8 +19,9 @@ use std::{future::Future, path::PathBuf, sync::Arc, time::Duration};
 
 use arbor_shared::{
     auth::{AuthInterceptor, Authenticator},
+    metrics::MetricsListen,
     proto::runner::v1::runner_service_server::RunnerServiceServer,
-    server::{MAX_MESSAGE_BYTES, incoming, reflection_services},
+    server::{Deferred, MAX_MESSAGE_BYTES, incoming, reflection_services},
 };
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -46,21 +48,34 @@ pub struct ServeConfig {
     pub guards: GuardConfig,
     /// How long shutdown waits for in-flight work before giving up.
     pub drain: Duration,
+    /// How long health says NOT_SERVING before shutdown starts closing anything.
+    pub drain_grace: Duration,
+    /// Where `/metrics` is served (`None`: off).
+    pub metrics_listen: MetricsListen,
     pub retention: retention::RetentionConfig,
+    /// Requests handled at once before new ones are shed with RESOURCE_EXHAUSTED.
+    pub max_in_flight: usize,
+    /// A stream subscriber that reads nothing for this long while its buffer is full is dropped
+    /// with RESOURCE_EXHAUSTED (it resumes from its cursor).
+    pub stream_lag_timeout: Duration,
 }
 
 impl Default for ServeConfig {
     fn default() -> Self {
         Self {
             data_dir: PathBuf::from("data/runner"),
-            workers: 4,
+            workers: 16,
             lease: Duration::from_secs(30),
             max_attempts: 5,
             cache_bytes: 64 << 20,
             auth: Authenticator::disabled(),
             guards: GuardConfig::default(),
             drain: Duration::from_secs(10),
+            drain_grace: Duration::ZERO,
+            metrics_listen: MetricsListen(None),
             retention: retention::RetentionConfig::default(),
+            max_in_flight: arbor_shared::limits::DEFAULT_MAX_IN_FLIGHT,
+            stream_lag_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -75,6 +90,8 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("cannot listen for metrics on {0}: {1}")]
+    Metrics(String, std::io::Error),
 }
 
 /// The tree name under which the ledger tool keeps its records.
@@ -83,7 +100,7 @@ pub const LEDGER_TREE: &str = "ledger";
 /// Opens the runner's database and core without serving (also used by tests and tools that
 /// inspect a stopped runner's data).
 pub async fn open_runner(cfg: &ServeConfig) -> Result<Arc<Runner>, ServeError> {
-    let store = Store::open(&cfg.data_dir, cfg.cache_bytes)?;
+    let store = open_store(cfg).await?;
     let ledger =
         LedgerTool::new(
             store
@@ -106,19 +123,63 @@ pub async fn open_runner(cfg: &ServeConfig) -> Result<Arc<Runner>, ServeError> {
     Ok(Runner::open(store, Arc::new(SystemClock::default()), tools, opts).await?)
 }
 
-/// Serves runner-svc on `listener` until `shutdown` resolves, then drains: health goes
-/// NOT_SERVING, streams end with UNAVAILABLE, workers stop, sled is flushed.
+/// How long start-up waits for another process (a previous instance still flushing) to release
+/// the database lock before giving up.
+const LOCK_WAIT: Duration = Duration::from_secs(10);
+
+async fn open_store(cfg: &ServeConfig) -> Result<Store, ServeError> {
+    let deadline = tokio::time::Instant::now() + LOCK_WAIT;
+    let mut told = false;
+    loop {
+        match Store::open(&cfg.data_dir, cfg.cache_bytes) {
+            Err(store::OpenError::Open { source, .. })
+                if source.to_string().contains("could not acquire lock")
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                if !told {
+                    tracing::warn!(data_dir = %cfg.data_dir.display(), "database is locked by another process; waiting for it");
+                    told = true;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return Ok(other?),
+        }
+    }
+}
+
+/// Serves runner-svc on `listener` until `shutdown` resolves. The health service answers from
+/// the start: NOT_SERVING while the database is opened and the previous process's claims are
+/// recovered, SERVING once the runner is ready. On shutdown: NOT_SERVING first and everything
+/// keeps serving for `drain_grace` (so load balancers stop routing here), then streams end with
+/// UNAVAILABLE, workers stop, in-flight calls drain (bounded by `drain`) and sled is flushed.
 pub async fn run(
     cfg: ServeConfig,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let metrics_listener = bind_metrics(&cfg).await?;
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_service_status("", ServingStatus::NotServing)
-        .await;
-    let runner = open_runner(&cfg).await?;
-    serve_runner(cfg, runner, listener, shutdown, health, health_service).await
+    set_health(&health, ServingStatus::NotServing).await;
+    let mut front = Front::start(listener, health_service, cfg.max_in_flight)?;
+    tracing::info!(addr = ?front.addr, data_dir = %cfg.data_dir.display(), "runner-svc recovering (health NOT_SERVING)");
+    let mut shutdown = Box::pin(shutdown);
+    let opened = tokio::select! {
+        r = open_runner(&cfg) => Some(r),
+        _ = &mut shutdown => None,
+    };
+    match opened {
+        Some(Ok(runner)) => {
+            serve_opened(cfg, runner, front, health, shutdown, metrics_listener).await
+        }
+        Some(Err(e)) => {
+            front.close(cfg.drain).await;
+            Err(e)
+        }
+        None => {
+            front.close(cfg.drain).await;
+            Ok(())
+        }
+    }
 }
 
 /// Serves an already opened runner (tests use this to reach the runner's internals).
@@ -132,6 +193,91 @@ pub async fn serve_runner(
         impl tonic_health::pb::health_server::Health,
     >,
 ) -> Result<(), ServeError> {
+    let metrics_listener = bind_metrics(&cfg).await?;
+    set_health(&health, ServingStatus::NotServing).await;
+    let front = Front::start(listener, health_service, cfg.max_in_flight)?;
+    serve_opened(
+        cfg,
+        runner,
+        front,
+        health,
+        Box::pin(shutdown),
+        metrics_listener,
+    )
+    .await
+}
+
+async fn bind_metrics(cfg: &ServeConfig) -> Result<Option<TcpListener>, ServeError> {
+    arbor_shared::metrics::bind(cfg.metrics_listen)
+        .await
+        .map_err(|e| ServeError::Metrics(cfg.metrics_listen.to_string(), e))
+}
+
+/// The gRPC server, listening from start-up on: health and reflection at once, the
+/// RunnerService once [`Deferred::set`] (UNAVAILABLE before).
+struct Front {
+    addr: Option<std::net::SocketAddr>,
+    api: Deferred<ApiService>,
+    closing: CancellationToken,
+    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Front {
+    fn start(
+        listener: TcpListener,
+        health_service: tonic_health::pb::health_server::HealthServer<
+            impl tonic_health::pb::health_server::Health,
+        >,
+        max_in_flight: usize,
+    ) -> Result<Self, ServeError> {
+        let api: Deferred<ApiService> = Deferred::new();
+        let (reflection_v1, reflection_v1alpha) = reflection_services()?;
+        let addr = listener.local_addr().ok();
+        let closing = CancellationToken::new();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .layer(arbor_shared::limits::LoadShedLayer::new(max_in_flight))
+                .add_service(health_service)
+                .add_service(reflection_v1)
+                .add_service(reflection_v1alpha)
+                .add_service(api.clone())
+                .serve_with_incoming_shutdown(
+                    incoming(listener),
+                    closing.clone().cancelled_owned(),
+                ),
+        );
+        Ok(Self {
+            addr,
+            api,
+            closing,
+            server,
+        })
+    }
+
+    /// Stops accepting and waits (at most `drain`) for in-flight calls; `None` on timeout.
+    async fn close(&mut self, drain: Duration) -> Option<Result<(), tonic::transport::Error>> {
+        self.closing.cancel();
+        match tokio::time::timeout(drain, &mut self.server).await {
+            Ok(Ok(r)) => Some(r),
+            // The server task panicked: nothing left to wait for.
+            Ok(Err(_)) => Some(Ok(())),
+            Err(_) => {
+                tracing::warn!("in-flight calls did not finish within the drain timeout");
+                self.server.abort();
+                None
+            }
+        }
+    }
+}
+
+async fn serve_opened(
+    cfg: ServeConfig,
+    runner: Arc<Runner>,
+    mut front: Front,
+    health: tonic_health::server::HealthReporter,
+    mut shutdown: std::pin::Pin<Box<impl Future<Output = ()> + Send + 'static>>,
+    metrics_listener: Option<TcpListener>,
+) -> Result<(), ServeError> {
     let stop = CancellationToken::new();
     let mut workers = worker::spawn(runner.clone(), cfg.workers, stop.clone());
     workers.spawn(retention::compactor(
@@ -140,42 +286,52 @@ pub async fn serve_runner(
         stop.clone(),
     ));
     workers.spawn(record_progress(runner.clone(), stop.clone()));
-    let service = RunnerServiceServer::new(grpc::RunnerGrpc::new(runner.clone(), stop.clone()))
+    front.api.set(InterceptedService::new(
+        RunnerServiceServer::new(grpc::RunnerGrpc::new(
+            runner.clone(),
+            stop.clone(),
+            cfg.stream_lag_timeout,
+        ))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let service = InterceptedService::new(service, AuthInterceptor(cfg.auth.clone()));
-    let (reflection_v1, reflection_v1alpha) = reflection_services()?;
+        .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        AuthInterceptor(cfg.auth.clone()),
+    ));
+    if let Some(l) = metrics_listener {
+        let registry = Arc::new(metrics::registry(runner.clone()));
+        workers.spawn(arbor_shared::metrics::serve(
+            l,
+            registry,
+            stop.clone().cancelled_owned(),
+        ));
+    }
+    set_health(&health, ServingStatus::Serving).await;
+    tracing::info!(
+        addr = ?front.addr,
+        workers = cfg.workers,
+        auth = cfg.auth.is_enabled(),
+        "runner-svc serving"
+    );
 
-    let addr = listener.local_addr().ok();
-    health.set_service_status("", ServingStatus::Serving).await;
-    health
-        .set_serving::<RunnerServiceServer<grpc::RunnerGrpc>>()
-        .await;
-    tracing::info!(?addr, data_dir = %cfg.data_dir.display(), workers = cfg.workers, auth = cfg.auth.is_enabled(), "runner-svc serving");
-
-    let drain_health = health.clone();
-    let drain_stop = stop.clone();
-    let signal = async move {
-        shutdown.await;
-        tracing::info!("shutdown requested: draining");
-        drain_health
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
-        drain_health
-            .set_not_serving::<RunnerServiceServer<grpc::RunnerGrpc>>()
-            .await;
-        drain_stop.cancel();
+    let server_ended = tokio::select! {
+        _ = &mut shutdown => None,
+        r = &mut front.server => Some(r),
     };
-    let served = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(service)
-        .serve_with_incoming_shutdown(incoming(listener), signal)
-        .await;
+    set_health(&health, ServingStatus::NotServing).await;
+    if server_ended.is_none() && !cfg.drain_grace.is_zero() {
+        tracing::info!(grace = ?cfg.drain_grace, "shutdown requested: NOT_SERVING, still serving during the drain grace");
+        tokio::time::sleep(cfg.drain_grace).await;
+    }
+    tracing::info!("draining");
     stop.cancel();
-    let drained = tokio::time::timeout(cfg.drain, workers.join_all()).await;
-    if drained.is_err() {
+    let served = match server_ended {
+        Some(Ok(r)) => Some(r),
+        Some(Err(_)) => None,
+        None => front.close(cfg.drain).await,
+    };
+    if tokio::time::timeout(cfg.drain, workers.join_all())
+        .await
+        .is_err()
+    {
         tracing::warn!("workers did not stop within the drain timeout");
     }
     runner.flush().await?;
@@ -183,8 +339,23 @@ pub async fn serve_runner(
         tracing::error!(error = %e, "cannot record the final progress in the integrity marker");
     }
     tracing::info!("runner-svc stopped");
-    served?;
-    Ok(())
+    match served {
+        Some(r) => Ok(r?),
+        // Aborted after the drain timeout, or the server task panicked: sled is flushed anyway.
+        None => Ok(()),
+    }
+}
+
+type ApiService = InterceptedService<RunnerServiceServer<grpc::RunnerGrpc>, AuthInterceptor>;
+
+async fn set_health(health: &tonic_health::server::HealthReporter, status: ServingStatus) {
+    health.set_service_status("", status).await;
+    health
+        .set_service_status(
+            <RunnerServiceServer<grpc::RunnerGrpc> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
 }
 
 /// How often the integrity marker records the durable progress: a loss of data made durable

@@ -229,143 +229,456 @@ proptest! {
 
     #[test]
     fn sled_mailbox_matches_the_model(ops in proptest::collection::vec(op(), 1..80)) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), 8 << 20).unwrap();
-        let clock = Arc::new(ManualClock::new(START_MS));
-        let (mb, _) = SledMailbox::open(store, clock.clone(), cfg()).unwrap();
-        let mut m = Model { wall: START_MS, ..Model::default() };
-        let mut next_id = 0;
+        check(ops)?;
+    }
+}
 
-        for op in ops {
-            let (real, model) = match op {
-                Op::Enqueue { mailbox, priority, dedupe, dedupe_while_claimed, delay_ms } => {
-                    next_id += 1;
-                    let id = format!("j{next_id:03}");
-                    let mailbox = format!("m{mailbox}");
-                    let dedupe = dedupe.map(|d| format!("d{d}")).unwrap_or_default();
-                    let avail = m.wall + u64::from(delay_ms);
-                    let real = mb.enqueue(EnqueueRequest {
-                        job_id: id.clone(), mailbox_id: mailbox.clone(), priority: priority.into(),
-                        dedupe_key: dedupe.clone(), dedupe_while_claimed, available_at_ms: avail,
+fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), 8 << 20).unwrap();
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let (mb, _) = SledMailbox::open(store, clock.clone(), cfg()).unwrap();
+    let mut m = Model {
+        wall: START_MS,
+        ..Model::default()
+    };
+    let mut next_id = 0;
+
+    for op in ops {
+        let op_dbg = format!("{op:?}");
+        let (real, model) = match op {
+            Op::Enqueue {
+                mailbox,
+                priority,
+                dedupe,
+                dedupe_while_claimed,
+                delay_ms,
+            } => {
+                next_id += 1;
+                let id = format!("j{next_id:03}");
+                let mailbox = format!("m{mailbox}");
+                let dedupe = dedupe.map(|d| format!("d{d}")).unwrap_or_default();
+                let avail = m.wall + u64::from(delay_ms);
+                let real = mb
+                    .enqueue(EnqueueRequest {
+                        job_id: id.clone(),
+                        mailbox_id: mailbox.clone(),
+                        priority: priority.into(),
+                        dedupe_key: dedupe.clone(),
+                        dedupe_while_claimed,
+                        available_at_ms: avail,
                         ..Default::default()
-                    }).map(|e| Out::Enq(e.job.job_id, e.deduplicated)).unwrap_or_else(err_out);
-                    let (mid, dup) = m.enqueue(&id, &mailbox, priority.into(), &dedupe, dedupe_while_claimed, avail);
-                    (real, Out::Enq(mid, dup))
+                    })
+                    .map(|e| Out::Enq(e.job.job_id, e.deduplicated))
+                    .unwrap_or_else(err_out);
+                let (mid, dup) = m.enqueue(
+                    &id,
+                    &mailbox,
+                    priority.into(),
+                    &dedupe,
+                    dedupe_while_claimed,
+                    avail,
+                );
+                (real, Out::Enq(mid, dup))
+            }
+            Op::Claim => {
+                let real = mb.claim("w").unwrap();
+                let model = m.claim();
+                if let (Some(c), Some(id)) = (&real, &model)
+                    && &c.job.job_id == id
+                {
+                    m.jobs.get_mut(id).unwrap().token = c.token.clone();
                 }
-                Op::Claim => {
-                    let real = mb.claim("w").unwrap();
-                    let model = m.claim();
-                    if let (Some(c), Some(id)) = (&real, &model) && &c.job.job_id == id {
-                        m.jobs.get_mut(id).unwrap().token = c.token.clone();
-                    }
-                    (real.map(|c| Out::Job(c.job.job_id, c.job.status)).unwrap_or(Out::None),
-                     model.map(|id| Out::Job(id, JobStatus::Claimed)).unwrap_or(Out::None))
-                }
-                Op::Ack(i) | Op::AckStale(i) => {
-                    let Some(id) = pick(&m, i) else { continue };
-                    let token = match op { Op::AckStale(_) => "not-the-token".to_string(), _ => m.jobs[&id].token.clone() };
-                    let real = mb.ack(&id, &token).map(|j| Out::Job(j.job_id, j.status)).unwrap_or_else(err_out);
-                    let j = &m.jobs[&id];
-                    let model = if j.status == JobStatus::Claimed && !token.is_empty() && j.token == token {
+                (
+                    real.map(|c| Out::Job(c.job.job_id, c.job.status))
+                        .unwrap_or(Out::None),
+                    model
+                        .map(|id| Out::Job(id, JobStatus::Claimed))
+                        .unwrap_or(Out::None),
+                )
+            }
+            Op::Ack(i) | Op::AckStale(i) => {
+                let Some(id) = pick(&m, i) else { continue };
+                let token = match op {
+                    Op::AckStale(_) => "not-the-token".to_string(),
+                    _ => m.jobs[&id].token.clone(),
+                };
+                let real = mb
+                    .ack(&id, &token)
+                    .map(|j| Out::Job(j.job_id, j.status))
+                    .unwrap_or_else(err_out);
+                let j = &m.jobs[&id];
+                let model =
+                    if j.status == JobStatus::Claimed && !token.is_empty() && j.token == token {
                         m.release_dedupe(&id);
                         let j = m.jobs.get_mut(&id).unwrap();
                         j.status = JobStatus::Accepted;
                         j.token.clear();
                         Out::Job(id.clone(), JobStatus::Accepted)
-                    } else { Out::Stale };
-                    (real, model)
-                }
-                Op::Nack(i, permanent) => {
-                    let Some(id) = pick(&m, i) else { continue };
-                    let token = m.jobs[&id].token.clone();
-                    let real = mb.nack(&id, &token, "boom", permanent).map(|j| Out::Job(j.job_id, j.status)).unwrap_or_else(err_out);
-                    let j = &m.jobs[&id];
-                    let model = if j.status == JobStatus::Claimed && !token.is_empty() && j.token == token {
+                    } else {
+                        Out::Stale
+                    };
+                (real, model)
+            }
+            Op::Nack(i, permanent) => {
+                let Some(id) = pick(&m, i) else { continue };
+                let token = m.jobs[&id].token.clone();
+                let real = mb
+                    .nack(&id, &token, "boom", permanent)
+                    .map(|j| Out::Job(j.job_id, j.status))
+                    .unwrap_or_else(err_out);
+                let j = &m.jobs[&id];
+                let model =
+                    if j.status == JobStatus::Claimed && !token.is_empty() && j.token == token {
                         let backoff = cfg().backoff(j.attempts).as_millis() as u64;
                         m.fail_attempt(&id, permanent, backoff);
                         Out::Job(id.clone(), m.jobs[&id].status)
-                    } else { Out::Stale };
-                    (real, model)
-                }
-                Op::Extend(i) => {
-                    let Some(id) = pick(&m, i) else { continue };
-                    let token = m.jobs[&id].token.clone();
-                    let real = mb.extend_lease(&id, &token).map(|j| Out::Job(j.job_id, j.status)).unwrap_or_else(err_out);
-                    let mono = m.mono;
+                    } else {
+                        Out::Stale
+                    };
+                (real, model)
+            }
+            Op::Extend(i) => {
+                let Some(id) = pick(&m, i) else { continue };
+                let token = m.jobs[&id].token.clone();
+                let real = mb
+                    .extend_lease(&id, &token)
+                    .map(|j| Out::Job(j.job_id, j.status))
+                    .unwrap_or_else(err_out);
+                let mono = m.mono;
+                let j = m.jobs.get_mut(&id).unwrap();
+                let model = if j.status == JobStatus::Claimed
+                    && !token.is_empty()
+                    && j.token == token
+                    && j.lease_deadline > mono
+                {
+                    j.lease_deadline = mono + LEASE_MS;
+                    Out::Job(id.clone(), JobStatus::Claimed)
+                } else {
+                    Out::Stale
+                };
+                (real, model)
+            }
+            Op::Cancel(i) => {
+                let Some(id) = pick(&m, i) else { continue };
+                let real = mb
+                    .cancel(&id)
+                    .map(|j| Out::Job(j.job_id, j.status))
+                    .unwrap_or_else(err_out);
+                let model = if matches!(m.jobs[&id].status, JobStatus::Queued | JobStatus::Claimed)
+                {
+                    m.release_dedupe(&id);
                     let j = m.jobs.get_mut(&id).unwrap();
-                    let model = if j.status == JobStatus::Claimed && !token.is_empty() && j.token == token && j.lease_deadline > mono {
-                        j.lease_deadline = mono + LEASE_MS;
-                        Out::Job(id.clone(), JobStatus::Claimed)
-                    } else { Out::Stale };
-                    (real, model)
+                    j.status = JobStatus::Cancelled;
+                    j.token.clear();
+                    Out::Job(id.clone(), JobStatus::Cancelled)
+                } else {
+                    Out::Illegal
+                };
+                (real, model)
+            }
+            Op::Interrupt(mbx) => {
+                let mailbox = format!("m{mbx}");
+                let real = mb
+                    .interrupt(&mailbox)
+                    .map(|r| {
+                        Out::Interrupt(
+                            r.new_generation,
+                            r.active_job.map(|j| j.job_id),
+                            r.superseded_count,
+                        )
+                    })
+                    .unwrap_or_else(err_out);
+                let generation = m.generations.get(&mailbox).copied().unwrap_or(0) + 1;
+                m.generations.insert(mailbox.clone(), generation);
+                let victims: Vec<String> = m
+                    .jobs
+                    .iter()
+                    .filter(|(_, j)| {
+                        j.mailbox == mailbox
+                            && j.status == JobStatus::Queued
+                            && j.generation < generation
+                    })
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in &victims {
+                    m.release_dedupe(id);
+                    m.jobs.get_mut(id).unwrap().status = JobStatus::Superseded;
                 }
-                Op::Cancel(i) => {
-                    let Some(id) = pick(&m, i) else { continue };
-                    let real = mb.cancel(&id).map(|j| Out::Job(j.job_id, j.status)).unwrap_or_else(err_out);
-                    let model = if matches!(m.jobs[&id].status, JobStatus::Queued | JobStatus::Claimed) {
-                        m.release_dedupe(&id);
-                        let j = m.jobs.get_mut(&id).unwrap();
-                        j.status = JobStatus::Cancelled;
-                        j.token.clear();
-                        Out::Job(id.clone(), JobStatus::Cancelled)
-                    } else { Out::Illegal };
-                    (real, model)
+                let active = m
+                    .jobs
+                    .iter()
+                    .find(|(_, j)| j.mailbox == mailbox && j.status == JobStatus::Claimed)
+                    .map(|(id, _)| id.clone());
+                (
+                    real,
+                    Out::Interrupt(generation, active, victims.len() as u32),
+                )
+            }
+            Op::Requeue(i) => {
+                let Some(id) = pick(&m, i) else { continue };
+                let real = mb
+                    .requeue(&id)
+                    .map(|j| Out::Job(j.job_id, j.status))
+                    .unwrap_or_else(err_out);
+                let wall = m.wall;
+                let j = m.jobs.get_mut(&id).unwrap();
+                let model = if j.status == JobStatus::DeadLetter {
+                    j.status = JobStatus::Queued;
+                    j.attempts = 0;
+                    j.available_at = wall;
+                    Out::Job(id.clone(), JobStatus::Queued)
+                } else {
+                    Out::Illegal
+                };
+                (real, model)
+            }
+            Op::Advance(ms) => {
+                clock.advance(Duration::from_millis(ms.into()));
+                m.wall += u64::from(ms);
+                m.mono += u64::from(ms);
+                continue;
+            }
+            Op::Reap => {
+                let mut real: Vec<(String, JobStatus)> = mb
+                    .reap_expired()
+                    .unwrap()
+                    .into_iter()
+                    .map(|r| (r.job.job_id, r.job.status))
+                    .collect();
+                real.sort_by(|a, b| a.0.cmp(&b.0));
+                let expired: Vec<String> = m
+                    .jobs
+                    .iter()
+                    .filter(|(_, j)| j.status == JobStatus::Claimed && j.lease_deadline <= m.mono)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                let mut model = Vec::new();
+                for id in expired {
+                    m.fail_attempt(&id, false, 0);
+                    model.push((id.clone(), m.jobs[&id].status));
                 }
-                Op::Interrupt(mbx) => {
-                    let mailbox = format!("m{mbx}");
-                    let real = mb.interrupt(&mailbox).map(|r| Out::Interrupt(r.new_generation, r.active_job.map(|j| j.job_id), r.superseded_count)).unwrap_or_else(err_out);
-                    let generation = m.generations.get(&mailbox).copied().unwrap_or(0) + 1;
-                    m.generations.insert(mailbox.clone(), generation);
-                    let victims: Vec<String> = m.jobs.iter()
-                        .filter(|(_, j)| j.mailbox == mailbox && j.status == JobStatus::Queued && j.generation < generation)
-                        .map(|(id, _)| id.clone()).collect();
-                    for id in &victims {
-                        m.release_dedupe(id);
-                        m.jobs.get_mut(id).unwrap().status = JobStatus::Superseded;
-                    }
-                    let active = m.jobs.iter().find(|(_, j)| j.mailbox == mailbox && j.status == JobStatus::Claimed).map(|(id, _)| id.clone());
-                    (real, Out::Interrupt(generation, active, victims.len() as u32))
-                }
-                Op::Requeue(i) => {
-                    let Some(id) = pick(&m, i) else { continue };
-                    let real = mb.requeue(&id).map(|j| Out::Job(j.job_id, j.status)).unwrap_or_else(err_out);
-                    let wall = m.wall;
-                    let j = m.jobs.get_mut(&id).unwrap();
-                    let model = if j.status == JobStatus::DeadLetter {
-                        j.status = JobStatus::Queued;
-                        j.attempts = 0;
-                        j.available_at = wall;
-                        Out::Job(id.clone(), JobStatus::Queued)
-                    } else { Out::Illegal };
-                    (real, model)
-                }
-                Op::Advance(ms) => {
-                    clock.advance(Duration::from_millis(ms.into()));
-                    m.wall += u64::from(ms);
-                    m.mono += u64::from(ms);
-                    continue;
-                }
-                Op::Reap => {
-                    let mut real: Vec<(String, JobStatus)> = mb.reap_expired().unwrap().into_iter().map(|r| (r.job.job_id, r.job.status)).collect();
-                    real.sort_by(|a, b| a.0.cmp(&b.0));
-                    let expired: Vec<String> = m.jobs.iter()
-                        .filter(|(_, j)| j.status == JobStatus::Claimed && j.lease_deadline <= m.mono)
-                        .map(|(id, _)| id.clone()).collect();
-                    let mut model = Vec::new();
-                    for id in expired {
-                        m.fail_attempt(&id, false, 0);
-                        model.push((id.clone(), m.jobs[&id].status));
-                    }
-                    model.sort_by(|a, b| a.0.cmp(&b.0));
-                    (Out::Reaped(real), Out::Reaped(model))
-                }
-            };
-            prop_assert_eq!(real, model);
+                model.sort_by(|a, b| a.0.cmp(&b.0));
+                (Out::Reaped(real), Out::Reaped(model))
+            }
+        };
+        if std::env::var("MODEL_TRACE").is_ok() {
+            eprintln!(
+                "{op_dbg}\n  real={real:?}\n  model={model:?}\n  dedupe={:?}",
+                m.dedupe
+            );
         }
-
-        for (id, want) in &m.jobs {
-            let got = mb.get(id).unwrap().unwrap();
-            prop_assert_eq!((got.status, got.attempt_count), (want.status, want.attempts), "job {}", id);
-        }
+        prop_assert_eq!(real, model);
     }
+
+    for (id, want) in &m.jobs {
+        let got = mb.get(id).unwrap().unwrap();
+        prop_assert_eq!(
+            (got.status, got.attempt_count),
+            (want.status, want.attempts),
+            "job {}",
+            id
+        );
+    }
+    Ok(())
+}
+
+/// A sequence proptest once found: dedupe ownership across interrupts and requeues.
+#[test]
+fn regression_dedupe_holder_after_interrupts_and_requeues() {
+    check(vec![
+        Op::Ack(57),
+        Op::Enqueue {
+            mailbox: 2,
+            priority: -2,
+            dedupe: Some(0),
+            dedupe_while_claimed: false,
+            delay_ms: 0,
+        },
+        Op::Extend(3),
+        Op::Enqueue {
+            mailbox: 2,
+            priority: -2,
+            dedupe: Some(2),
+            dedupe_while_claimed: true,
+            delay_ms: 2933,
+        },
+        Op::Claim,
+        Op::Enqueue {
+            mailbox: 0,
+            priority: -1,
+            dedupe: Some(0),
+            dedupe_while_claimed: false,
+            delay_ms: 0,
+        },
+        Op::Reap,
+        Op::Claim,
+        Op::Advance(2212),
+        Op::Advance(1735),
+        Op::Advance(2097),
+        Op::Enqueue {
+            mailbox: 0,
+            priority: 0,
+            dedupe: Some(1),
+            dedupe_while_claimed: false,
+            delay_ms: 0,
+        },
+        Op::Advance(80),
+        Op::Claim,
+        Op::Advance(989),
+        Op::Claim,
+        Op::Reap,
+        Op::Enqueue {
+            mailbox: 2,
+            priority: -2,
+            dedupe: Some(2),
+            dedupe_while_claimed: false,
+            delay_ms: 0,
+        },
+        Op::Advance(235),
+        Op::Advance(1863),
+        Op::Reap,
+        Op::Advance(2369),
+        Op::Enqueue {
+            mailbox: 1,
+            priority: -1,
+            dedupe: None,
+            dedupe_while_claimed: false,
+            delay_ms: 0,
+        },
+        Op::Claim,
+        Op::Enqueue {
+            mailbox: 1,
+            priority: 1,
+            dedupe: Some(0),
+            dedupe_while_claimed: true,
+            delay_ms: 2861,
+        },
+        Op::Extend(17),
+        Op::Cancel(180),
+        Op::Advance(304),
+        Op::Enqueue {
+            mailbox: 0,
+            priority: -1,
+            dedupe: Some(2),
+            dedupe_while_claimed: true,
+            delay_ms: 0,
+        },
+        Op::Enqueue {
+            mailbox: 0,
+            priority: 1,
+            dedupe: Some(0),
+            dedupe_while_claimed: true,
+            delay_ms: 484,
+        },
+        Op::Enqueue {
+            mailbox: 1,
+            priority: 1,
+            dedupe: None,
+            dedupe_while_claimed: true,
+            delay_ms: 0,
+        },
+        Op::Enqueue {
+            mailbox: 1,
+            priority: -2,
+            dedupe: None,
+            dedupe_while_claimed: true,
+            delay_ms: 0,
+        },
+        Op::Enqueue {
+            mailbox: 2,
+            priority: -2,
+            dedupe: None,
+            dedupe_while_claimed: true,
+            delay_ms: 2995,
+        },
+        Op::AckStale(6),
+        Op::Reap,
+        Op::Ack(21),
+        Op::Enqueue {
+            mailbox: 2,
+            priority: 0,
+            dedupe: None,
+            dedupe_while_claimed: true,
+            delay_ms: 1887,
+        },
+        Op::Enqueue {
+            mailbox: 0,
+            priority: 2,
+            dedupe: None,
+            dedupe_while_claimed: true,
+            delay_ms: 0,
+        },
+        Op::Claim,
+        Op::Claim,
+        Op::Interrupt(0),
+        Op::Ack(115),
+        Op::Requeue(129),
+        Op::Claim,
+        Op::Claim,
+        Op::Enqueue {
+            mailbox: 0,
+            priority: 1,
+            dedupe: None,
+            dedupe_while_claimed: true,
+            delay_ms: 2857,
+        },
+        Op::Claim,
+        Op::Enqueue {
+            mailbox: 0,
+            priority: -2,
+            dedupe: None,
+            dedupe_while_claimed: true,
+            delay_ms: 471,
+        },
+        Op::Enqueue {
+            mailbox: 0,
+            priority: -2,
+            dedupe: Some(0),
+            dedupe_while_claimed: true,
+            delay_ms: 2887,
+        },
+        Op::Extend(235),
+        Op::Interrupt(2),
+        Op::Interrupt(1),
+        Op::Nack(19, true),
+        Op::Requeue(232),
+        Op::Claim,
+        Op::Nack(103, true),
+        Op::Enqueue {
+            mailbox: 0,
+            priority: 1,
+            dedupe: None,
+            dedupe_while_claimed: true,
+            delay_ms: 0,
+        },
+        Op::Advance(1941),
+        Op::Ack(78),
+        Op::Enqueue {
+            mailbox: 0,
+            priority: 2,
+            dedupe: Some(0),
+            dedupe_while_claimed: false,
+            delay_ms: 0,
+        },
+        Op::Enqueue {
+            mailbox: 1,
+            priority: -2,
+            dedupe: Some(0),
+            dedupe_while_claimed: true,
+            delay_ms: 0,
+        },
+        Op::Claim,
+        Op::Claim,
+        Op::Requeue(26),
+        Op::Claim,
+        Op::Extend(69),
+        Op::Reap,
+        Op::Advance(421),
+        Op::Advance(1788),
+        Op::Claim,
+        Op::Advance(1721),
+        Op::Advance(1411),
+    ])
+    .unwrap();
 }

@@ -1,6 +1,6 @@
 //! Arbor's shared crate: the generated gRPC code, JSON/proto conversions, the one way errors
-//! become statuses, authentication, group commit for sled, and the serving plumbing both
-//! binaries use.
+//! become statuses, authentication, group commit for sled, the serving plumbing both
+//! binaries use, Prometheus metrics and W3C trace context.
 
 pub mod auth;
 pub mod convert;
@@ -8,7 +8,10 @@ pub mod domain;
 pub mod durability;
 pub mod integrity;
 pub mod json;
+pub mod limits;
+pub mod metrics;
 pub mod proto;
 pub mod server;
 pub mod status;
 pub mod time;
+pub mod trace;

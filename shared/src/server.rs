@@ -1,19 +1,31 @@
-//! Serving plumbing both binaries share: tracing set-up, the shutdown signal, reflection, and the
-//! rule that an unauthenticated service only listens on loopback.
+//! Serving plumbing both binaries share: tracing set-up, the shutdown signal, reflection, the
+//! rule that an unauthenticated service only listens on loopback, and the deferred service that
+//! lets health answer NOT_SERVING while the real service is still recovering.
 
-use std::net::SocketAddr;
+use std::{convert::Infallible, net::SocketAddr, sync::Arc};
+
+use tokio::sync::watch;
+
+use tonic::{
+    body::Body,
+    codegen::{BoxFuture, Context, Poll, Service, http},
+    server::NamedService,
+};
 
 use tokio_stream::wrappers::TcpListenerStream;
 
 /// Largest gRPC message either service accepts or sends (4 MiB, tonic's default decode limit).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
-/// Initialises the global tracing subscriber (`RUST_LOG` filter, `info` by default).
+/// Initialises the global tracing subscriber (`RUST_LOG` filter, `info` by default). With `json`
+/// every line is one JSON object whose `spans` carry span fields such as `trace_id`.
 pub fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour codes only for a person at a terminal; in files and collectors they are noise.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = if json {
         builder.json().try_init()
@@ -60,9 +72,17 @@ pub fn check_bind(addr: SocketAddr, auth_enabled: bool, insecure: bool) -> Resul
     ))
 }
 
-/// The accepted-connection stream of a bound listener, with TCP_NODELAY set.
-pub fn incoming(listener: tokio::net::TcpListener) -> TcpListenerStream {
-    TcpListenerStream::new(listener)
+/// The accepted-connection stream of a bound listener, with TCP_NODELAY set: gRPC writes small
+/// frames, and Nagle's algorithm meeting delayed ACKs would add ~40 ms to every exchange.
+pub fn incoming(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    TcpListenerStream::new(listener).map(|conn| {
+        let conn = conn?;
+        conn.set_nodelay(true)?;
+        Ok(conn)
+    })
 }
 
 /// gRPC server reflection (v1 and v1alpha) over every Arbor proto.
@@ -86,6 +106,84 @@ pub fn reflection_services() -> Result<
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
     Ok((v1, v1alpha))
+}
+
+/// A gRPC service that is routed from the moment the server binds but only exists once start-up
+/// has recovered its state, so the health service can answer (NOT_SERVING) on the same port
+/// meanwhile. A call that arrives before [`Deferred::set`] waits for it, within the caller's
+/// deadline, as it would have waited in the accept backlog before health-first start-up.
+pub struct Deferred<S> {
+    slot: Arc<watch::Sender<Option<S>>>,
+}
+
+impl<S> Clone for Deferred<S> {
+    fn clone(&self) -> Self {
+        Self {
+            slot: self.slot.clone(),
+        }
+    }
+}
+
+impl<S> Default for Deferred<S> {
+    fn default() -> Self {
+        Self {
+            slot: Arc::new(watch::channel(None).0),
+        }
+    }
+}
+
+impl<S> Deferred<S> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Installs the real service; waiting and later calls are routed to it.
+    pub fn set(&self, service: S) {
+        self.slot.send_replace(Some(service));
+    }
+}
+
+impl<S: NamedService> NamedService for Deferred<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> Service<http::Request<Body>> for Deferred<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    B: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    B::Error: Into<tonic::codegen::StdError>,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let mut slot = self.slot.subscribe();
+        Box::pin(async move {
+            // Ends only with the server (start-up failed): then the call is UNAVAILABLE.
+            let inner = slot
+                .wait_for(Option::is_some)
+                .await
+                .ok()
+                .and_then(|s| s.clone());
+            match inner {
+                Some(mut inner) => {
+                    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+                    Ok(inner.call(req).await?.map(Body::new))
+                }
+                None => Ok(tonic::Status::unavailable("service failed to start").into_http()),
+            }
+        })
+    }
 }
 
 #[cfg(test)]

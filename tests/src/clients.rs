@@ -45,12 +45,16 @@ pub fn approvals_as(url: &str, token: Option<&str>) -> ApprovalClient {
         .max_decoding_message_size(64 << 20)
 }
 
-/// Whether a failed call may succeed when retried: the server was down, restarting, cut off or
-/// too slow. Everything else is an answer.
+/// Whether a failed call may succeed when retried: the server was down, restarting, cut off,
+/// too slow, or shedding load. Everything else is an answer.
 pub fn is_transient(status: &tonic::Status) -> bool {
     use tonic::Code;
     matches!(
         status.code(),
-        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+        Code::Unavailable
+            | Code::Unknown
+            | Code::Cancelled
+            | Code::DeadlineExceeded
+            | Code::ResourceExhausted
     ) || (status.code() == Code::Internal && status.message().contains("h2 protocol error"))
 }

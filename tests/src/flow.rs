@@ -1,40 +1,51 @@
-//! Waiting for the states a test steers runs and approvals into, through the secured clients.
+//! Steps of the approval loop that several end-to-end tests share: register and submit (with
+//! or without a `traceparent`), wait for the approval, decide it, wait for the run, read events.
 
 use arbor_shared::proto::{approval::v1 as apb, runner::v1 as rpb};
 
-use crate::{
-    WAIT,
-    clients::{ApprovalClient, RunnerClient},
-    eventually,
-};
+use crate::{Cluster, WAIT, eventually};
 
-/// Waits until `run_id` has `status` (for SUSPENDED: with an active suspension).
-pub async fn wait_run(runner: &RunnerClient, run_id: &str, status: rpb::RunStatus) -> rpb::Run {
-    eventually(&format!("run {run_id} to be {status:?}"), WAIT, || {
-        let mut runner = runner.clone();
-        let run_id = run_id.to_string();
-        async move {
-            let run = runner
-                .get_run(rpb::GetRunRequest { run_id })
-                .await
-                .ok()?
-                .into_inner()
-                .run?;
-            let suspended_ok = status != rpb::RunStatus::Suspended || !run.suspensions.is_empty();
-            (run.status == status as i32 && suspended_ok).then_some(run)
-        }
-    })
-    .await
+/// Registers `tree` and submits a run of it; `traceparent` goes out as gRPC metadata.
+pub async fn submit(cluster: &Cluster, tree: String, traceparent: Option<&str>) -> rpb::Run {
+    let mut runner = cluster.runner_client().await;
+    let tree = runner
+        .register_tree(rpb::RegisterTreeRequest {
+            document: tree,
+            format: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .tree
+        .unwrap();
+    let mut request = tonic::Request::new(rpb::SubmitRunRequest {
+        tree_id: tree.id,
+        tree_version: tree.version,
+        ..Default::default()
+    });
+    if let Some(tp) = traceparent {
+        request
+            .metadata_mut()
+            .insert("traceparent", tp.parse().unwrap());
+    }
+    runner
+        .submit_run(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap()
 }
 
-/// Waits until approval-svc holds an approval of `run_id` in `state`; returns it.
-pub async fn wait_approval(
-    approvals: &ApprovalClient,
+/// Waits until approval-svc holds an approval of `run_id` in `state`.
+pub async fn approval_of(
+    cluster: &Cluster,
     run_id: &str,
     state: apb::ApprovalState,
 ) -> apb::Approval {
+    let approvals = cluster.approval_client().await;
     eventually(
-        &format!("{run_id}'s approval to be {state:?}"),
+        &format!("an approval of {run_id} in {state:?}"),
         WAIT,
         || {
             let mut approvals = approvals.clone();
@@ -59,31 +70,62 @@ pub async fn wait_approval(
     .await
 }
 
-/// Registers `document` (JSON) as `who`.
-pub async fn register(runner: &mut RunnerClient, document: String) -> rpb::Tree {
-    runner
-        .register_tree(rpb::RegisterTreeRequest {
-            document,
-            format: rpb::TreeFormat::Json as i32,
-        })
+/// Approves through `ApprovalService.Resolve`.
+pub async fn approve(cluster: &Cluster, request_id: &str) -> apb::ResolveResponse {
+    cluster
+        .approval_client()
         .await
-        .expect("RegisterTree")
-        .into_inner()
-        .tree
-        .expect("tree")
-}
-
-/// Submits a run of `tree_id` with a chosen run id.
-pub async fn submit(runner: &mut RunnerClient, tree_id: &str, run_id: &str) -> rpb::Run {
-    runner
-        .submit_run(rpb::SubmitRunRequest {
-            tree_id: tree_id.into(),
-            run_id: run_id.into(),
+        .resolve(apb::ResolveRequest {
+            request_id: request_id.into(),
+            decision: rpb::DecisionKind::Approve as i32,
+            reason: "ok".into(),
             ..Default::default()
         })
         .await
-        .expect("SubmitRun")
+        .unwrap()
         .into_inner()
-        .run
-        .expect("run")
+}
+
+/// Waits until the run has `status`.
+pub async fn wait_run(cluster: &Cluster, run_id: &str, status: rpb::RunStatus) -> rpb::Run {
+    let runner = cluster.runner_client().await;
+    eventually(&format!("run {run_id} to be {status:?}"), WAIT, || {
+        let mut runner = runner.clone();
+        async move {
+            let run = runner
+                .get_run(rpb::GetRunRequest {
+                    run_id: run_id.into(),
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .run?;
+            (run.status == status as i32).then_some(run)
+        }
+    })
+    .await
+}
+
+/// Every event of a run so far.
+pub async fn events_of(cluster: &Cluster, run_id: &str) -> Vec<rpb::Event> {
+    let mut stream = cluster
+        .runner_client()
+        .await
+        .stream_events(rpb::StreamEventsRequest {
+            after_seq: Some(0),
+            filter: Some(rpb::EventFilter {
+                run_id: run_id.into(),
+                ..Default::default()
+            }),
+            follow: false,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(item) = stream.message().await.unwrap() {
+        out.push(item.event.unwrap());
+    }
+    out
 }

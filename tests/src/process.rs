@@ -31,7 +31,8 @@ pub struct Binaries {
     pub approval: PathBuf,
 }
 
-fn workspace_root() -> PathBuf {
+/// The repository root (where `Cargo.toml`, `proto/` and `deploy/` live).
+pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("tests/ lives in the workspace")
@@ -110,6 +111,8 @@ pub struct Service {
     pub kind: ServiceKind,
     pub binary: PathBuf,
     pub addr: SocketAddr,
+    /// Where the service serves `/metrics` (a free port per service, so tests run in parallel).
+    pub metrics_addr: SocketAddr,
     pub data_dir: PathBuf,
     pub log: PathBuf,
     pub extra_args: Vec<String>,
@@ -128,6 +131,7 @@ impl Service {
             kind,
             binary,
             addr: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], free_port())),
             data_dir: root.join(name),
             log: root.join(format!("{name}.log")),
             extra_args,
@@ -141,8 +145,19 @@ impl Service {
         format!("http://{}", self.addr)
     }
 
+    /// `http://…/metrics` of this service.
+    pub fn metrics_url(&self) -> String {
+        format!("http://{}/metrics", self.metrics_addr)
+    }
+
     /// Starts the process and waits until its health service says SERVING.
     pub async fn start(&mut self) {
+        self.spawn();
+        self.wait_serving(crate::WAIT).await;
+    }
+
+    /// Starts the process without waiting for it to be ready.
+    pub fn spawn(&mut self) {
         assert!(self.child.is_none(), "already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -155,19 +170,20 @@ impl Service {
             .arg(self.addr.to_string())
             .arg("--data-dir")
             .arg(&self.data_dir)
+            .arg("--metrics-listen")
+            .arg(self.metrics_addr.to_string())
             .args(&self.extra_args)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env(
                 "RUST_LOG",
                 std::env::var("ARBOR_TEST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone().expect("log file")))
             .stderr(Stdio::from(log))
             .kill_on_drop(true);
         self.child = Some(cmd.spawn().expect("service binary starts"));
         self.starts += 1;
-        self.wait_serving(crate::WAIT).await;
     }
 
     /// Polls the standard health service until SERVING.
@@ -221,11 +237,34 @@ impl Service {
 
     /// SIGTERM and wait for a clean exit; returns the exit code.
     pub async fn stop(&mut self) -> Option<i32> {
-        let mut child = self.child.take()?;
-        if let Some(pid) = child.id() {
+        self.terminate();
+        self.wait_exit(Duration::from_secs(20)).await
+    }
+
+    /// Sends SIGTERM without waiting.
+    pub fn terminate(&self) {
+        if let Some(pid) = self.pid() {
             let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
         }
-        match tokio::time::timeout(Duration::from_secs(20), child.wait()).await {
+    }
+
+    /// Whether the process has exited (it is then reaped and forgotten).
+    pub fn has_exited(&mut self) -> bool {
+        let exited = match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(Some(_))),
+            None => true,
+        };
+        if exited {
+            self.child = None;
+        }
+        exited
+    }
+
+    /// Waits up to `timeout` for the process to exit; returns its exit code (`None` when it
+    /// was killed by a signal or had to be killed after the timeout).
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let mut child = self.child.take()?;
+        match tokio::time::timeout(timeout, child.wait()).await {
             Ok(Ok(status)) => status.code(),
             _ => {
                 let _ = child.start_kill();

@@ -16,10 +16,9 @@ use arbor_tests::{
     auth::{APPROVER, SUBMITTER_APPROVER, Tokens},
     chaos::verify::full_log,
     clients::{approvals_as, runner_as},
-    eventually,
-    flow::{register, submit, wait_approval, wait_run},
-    gate_tree,
+    eventually, gate_tree,
     process::{free_port, run_to_exit},
+    secured::{register, submit, wait_approval, wait_run},
 };
 use serde_json::json;
 use tonic::Code;

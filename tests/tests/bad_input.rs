@@ -20,7 +20,7 @@ use arbor_tests::{
     Cluster, Profile,
     auth::Tokens,
     clients::{ApprovalClient, RunnerClient, approvals_as, lazy_channel, runner_as},
-    flow, gate_tree,
+    gate_tree, secured,
     snapshot::{Probes, Snapshot},
 };
 use serde_json::json;
@@ -102,11 +102,11 @@ fn external_tree() -> String {
 }
 
 async fn submit(runner: &mut RunnerClient, tree: &str, run_id: &str) {
-    flow::submit(runner, tree, run_id).await;
+    secured::submit(runner, tree, run_id).await;
 }
 
 async fn wait_status(runner: &RunnerClient, run_id: &str, status: rpb::RunStatus) -> rpb::Run {
-    flow::wait_run(runner, run_id, status).await
+    secured::wait_run(runner, run_id, status).await
 }
 
 async fn approval_of(
@@ -114,7 +114,7 @@ async fn approval_of(
     run_id: &str,
     state: apb::ApprovalState,
 ) -> String {
-    flow::wait_approval(approvals, run_id, state)
+    secured::wait_approval(approvals, run_id, state)
         .await
         .request_id
 }

@@ -18,8 +18,8 @@ use arbor_shared::{
 use arbor_tests::{
     Cluster, Profile, Service, ServiceKind,
     clients::{approvals_as, runner_as},
-    flow::{register, wait_approval, wait_run},
     process::{free_port, run_to_exit},
+    secured::{register, wait_approval, wait_run},
 };
 use serde_json::json;
 

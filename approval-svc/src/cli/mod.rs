@@ -7,7 +7,7 @@ use std::{net::SocketAddr, path::PathBuf};
 
 use anyhow::Context;
 use arbor_approval_svc::{ServeConfig, policy::Policy};
-use arbor_shared::auth::Authenticator;
+use arbor_shared::{auth::Authenticator, metrics::MetricsListen};
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -122,16 +122,25 @@ pub struct ServeArgs {
     #[arg(long, env = "ARBOR_RUNNER_TOKEN_FILE")]
     pub runner_token_file: Option<PathBuf>,
     /// Allow serving a non-loopback address without authentication.
-    #[arg(long)]
+    #[arg(long, env = "ARBOR_INSECURE")]
     pub insecure: bool,
-    /// Log as JSON lines.
-    #[arg(long)]
+    /// Log as JSON lines (one object per line; an approval's lines carry its `trace_id`).
+    #[arg(long, env = "ARBOR_LOG_JSON")]
     pub log_json: bool,
+    /// Where Prometheus scrapes `/metrics` (HTTP), or `off`.
+    #[arg(long, env = "ARBOR_METRICS_LISTEN", default_value = "127.0.0.1:9465")]
+    pub metrics_listen: MetricsListen,
+    /// On SIGTERM, report NOT_SERVING and keep serving this long before closing anything, so
+    /// load balancers and meshes stop routing here first (Kubernetes: about 5000).
+    #[arg(long, env = "ARBOR_DRAIN_GRACE_MS", default_value_t = 0)]
+    pub drain_grace_ms: u64,
 }
 
 impl ServeArgs {
     pub fn config(&self) -> anyhow::Result<ServeConfig> {
         let mut cfg = ServeConfig::new(&self.data_dir, &self.runner);
+        cfg.drain_grace = std::time::Duration::from_millis(self.drain_grace_ms);
+        cfg.metrics_listen = self.metrics_listen;
         if let Some(path) = &self.policy {
             cfg.policy = Policy::from_file(path)?;
         }

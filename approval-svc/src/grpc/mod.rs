@@ -12,6 +12,7 @@ use arbor_shared::{
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::{
     approvals::Approvals,
@@ -155,6 +156,7 @@ impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
         let resolved = self
             .approvals
             .decide_as(&principal, self.auth_enabled, id, decision)
+            .instrument(self.approvals.span(id))
             .await?;
         Ok(Response::new(pb::ResolveResponse {
             approval: Some((&resolved.approval).into()),

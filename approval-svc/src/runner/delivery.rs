@@ -5,9 +5,11 @@
 
 use std::collections::HashMap;
 
+use arbor_shared::trace::TraceContext;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
+use tracing::Instrument;
 
 use super::{RunnerClient, backoff::Backoff};
 use crate::{
@@ -22,6 +24,9 @@ use crate::{
 
 /// Who the audit trail names when the runner refuses a delivery.
 const ACTOR: &str = "runner";
+
+/// Resolve calls to the runner in flight at once.
+const DELIVERIES_IN_FLIGHT: usize = 64;
 
 pub struct Delivery<S> {
     pub approvals: Approvals<S>,
@@ -75,20 +80,34 @@ impl<S: ApprovalStore> Delivery<S> {
         due: Vec<Approval>,
         retries: &mut HashMap<String, Retry>,
     ) -> Option<Instant> {
+        use futures_util::StreamExt;
         retries.retain(|id, _| due.iter().any(|a| a.id() == id));
         let mut next: Option<Instant> = None;
+        let now = Instant::now();
+        let mut ready = Vec::with_capacity(due.len());
         for approval in due {
-            if self.shutdown.is_cancelled() {
-                return None;
+            match retries.get(approval.id()) {
+                Some(r) if r.at > now => next = Some(next.map_or(r.at, |n| n.min(r.at))),
+                _ => ready.push(approval),
             }
-            let id = approval.id().to_string();
-            if let Some(r) = retries.get(&id)
-                && r.at > Instant::now()
-            {
-                next = Some(next.map_or(r.at, |n| n.min(r.at)));
-                continue;
-            }
-            match self.deliver(&approval).await {
+        }
+        // Deliveries are independent: keep many in flight so one slow round trip does not hold
+        // up every decision behind it.
+        let outcomes: Vec<(String, Result<bool, Error>)> = futures_util::stream::iter(ready)
+            .take_while(|_| std::future::ready(!self.shutdown.is_cancelled()))
+            .map(|approval| async move {
+                let span = self.approvals.span(approval.id());
+                let outcome = self.deliver(&approval).instrument(span).await;
+                (approval.id().to_string(), outcome)
+            })
+            .buffer_unordered(DELIVERIES_IN_FLIGHT)
+            .collect()
+            .await;
+        if self.shutdown.is_cancelled() {
+            return None;
+        }
+        for (id, outcome) in outcomes {
+            match outcome {
                 Ok(true) => {
                     retries.remove(&id);
                 }
@@ -110,7 +129,6 @@ impl<S: ApprovalStore> Delivery<S> {
         next
     }
 
-    /// One attempt. `Ok(true)`: finished (accepted or refused), `Ok(false)`: retry later.
     async fn deliver(&self, approval: &Approval) -> Result<bool, Error> {
         let Some(decision) = &approval.decision else {
             return Ok(true);
@@ -159,6 +177,11 @@ impl<S: ApprovalStore> Delivery<S> {
         };
         let mut request = tonic::Request::new(runner_resolve(approval, decision));
         request.set_timeout(self.tuning.rpc_timeout);
+        // The runner continues the run's trace with the steps this decision causes.
+        let trace = self.approvals.store().trace(approval.id()).ok().flatten();
+        if let Some(ctx) = trace.as_deref().and_then(TraceContext::parse) {
+            ctx.child().inject(&mut request);
+        }
         let mut client = self.client.clone();
         let call = tokio::select! {
             _ = self.shutdown.cancelled() => return Attempt::Failed("shutting down".into()),

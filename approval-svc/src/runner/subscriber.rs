@@ -6,20 +6,30 @@
 use arbor_shared::proto::runner::v1::{
     self as runner_pb, AckRequest, EventKind, StreamEventsRequest, event::Detail,
 };
+use std::time::Duration;
+
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 use tonic_health::{ServingStatus, server::HealthReporter};
+use tracing::Instrument;
 
 use super::{RunnerClient, SUBSCRIBER_ID, backoff::Backoff};
 use crate::{
-    approvals::Approvals, config::Tuning, convert::request_from_event, error::Error,
-    metrics::Metrics, store::ApprovalStore,
+    approvals::Approvals,
+    config::Tuning,
+    convert::request_from_event,
+    error::Error,
+    metrics::Metrics,
+    store::{ApprovalStore, Put},
 };
 
 /// Health-check name that reports whether the event subscription is live. It is NOT_SERVING
 /// while disconnected and after the runner compacted the log past our cursor.
 pub const SUBSCRIPTION_HEALTH: &str = "arbor.approval.v1.RunnerSubscription";
+
+/// Events applied together at most (more wait for the next batch).
+const MAX_BATCH: usize = 512;
 
 /// Who the audit trail names for cancellations the runner caused.
 const ACTOR: &str = "runner";
@@ -129,13 +139,33 @@ impl<S: ApprovalStore> Subscriber<S> {
                 _ = sleep_until(ack_due), if ack_due.is_some() => self.ack(cursor).await,
                 message = stream.message() => match message {
                     Ok(Some(resp)) => {
-                        let Some(event) = resp.event else { continue };
-                        if let Err(e) = self.apply(cursor, &event).await {
+                        // Take whatever else has already arrived, so one batch of events is
+                        // applied together and their store writes share fsyncs.
+                        let mut batch: Vec<runner_pb::Event> = resp.event.into_iter().collect();
+                        let mut end = None;
+                        while batch.len() < MAX_BATCH {
+                            match tokio::time::timeout(Duration::ZERO, stream.message()).await {
+                                Ok(Ok(Some(more))) => batch.extend(more.event),
+                                Ok(Ok(None)) => {
+                                    end = Some(SessionEnd::Runner(Status::unavailable("stream closed")));
+                                    break;
+                                }
+                                Ok(Err(status)) => {
+                                    end = Some(SessionEnd::Runner(status));
+                                    break;
+                                }
+                                Err(_) => break,
+                            }
+                        }
+                        if let Err(e) = self.apply_batch(cursor, batch).await {
                             return SessionEnd::Store(e);
                         }
                         backoff.reset();
                         if cursor.since_ack >= self.tuning.ack_every {
                             self.ack(cursor).await;
+                        }
+                        if let Some(end) = end {
+                            return end;
                         }
                     }
                     Ok(None) => return SessionEnd::Runner(Status::unavailable("stream closed")),
@@ -145,46 +175,136 @@ impl<S: ApprovalStore> Subscriber<S> {
         }
     }
 
-    /// Applies one event; afterwards everything it changed is durable.
-    async fn apply(&self, cursor: &mut Cursor, event: &runner_pb::Event) -> Result<(), Error> {
-        if let Some(done) = cursor.processed {
-            if event.seq <= done {
-                return Ok(()); // replayed after a reconnect; already applied
+    /// Applies a batch of events; afterwards everything they changed is durable. Events of one
+    /// run are applied in order (a request comes before its consumption or its run's cancel);
+    /// different runs are applied concurrently, so their store writes share group commits.
+    async fn apply_batch(
+        &self,
+        cursor: &mut Cursor,
+        batch: Vec<runner_pb::Event>,
+    ) -> Result<(), Error> {
+        let mut last = cursor.processed;
+        let mut by_run: Vec<(String, Vec<runner_pb::Event>)> = Vec::new();
+        let mut index: std::collections::HashMap<String, usize> = Default::default();
+        for event in batch {
+            if let Some(done) = last {
+                if event.seq <= done {
+                    continue; // replayed after a reconnect; already applied
+                }
+                if event.seq > done + 1 {
+                    tracing::warn!(
+                        after = done,
+                        got = event.seq,
+                        "gap in the runner's event sequence"
+                    );
+                }
             }
-            if event.seq > done + 1 {
-                tracing::warn!(
-                    after = done,
-                    got = event.seq,
-                    "gap in the runner's event sequence"
-                );
+            last = Some(event.seq);
+            let slot = *index.entry(event.run_id.clone()).or_insert_with(|| {
+                by_run.push((event.run_id.clone(), Vec::new()));
+                by_run.len() - 1
+            });
+            by_run[slot].1.push(event);
+        }
+        let applied: usize = by_run.iter().map(|(_, events)| events.len()).sum();
+        // New requests are stored first, in stream order (so arrival order is event order), and
+        // made durable with one flush; then each run's events are applied in order, runs
+        // concurrently.
+        let mut stored: std::collections::HashMap<u64, Put> = Default::default();
+        let mut requested: Vec<&runner_pb::Event> = by_run
+            .iter()
+            .flat_map(|(_, events)| events.iter())
+            .filter(|e| matches!(e.detail, Some(Detail::ApprovalRequested(_))))
+            .collect();
+        requested.sort_by_key(|e| e.seq);
+        for event in &requested {
+            if let Some(put) = self.store_request(event).await? {
+                stored.insert(event.seq, put);
             }
         }
-        self.handle(event).await?;
-        Metrics::inc(&self.approvals.metrics().events_processed);
-        cursor.processed = Some(event.seq);
-        cursor.since_ack += 1;
-        cursor.dirty_since.get_or_insert_with(Instant::now);
+        if !stored.is_empty() {
+            self.approvals.store().flush().await?;
+        }
+        let stored = &stored;
+        let results = futures_util::future::join_all(by_run.iter().map(|(_, events)| async move {
+            for event in events {
+                match stored.get(&event.seq) {
+                    Some(put) => self.settle(put.clone()).await?,
+                    None if matches!(event.detail, Some(Detail::ApprovalRequested(_))) => {}
+                    None => self.handle(event).await?,
+                }
+            }
+            Ok::<(), Error>(())
+        }))
+        .await;
+        results.into_iter().collect::<Result<(), Error>>()?;
+        if applied > 0 {
+            Metrics::add(&self.approvals.metrics().events_processed, applied as u64);
+            cursor.processed = last;
+            cursor.since_ack += applied as u32;
+            cursor.dirty_since.get_or_insert_with(Instant::now);
+        }
         Ok(())
+    }
+
+    /// Stores (not yet durably) the request an APPROVAL_REQUESTED event carries; `None` for a
+    /// malformed one, which is logged and passed over.
+    async fn store_request(&self, event: &runner_pb::Event) -> Result<Option<Put>, Error> {
+        let a = &self.approvals;
+        let Some(Detail::ApprovalRequested(r)) = &event.detail else {
+            return Ok(None);
+        };
+        match request_from_event(r) {
+            Ok((request, unknown_kind)) if valid_id(&request.request_id) => {
+                if !event.traceparent.is_empty() {
+                    a.store()
+                        .put_trace(&request.request_id, &event.traceparent)?;
+                }
+                Ok(Some(
+                    a.store().put_request_lazy(request, unknown_kind).await?,
+                ))
+            }
+            Ok(_) => {
+                self.malformed(event, "request_id holds a NUL byte");
+                Ok(None)
+            }
+            Err(e) => {
+                self.malformed(event, &e.to_string());
+                Ok(None)
+            }
+        }
+    }
+
+    /// Applies the policy to a stored request, inside the approval's trace span.
+    async fn settle(&self, put: Put) -> Result<(), Error> {
+        let a = &self.approvals;
+        let span = a.span(put.approval.id());
+        async {
+            let stored = a.settle(put).await?;
+            tracing::info!(state = %stored.state, "approval requested");
+            Ok::<_, Error>(())
+        }
+        .instrument(span)
+        .await
     }
 
     async fn handle(&self, event: &runner_pb::Event) -> Result<(), Error> {
         let a = &self.approvals;
         match &event.detail {
-            Some(Detail::ApprovalRequested(r)) => match request_from_event(r) {
-                Ok((request, unknown_kind)) if valid_id(&request.request_id) => {
-                    a.request(request, unknown_kind).await?;
-                }
-                Ok(_) => self.malformed(event, "request_id holds a NUL byte"),
-                Err(e) => self.malformed(event, &e.to_string()),
-            },
-            Some(Detail::ApprovalConsumed(c)) => a.consumed(&c.request_id, &c.decision_id).await?,
+            Some(Detail::ApprovalConsumed(c)) => {
+                a.consumed(&c.request_id, &c.decision_id)
+                    .instrument(a.span(&c.request_id))
+                    .await?
+            }
             Some(Detail::SuspensionWithdrawn(w)) => {
                 let reason = if w.reason.is_empty() {
                     "suspension withdrawn by the runner".to_string()
                 } else {
                     format!("suspension withdrawn: {}", w.reason)
                 };
-                a.withdraw(&w.request_id, ACTOR, &reason).await?;
+                a.withdraw(&w.request_id, ACTOR, &reason)
+                    .instrument(a.span(&w.request_id))
+                    .await?;
             }
             _ if event.kind == EventKind::RunCancelled as i32 => {
                 a.withdraw_run(&event.run_id, ACTOR, "run cancelled")

@@ -53,6 +53,16 @@ pub trait ApprovalStore: Send + Sync + 'static {
         unknown_kind: Option<i32>,
     ) -> impl Future<Output = Result<Put>> + Send;
 
+    /// Like `put_request`, but answers once the write is committed, before it is durable. For
+    /// callers that make it durable right after (a policy decision's flush, or `flush`).
+    fn put_request_lazy(
+        &self,
+        request: ApprovalRequest,
+        unknown_kind: Option<i32>,
+    ) -> impl Future<Output = Result<Put>> + Send {
+        self.put_request(request, unknown_kind)
+    }
+
     /// PENDING → RESOLVED, single winner. The same decision again is a duplicate (OK, nothing
     /// changes); a different one is `AlreadyDecided` and the first decision stands.
     fn resolve_request(
@@ -79,6 +89,20 @@ pub trait ApprovalStore: Send + Sync + 'static {
         request_id: &str,
         decision_id: &str,
     ) -> impl Future<Output = Result<Approval>> + Send;
+
+    /// `ack_result` then `prune_result` as one atomic, durable step (the run consumed the
+    /// decision: nothing is left to keep).
+    fn ack_and_prune(
+        &self,
+        request_id: &str,
+        decision_id: &str,
+    ) -> impl Future<Output = Result<(Approval, Approval)>> + Send {
+        async move {
+            let acked = self.ack_result(request_id, decision_id).await?;
+            let pruned = self.prune_result(request_id).await?;
+            Ok((acked, pruned))
+        }
+    }
 
     /// ACKED → PRUNED: drops the request payload and the decision's args/result; the record
     /// stays as a tombstone and the audit trail stays whole.
@@ -133,6 +157,19 @@ pub trait ApprovalStore: Send + Sync + 'static {
 
     fn set_cursor(&self, seq: u64) -> Result<()>;
 
+    /// Remembers the W3C `traceparent` the runner sent with a request, so the approval's log
+    /// lines and the delivery of its decision stay in the run's trace. Callers write it before
+    /// `put_request`, whose flush makes it durable; a replayed event writes it again.
+    fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<()>;
+
+    /// The `traceparent` stored for a request, if any.
+    fn trace(&self, request_id: &str) -> Result<Option<String>>;
+
     /// Everything written so far is on disk (shutdown).
     fn flush(&self) -> impl Future<Output = Result<()>> + Send;
+
+    /// fsyncs (group-commit flushes) issued so far.
+    fn fsyncs(&self) -> u64 {
+        0
+    }
 }

@@ -26,6 +26,12 @@ type TxResult<T> = std::result::Result<T, ConflictableTransactionError<Error>>;
 
 const CURSOR_KEY: &[u8] = b"subscriber_cursor";
 
+fn trace_key(request_id: &str) -> Vec<u8> {
+    let mut k = b"trace:".to_vec();
+    k.extend_from_slice(request_id.as_bytes());
+    k
+}
+
 /// Who the audit trail names for the service's own bookkeeping.
 pub const ACTOR_SERVICE: &str = "approval-svc";
 pub const ACTOR_RUNNER: &str = "runner";
@@ -273,6 +279,13 @@ impl SledStore {
 
     /// Runs `f` as one transaction over every tree, then waits until it is durable.
     async fn commit<T>(&self, f: impl Fn(&Tx<'_>) -> TxResult<T>) -> Result<T> {
+        let value = self.commit_lazy(f)?;
+        self.gc.flush().await?;
+        Ok(value)
+    }
+
+    /// Runs `f` as one transaction over every tree; durable at the next flush.
+    fn commit_lazy<T>(&self, f: impl Fn(&Tx<'_>) -> TxResult<T>) -> Result<T> {
         let t = &self.trees;
         let now = now_ms();
         let out = (
@@ -298,13 +311,11 @@ impl SledStore {
                     now,
                 })
             });
-        let value = match out {
-            Ok(v) => v,
-            Err(TransactionError::Abort(e)) => return Err(e),
-            Err(TransactionError::Storage(e)) => return Err(e.into()),
-        };
-        self.gc.flush().await?;
-        Ok(value)
+        match out {
+            Ok(v) => Ok(v),
+            Err(TransactionError::Abort(e)) => Err(e),
+            Err(TransactionError::Storage(e)) => Err(e.into()),
+        }
     }
 }
 
@@ -314,38 +325,15 @@ impl ApprovalStore for SledStore {
         request: ApprovalRequest,
         unknown_kind: Option<i32>,
     ) -> Result<Put> {
-        self.commit(|tx| {
-            if let Some(bytes) = tx.approvals.get(request.request_id.as_bytes())? {
-                return Ok(Put {
-                    approval: lift(codec::decode(&bytes))?,
-                    created: false,
-                });
-            }
-            let approval = Approval {
-                arrival: tx.approvals.generate_id()?,
-                request: request.clone(),
-                unknown_kind,
-                state: ApprovalState::Pending,
-                decision: None,
-                created_at_ms: tx.now,
-                updated_at_ms: tx.now,
-                version: 1,
-                delivery_attempts: 0,
-                last_delivery_error: String::new(),
-                delivered_at_ms: 0,
-                cancel_reason: String::new(),
-            };
-            tx.save(None, &approval)?;
-            tx.audit(
-                AuditEntry::about(&approval, AuditAction::Requested, ACTOR_RUNNER)
-                    .with_reason(request.title.clone()),
-            )?;
-            Ok(Put {
-                approval,
-                created: true,
-            })
-        })
-        .await
+        self.commit(|tx| put_tx(tx, &request, unknown_kind)).await
+    }
+
+    async fn put_request_lazy(
+        &self,
+        request: ApprovalRequest,
+        unknown_kind: Option<i32>,
+    ) -> Result<Put> {
+        self.commit_lazy(|tx| put_tx(tx, &request, unknown_kind))
     }
 
     async fn resolve_request(&self, request_id: &str, decision: NewDecision) -> Result<Resolved> {
@@ -430,7 +418,9 @@ impl ApprovalStore for SledStore {
         decision_id: &str,
         outcome: DeliveryOutcome,
     ) -> Result<Option<Approval>> {
-        self.commit(|tx| {
+        // Bookkeeping only: if a crash loses it, the decision is delivered again, which the
+        // runner answers as a duplicate. No fsync of its own.
+        self.commit_lazy(|tx| {
             let a = tx.load(request_id)?;
             let holds = a
                 .decision
@@ -458,51 +448,25 @@ impl ApprovalStore for SledStore {
             }
             Ok(Some(n))
         })
-        .await
     }
 
     async fn ack_result(&self, request_id: &str, decision_id: &str) -> Result<Approval> {
-        self.commit(|tx| {
-            let a = tx.load(request_id)?;
-            let state = tx.step(&a, Transition::Ack)?;
-            let held = a
-                .decision
-                .as_ref()
-                .map(|d| d.decision_id.clone())
-                .unwrap_or_default();
-            if held != decision_id {
-                return abort(Error::DecisionMismatch {
-                    request_id: request_id.to_string(),
-                    held,
-                    given: decision_id.to_string(),
-                });
-            }
-            let n = tx.next(&a, state);
-            tx.save(Some(&a), &n)?;
-            let mut entry = AuditEntry::about(&n, AuditAction::Acked, ACTOR_RUNNER);
-            if let Some(d) = &n.decision {
-                entry = entry.with_decision(d);
-            }
-            tx.audit(entry)?;
-            Ok(n)
-        })
-        .await
+        self.commit(|tx| ack_tx(tx, request_id, decision_id)).await
     }
 
     async fn prune_result(&self, request_id: &str) -> Result<Approval> {
+        self.commit(|tx| prune_tx(tx, request_id)).await
+    }
+
+    async fn ack_and_prune(
+        &self,
+        request_id: &str,
+        decision_id: &str,
+    ) -> Result<(Approval, Approval)> {
         self.commit(|tx| {
-            let a = tx.load(request_id)?;
-            let state = tx.step(&a, Transition::Prune)?;
-            let mut n = tx.next(&a, state);
-            n.request.tool_args = Json::Null;
-            n.request.context = Map::new();
-            if let Some(d) = &mut n.decision {
-                d.args = Json::Null;
-                d.result = Json::Null;
-            }
-            tx.save(Some(&a), &n)?;
-            tx.audit(AuditEntry::about(&n, AuditAction::Pruned, ACTOR_SERVICE))?;
-            Ok(n)
+            let acked = ack_tx(tx, request_id, decision_id)?;
+            let pruned = prune_tx(tx, request_id)?;
+            Ok((acked, pruned))
         })
         .await
     }
@@ -601,9 +565,100 @@ impl ApprovalStore for SledStore {
         Ok(())
     }
 
+    fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<()> {
+        self.trees
+            .meta
+            .insert(trace_key(request_id), traceparent.as_bytes())?;
+        Ok(())
+    }
+
+    fn trace(&self, request_id: &str) -> Result<Option<String>> {
+        Ok(self
+            .trees
+            .meta
+            .get(trace_key(request_id))?
+            .and_then(|v| String::from_utf8(v.to_vec()).ok()))
+    }
+
+    fn fsyncs(&self) -> u64 {
+        self.gc.flush_count()
+    }
+
     async fn flush(&self) -> Result<()> {
         self.gc.flush().await?;
         self.db.flush_async().await?;
         Ok(())
     }
+}
+
+fn put_tx(tx: &Tx<'_>, request: &ApprovalRequest, unknown_kind: Option<i32>) -> TxResult<Put> {
+    if let Some(bytes) = tx.approvals.get(request.request_id.as_bytes())? {
+        return Ok(Put {
+            approval: lift(codec::decode(&bytes))?,
+            created: false,
+        });
+    }
+    let approval = Approval {
+        arrival: tx.approvals.generate_id()?,
+        request: request.clone(),
+        unknown_kind,
+        state: ApprovalState::Pending,
+        decision: None,
+        created_at_ms: tx.now,
+        updated_at_ms: tx.now,
+        version: 1,
+        delivery_attempts: 0,
+        last_delivery_error: String::new(),
+        delivered_at_ms: 0,
+        cancel_reason: String::new(),
+    };
+    tx.save(None, &approval)?;
+    tx.audit(
+        AuditEntry::about(&approval, AuditAction::Requested, ACTOR_RUNNER)
+            .with_reason(request.title.clone()),
+    )?;
+    Ok(Put {
+        approval,
+        created: true,
+    })
+}
+
+fn ack_tx(tx: &Tx<'_>, request_id: &str, decision_id: &str) -> TxResult<Approval> {
+    let a = tx.load(request_id)?;
+    let state = tx.step(&a, Transition::Ack)?;
+    let held = a
+        .decision
+        .as_ref()
+        .map(|d| d.decision_id.clone())
+        .unwrap_or_default();
+    if held != decision_id {
+        return abort(Error::DecisionMismatch {
+            request_id: request_id.to_string(),
+            held,
+            given: decision_id.to_string(),
+        });
+    }
+    let n = tx.next(&a, state);
+    tx.save(Some(&a), &n)?;
+    let mut entry = AuditEntry::about(&n, AuditAction::Acked, ACTOR_RUNNER);
+    if let Some(d) = &n.decision {
+        entry = entry.with_decision(d);
+    }
+    tx.audit(entry)?;
+    Ok(n)
+}
+
+fn prune_tx(tx: &Tx<'_>, request_id: &str) -> TxResult<Approval> {
+    let a = tx.load(request_id)?;
+    let state = tx.step(&a, Transition::Prune)?;
+    let mut n = tx.next(&a, state);
+    n.request.tool_args = Json::Null;
+    n.request.context = Map::new();
+    if let Some(d) = &mut n.decision {
+        d.args = Json::Null;
+        d.result = Json::Null;
+    }
+    tx.save(Some(&a), &n)?;
+    tx.audit(AuditEntry::about(&n, AuditAction::Pruned, ACTOR_SERVICE))?;
+    Ok(n)
 }

@@ -1,14 +1,40 @@
 //! The durable event log: events are appended inside the same transaction as the checkpoint that
 //! produced them, numbered with a gap-free `seq`, and published to streams only once a flush has
-//! made them durable. Durable subscribers keep an acked cursor here.
+//! made them durable. Durable subscribers keep an acked cursor here, and each run's W3C trace
+//! context, which stamps a `traceparent` on every event of the run.
 
-use arbor_shared::domain::{Event, EventDetail, EventKind};
+use arbor_shared::{
+    domain::{Event, EventDetail, EventKind},
+    trace::TraceContext,
+};
 use tokio::sync::watch;
 
 use crate::store::{Store, T, Tx, TxResult, abort, codec};
 
 pub(crate) const NEXT_SEQ: &[u8] = b"next_seq";
 const FIRST_SEQ: &[u8] = b"first_seq";
+
+fn trace_key(run_id: &str) -> Vec<u8> {
+    let mut k = b"trace:".to_vec();
+    k.extend_from_slice(run_id.as_bytes());
+    k
+}
+
+/// Records the trace context the run's next steps belong to (SubmitRun, or a Resolve that
+/// arrived with a `traceparent`), inside the transaction that acts on it.
+pub fn set_run_trace<E>(tx: &Tx<'_>, run_id: &str, ctx: &TraceContext) -> TxResult<(), E> {
+    tx.tree(T::Meta)
+        .insert(trace_key(run_id), ctx.to_string().as_bytes())?;
+    Ok(())
+}
+
+/// The run's trace context, if it has one (runs submitted before tracing existed do not).
+pub fn run_trace<E>(tx: &Tx<'_>, run_id: &str) -> TxResult<Option<TraceContext>, E> {
+    Ok(tx
+        .tree(T::Meta)
+        .get(trace_key(run_id))?
+        .and_then(|b| std::str::from_utf8(&b).ok().and_then(TraceContext::parse)))
+}
 
 fn cursor_key(subscriber: &str) -> Vec<u8> {
     let mut k = b"sub:".to_vec();
@@ -48,7 +74,9 @@ pub enum EventLogError {
     Storage(#[from] sled::Error),
 }
 
-/// Appends events inside a runner transaction; returns them with their seqs.
+/// Appends events inside a runner transaction; returns them with their seqs. Each event carries
+/// `traceparent` when given, else its run's trace with one new span id per call: one call is one
+/// step (one transaction) of the run.
 pub fn append<E: From<codec::Corrupt>>(
     tx: &Tx<'_>,
     events: &[NewEvent],
@@ -64,14 +92,26 @@ pub fn append<E: From<codec::Corrupt>>(
         .map(|b| codec::read_u64(&b))
         .unwrap_or(1);
     let mut out = Vec::with_capacity(events.len());
+    let mut steps: Vec<(&str, String)> = Vec::new();
     for e in events {
+        let traceparent = if !traceparent.is_empty() {
+            traceparent.to_string()
+        } else if let Some((_, tp)) = steps.iter().find(|(run, _)| *run == e.run_id) {
+            tp.clone()
+        } else {
+            let tp = run_trace(tx, &e.run_id)?
+                .map(|ctx| ctx.child().to_string())
+                .unwrap_or_default();
+            steps.push((&e.run_id, tp.clone()));
+            tp
+        };
         let event = Event {
             seq: next,
             run_id: e.run_id.clone(),
             thread_id: e.thread_id.clone(),
             time_ms,
             detail: e.detail.clone(),
-            traceparent: traceparent.to_string(),
+            traceparent,
         };
         tx.tree(T::Events)
             .insert(&codec::u64_key(next), codec::encode(&event))?;
@@ -185,6 +225,18 @@ impl EventLog {
             out.push(codec::decode("event", &bytes)?);
         }
         Ok(out)
+    }
+
+    /// The trace id of a run's current trace context (`""` when it has none).
+    pub fn run_trace_id(&self, run_id: &str) -> String {
+        self.store
+            .tree(T::Meta)
+            .get(trace_key(run_id))
+            .ok()
+            .flatten()
+            .and_then(|b| std::str::from_utf8(&b).ok().and_then(TraceContext::parse))
+            .map(|c| c.trace_id())
+            .unwrap_or_default()
     }
 
     pub fn cursor(&self, subscriber: &str) -> Result<Option<u64>, EventLogError> {

@@ -100,6 +100,7 @@ pub fn submit_input(
             .unwrap_or_default(),
         max_attempts: r.max_attempts,
         submitted_by: submitted_by.to_string(),
+        trace: None,
     })
 }
 

@@ -3,17 +3,19 @@
 
 mod convert;
 
-use std::{pin::Pin, sync::Arc};
+use std::{pin::Pin, sync::Arc, time::Duration};
 
 use arbor_shared::{
     auth::{Role, principal_of},
     domain::{DecisionSource, EventKind, JobStatus, ResolveAction},
     json::from_optional_value,
     proto::runner::v1::{self as pb, runner_service_server::RunnerService},
+    trace::TraceContext,
 };
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::{
     engine::TreeFormat,
@@ -41,11 +43,44 @@ fn compacted(cursor: u64, first: u64) -> RunnerError {
 pub struct RunnerGrpc {
     runner: Arc<Runner>,
     shutdown: CancellationToken,
+    lag_timeout: Duration,
 }
 
 impl RunnerGrpc {
-    pub fn new(runner: Arc<Runner>, shutdown: CancellationToken) -> Self {
-        Self { runner, shutdown }
+    pub fn new(runner: Arc<Runner>, shutdown: CancellationToken, lag_timeout: Duration) -> Self {
+        Self {
+            runner,
+            shutdown,
+            lag_timeout,
+        }
+    }
+}
+
+type StreamItem = Result<pb::StreamEventsResponse, Status>;
+
+/// Sends one item, keeping one buffer slot free for a final error. A subscriber that leaves its
+/// buffer full for `lag` is dropped with RESOURCE_EXHAUSTED: the runner never waits on it, and
+/// it resumes from its cursor.
+async fn send_or_drop(
+    tx: &tokio::sync::mpsc::Sender<StreamItem>,
+    item: pb::StreamEventsResponse,
+    lag: Duration,
+) -> bool {
+    match tokio::time::timeout(lag, tx.reserve_many(2)).await {
+        Ok(Ok(mut permits)) => {
+            if let Some(permit) = permits.next() {
+                permit.send(Ok(item));
+            }
+            true
+        }
+        Ok(Err(_)) => false,
+        Err(_) => {
+            let _ = tx.try_send(Err(Status::resource_exhausted(format!(
+                "subscriber read nothing for {lag:?} with its buffer full; dropped — resume from \
+                 your cursor"
+            ))));
+            false
+        }
     }
 }
 
@@ -95,9 +130,12 @@ impl RunnerService for RunnerGrpc {
     async fn submit_run(&self, req: Request<pb::SubmitRunRequest>) -> Res<pb::SubmitRunResponse> {
         let principal = principal_of(&req);
         principal.require(&[Role::Submitter, Role::Operator], "submit runs")?;
-        let input =
+        let mut input =
             convert::submit_input(req.get_ref(), &principal.name).map_err(RunnerError::from)?;
+        input.trace = TraceContext::from_metadata(req.metadata());
         let submitted = self.runner.submit(input).await?;
+        tracing::info!(run_id = %submitted.run.run_id, deduplicated = submitted.deduplicated,
+            trace_id = %self.runner.events().run_trace_id(&submitted.run.run_id), "run submitted");
         let view = self.runner.get_run(&submitted.run.run_id)?;
         ok(pb::SubmitRunResponse {
             run: Some(convert::run(&view)),
@@ -152,6 +190,7 @@ impl RunnerService for RunnerGrpc {
     ) -> Res<pb::InterruptThreadResponse> {
         let principal = principal_of(&req);
         principal.require(&[Role::Submitter, Role::Operator], "interrupt threads")?;
+        let trace = TraceContext::from_metadata(req.metadata());
         let r = req.into_inner();
         // An interrupt cancels every run of the thread, so a submitter may interrupt only a
         // thread whose runs are all its own (as with CancelRun); operators may interrupt any.
@@ -167,7 +206,12 @@ impl RunnerService for RunnerGrpc {
             }
         }
         let next = match &r.next {
-            Some(n) => Some(convert::submit_input(n, &principal.name).map_err(RunnerError::from)?),
+            Some(n) => {
+                let mut input =
+                    convert::submit_input(n, &principal.name).map_err(RunnerError::from)?;
+                input.trace = trace;
+                Some(input)
+            }
             None => None,
         };
         let (intr, next_run) = self.runner.interrupt(&r.thread_id, &r.reason, next).await?;
@@ -246,6 +290,7 @@ impl RunnerService for RunnerGrpc {
         }
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER);
         let shutdown = self.shutdown.clone();
+        let lag = self.lag_timeout;
         tokio::spawn(async move {
             let mut watch = events.watch();
             let mut cursor = cursor;
@@ -281,7 +326,7 @@ impl RunnerService for RunnerGrpc {
                     let item = pb::StreamEventsResponse {
                         event: Some(pb::Event::from(&event)),
                     };
-                    if tx.send(Ok(item)).await.is_err() {
+                    if !send_or_drop(&tx, item, lag).await {
                         return;
                     }
                 }
@@ -315,6 +360,7 @@ impl RunnerService for RunnerGrpc {
             ],
             "resolve suspensions",
         )?;
+        let trace = TraceContext::from_metadata(req.metadata());
         let r = req.into_inner();
         let action = ResolveAction::from_wire(r.action, "action").map_err(RunnerError::from)?;
         let source = DecisionSource::from_wire_opt(r.source, "source")
@@ -325,6 +371,9 @@ impl RunnerService for RunnerGrpc {
         } else {
             principal.name.clone()
         };
+        let span = tracing::info_span!("resolve", run_id = %r.run_id, request_id = %r.request_id,
+            trace_id = %trace.map(|t| t.trace_id()).unwrap_or_default());
+        let decision_id = r.decision_id.clone();
         let resolved = self
             .runner
             .resolve(ResolveInput {
@@ -337,8 +386,17 @@ impl RunnerService for RunnerGrpc {
                 decided_by,
                 source,
                 may_resolve_approvals: principal.has(Role::Service),
+                trace,
             })
+            .instrument(span.clone())
             .await?;
+        span.in_scope(|| {
+            tracing::info!(
+                decision_id,
+                duplicate = resolved.duplicate,
+                "decision accepted"
+            )
+        });
         let view = self.runner.get_run(&resolved.run.run_id)?;
         ok(pb::ResolveResponse {
             duplicate: resolved.duplicate,

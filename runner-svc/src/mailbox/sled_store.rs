@@ -500,10 +500,11 @@ impl MailboxStore for SledMailbox {
             if let Some(job) = self.get(job_id)?
                 && job.status == JobStatus::Queued
                 && (job.available_at_ms > now
-                    || self
-                        .store
-                        .tree(T::Active)
-                        .contains_key(job.mailbox_id.as_bytes())?)
+                    || (!self.is_stale(&job)?
+                        && self
+                            .store
+                            .tree(T::Active)
+                            .contains_key(job.mailbox_id.as_bytes())?))
             {
                 continue;
             }
@@ -585,7 +586,7 @@ impl MailboxStore for SledMailbox {
 
     fn reap_expired(&self) -> Result<Vec<Reaped>, MailboxError> {
         let now_mono = self.clock.mono();
-        let expired: Vec<(String, Lease)> = match self.leases.lock() {
+        let mut expired: Vec<(String, Lease)> = match self.leases.lock() {
             Ok(leases) => leases
                 .iter()
                 .filter(|(_, l)| l.deadline <= now_mono)
@@ -593,6 +594,9 @@ impl MailboxStore for SledMailbox {
                 .collect(),
             Err(_) => Vec::new(),
         };
+        // A fixed order keeps retries deterministic (e.g. which of two jobs sharing a dedupe key
+        // takes it back first).
+        expired.sort_by(|a, b| a.0.cmp(&b.0));
         let mut reaped = Vec::new();
         for (job_id, lease) in expired {
             let now = self.now();
@@ -694,6 +698,18 @@ impl MailboxStore for SledMailbox {
 }
 
 impl SledMailbox {
+    /// Whether the job belongs to an older generation of its thread (the claim transaction
+    /// supersedes it).
+    fn is_stale(&self, job: &Job) -> Result<bool, MailboxError> {
+        let generation = self
+            .store
+            .tree(T::Mailboxes)
+            .get(job.mailbox_id.as_bytes())?
+            .map(|b| codec::read_u64(&b))
+            .unwrap_or(0);
+        Ok(job.generation < generation)
+    }
+
     /// Ids of the thread's queued jobs (candidates for an interrupt).
     pub fn queued_of(&self, mailbox_id: &str) -> Result<Vec<String>, MailboxError> {
         let mut ids = Vec::new();

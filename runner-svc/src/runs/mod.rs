@@ -10,7 +10,10 @@ mod work;
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 use arbor_shared::domain::{Event, RunStatus};
@@ -59,6 +62,9 @@ pub struct Runner {
     work: Notify,
     /// Bumped after every committed run change, for callers waiting on a run.
     changes: watch::Sender<u64>,
+    /// Jobs whose lease expired (or whose process died) and went back to the queue for another
+    /// worker to take over, since this process started.
+    lease_takeovers: AtomicU64,
 }
 
 impl Runner {
@@ -82,6 +88,7 @@ impl Runner {
             trees: Mutex::new(HashMap::new()),
             work: Notify::new(),
             changes,
+            lease_takeovers: AtomicU64::new(0),
         });
         if !recovered.is_empty() {
             tracing::info!(
@@ -107,6 +114,11 @@ impl Runner {
 
     pub fn tools(&self) -> &Arc<ToolRegistry> {
         &self.tools
+    }
+
+    /// Jobs returned to the queue after a lease expired, since this process started.
+    pub fn lease_takeovers(&self) -> u64 {
+        self.lease_takeovers.load(Ordering::Relaxed)
     }
 
     /// Resolves when a job may have become claimable.
@@ -227,6 +239,7 @@ impl Runner {
             if r.job.status == arbor_shared::domain::JobStatus::DeadLetter {
                 self.record_dead_letter(&r.job).await?;
             } else {
+                self.lease_takeovers.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(job = %r.job.job_id, run = %r.job.run_id, "lease expired; job returned to the queue");
             }
         }

@@ -29,6 +29,8 @@ pub struct ResolveInput {
     pub source: DecisionSource,
     /// Only the `service` role may resolve approval-category suspensions.
     pub may_resolve_approvals: bool,
+    /// The caller's trace context: the run's next steps belong to it. `None` keeps the run's.
+    pub trace: Option<arbor_shared::trace::TraceContext>,
 }
 
 /// What Resolve did.
@@ -157,6 +159,9 @@ impl Runner {
                     now,
                     default_max,
                 ))?;
+                if let Some(trace) = &input.trace {
+                    events::set_run_trace(tx, &run.run_id, trace)?;
+                }
                 let appended = events::append(
                     tx,
                     &[NewEvent {

@@ -48,6 +48,8 @@ pub struct SubmitInput {
     pub restore_policy: RestorePolicy,
     pub max_attempts: u32,
     pub submitted_by: String,
+    /// The caller's trace context; `None` starts a new trace for the run.
+    pub trace: Option<arbor_shared::trace::TraceContext>,
 }
 
 #[derive(Debug, Clone)]
@@ -126,6 +128,10 @@ impl Runner {
         let order = self.store.next_id()?;
         let fresh = Checkpoint::new(&spec, &thread_id, input.input.clone());
         let default_max = self.mailbox.config().default_max_attempts;
+        // Chosen outside the transaction body, which sled may run more than once.
+        let trace = input
+            .trace
+            .unwrap_or_else(arbor_shared::trace::TraceContext::new_root);
         let submitted = self
             .commit(|tx| {
                 let existing = records::get_run(tx, &run_id)?;
@@ -194,6 +200,7 @@ impl Runner {
                         run
                     }
                 };
+                events::set_run_trace(tx, &run.run_id, &trace)?;
                 let appended = events::append(
                     tx,
                     &[NewEvent {

@@ -11,11 +11,18 @@ use super::{Tool, ToolCall, ToolError};
 #[derive(Debug, Clone)]
 pub struct LedgerTool {
     tree: sled::Tree,
+    /// Records written so far. `sled::Tree::len` walks the whole tree, so the count is taken
+    /// once here and kept in step with every append.
+    appended: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl LedgerTool {
     pub fn new(tree: sled::Tree) -> Self {
-        Self { tree }
+        let appended = tree.len() as u64;
+        Self {
+            tree,
+            appended: std::sync::Arc::new(appended.into()),
+        }
     }
 
     /// (idempotency key, stored receipt) in key order.
@@ -53,9 +60,13 @@ impl Tool for LedgerTool {
             .get("entry")
             .cloned()
             .unwrap_or_else(|| call.args.clone());
+        let seq = self
+            .appended
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
         let receipt = json!({
             "key": call.idempotency_key,
-            "seq": self.tree.len() + 1,
+            "seq": seq,
             "entry": entry,
         });
         let bytes = serde_json::to_vec(&receipt).map_err(|e| ToolError::Storage(e.to_string()))?;
