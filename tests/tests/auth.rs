@@ -196,12 +196,23 @@ async fn each_role_may_do_its_job_and_nothing_else() {
         decided.approval.unwrap().decision.unwrap().decided_by,
         APPROVER
     );
-    let waiting = wait_run(&sam, "auth-run", rpb::RunStatus::Suspended).await;
-    let input = waiting
-        .suspensions
-        .iter()
-        .find(|s| s.category == rpb::SuspensionCategory::RequireUserInput as i32)
-        .expect("the run waits for release notes");
+    let input = eventually("the run to wait for release notes", WAIT, || {
+        let mut sam = sam.clone();
+        async move {
+            let run = sam
+                .get_run(rpb::GetRunRequest {
+                    run_id: "auth-run".into(),
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .run?;
+            run.suspensions
+                .into_iter()
+                .find(|s| s.category == rpb::SuspensionCategory::RequireUserInput as i32)
+        }
+    })
+    .await;
     sam.resolve(rpb::ResolveRequest {
         run_id: "auth-run".into(),
         request_id: input.request_id.clone(),
