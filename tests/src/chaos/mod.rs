@@ -145,6 +145,18 @@ impl Workload {
         }
     }
 
+    /// Stops the actors and the subscriber without checking runs (a soak's runs are compacted
+    /// away by retention); returns what the clients and the subscriber found wrong.
+    pub async fn stop(self) -> Vec<String> {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        for actor in self.actors {
+            let _ = actor.await;
+        }
+        let (_, mut problems) = self.recorder.finish().await;
+        problems.extend(self.shared.problems());
+        problems
+    }
+
     /// Stops the actors, gathers the evidence, stops both services cleanly (their exit codes are
     /// checked too), reads the runner's ledger and runs every check.
     pub async fn finish(self, cluster: &mut Cluster) -> Report {
