@@ -28,8 +28,8 @@ struct Scale {
 async fn sigkills_of_both_services_lose_nothing_and_repeat_nothing() {
     let scale = if chaos::long() {
         Scale {
-            runs: 2000,
-            kills: 200,
+            runs: 5000,
+            kills: 500,
             concurrency: 32,
             budget: Duration::from_secs(45 * 60),
         }
