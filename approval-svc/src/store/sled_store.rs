@@ -60,6 +60,11 @@ pub struct SledStore {
     integrity: Option<Arc<Integrity>>,
 }
 
+/// Upper bound of sled's page cache. sled's default is 1 GiB, which lets the resident set grow
+/// towards a gigabyte as the store grows; the approvals people work on are the recent ones. Same
+/// bound as the runner's default.
+const CACHE_BYTES: u64 = 64 << 20;
+
 /// What the integrity marker measures the store's progress by: the last audit entry's id. Every
 /// state change writes an audit entry, ids only grow, and audit entries are never removed.
 const PROGRESS: &str = "last audit id";
@@ -181,7 +186,11 @@ impl SledStore {
     /// (see `arbor_shared::integrity`).
     pub fn open(path: &Path) -> Result<Self> {
         Integrity::precheck(path).map_err(|e| Error::Storage(e.to_string()))?;
-        let mut store = Self::from_db(sled::open(path)?)?;
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(CACHE_BYTES)
+            .open()?;
+        let mut store = Self::from_db(db)?;
         let progress = store.progress()?;
         let integrity = Integrity::check(path, &store.db, PROGRESS, progress)
             .and_then(|i| {
