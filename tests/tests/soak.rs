@@ -103,12 +103,30 @@ async fn steady_traffic_levels_off() {
         samples.push(s);
     }
     let problems = workload.stop().await;
+    // What retention did: the runner logs every compaction pass that removed something.
+    let runner_log = std::fs::read_to_string(&cluster.runner.log).unwrap_or_default();
+    let passes: Vec<&str> = runner_log
+        .lines()
+        .filter(|l| l.contains("compacted"))
+        .collect();
+    println!(
+        "soak: {} retention passes removed something; last: {}",
+        passes.len(),
+        passes.last().copied().unwrap_or("none")
+    );
     let approval_exit = cluster.approval.stop().await;
     let runner_exit = cluster.runner.stop().await;
 
     assert!(samples.len() >= 4, "too short to judge: {samples:?}");
-    assert!(problems.is_empty(), "client/subscriber problems: {problems:?}");
-    assert_eq!((approval_exit, runner_exit), (Some(0), Some(0)), "clean stops");
+    assert!(
+        problems.is_empty(),
+        "client/subscriber problems: {problems:?}"
+    );
+    assert_eq!(
+        (approval_exit, runner_exit),
+        (Some(0), Some(0)),
+        "clean stops"
+    );
     for w in samples.windows(2) {
         assert!(w[1].finished > w[0].finished, "work stalled: {w:?}");
     }
