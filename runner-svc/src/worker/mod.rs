@@ -76,21 +76,24 @@ pub async fn worker_loop(
         tokio::pin!(woken);
         // Register interest before looking, so a wake-up between the look and the wait is kept.
         woken.as_mut().enable();
-        match runner.mailbox().claim(&worker_id) {
-            Ok(Some(claim)) => {
+        let next = match runner.mailbox().claim_or_next(&worker_id) {
+            Ok((Some(claim), _)) => {
                 in_flight.start(&claim);
                 runner.process(&claim).await;
                 in_flight.finish(&claim);
                 continue;
             }
-            Ok(None) => {}
-            Err(e) => tracing::error!(worker = %worker_id, "claim failed: {e}"),
-        }
-        let idle = match runner.mailbox().next_available_at() {
-            Ok(Some(at)) => {
+            Ok((None, next)) => next,
+            Err(e) => {
+                tracing::error!(worker = %worker_id, "claim failed: {e}");
+                None
+            }
+        };
+        let idle = match next {
+            Some(at) => {
                 Duration::from_millis(at.saturating_sub(arbor_shared::time::now_ms()).max(1))
             }
-            _ => Duration::from_secs(5),
+            None => Duration::from_secs(5),
         };
         tokio::select! {
             _ = &mut woken => {}
