@@ -128,8 +128,10 @@ pub async fn run(
         auth = cfg.auth.is_enabled(),
         "approval-svc starting"
     );
+    let progress_store = store.clone();
     let approvals = Approvals::new(Arc::new(store), cfg.policy.clone());
     let mut tasks: Vec<JoinHandle<()>> = vec![
+        tokio::spawn(record_progress(progress_store.clone(), stop.clone())),
         tokio::spawn(
             Subscriber {
                 approvals: approvals.clone(),
@@ -212,6 +214,9 @@ pub async fn run(
     if let Err(e) = approvals.store().flush().await {
         tracing::error!(error = %e, "final flush of the approval store failed");
     }
+    if let Err(e) = progress_store.record_progress().await {
+        tracing::error!(error = %e, "cannot record the final progress in the integrity marker");
+    }
     tracing::info!("approval-svc stopped");
     match served {
         Ok(r) => r.map_err(ServeError::Transport),
@@ -235,6 +240,22 @@ async fn open_store(cfg: &ServeConfig) -> Result<SledStore, Error> {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             other => return other,
+        }
+    }
+}
+
+/// How often the integrity marker records the durable progress: a loss of data made durable
+/// in the last interval before a crash cannot be told from the crash itself.
+const PROGRESS_RECORD_INTERVAL: Duration = Duration::from_secs(1);
+
+async fn record_progress(store: SledStore, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(PROGRESS_RECORD_INTERVAL) => {}
+        }
+        if let Err(e) = store.record_progress().await {
+            tracing::error!(error = %e, "cannot record durable progress in the integrity marker");
         }
     }
 }

@@ -293,6 +293,7 @@ async fn serve_opened(
         cfg.retention.clone(),
         stop.clone(),
     ));
+    workers.spawn(record_progress(runner.clone(), stop.clone()));
     front.api.set(InterceptedService::new(
         RunnerServiceServer::new(grpc::RunnerGrpc::new(
             runner.clone(),
@@ -342,6 +343,9 @@ async fn serve_opened(
         tracing::warn!("workers did not stop within the drain timeout");
     }
     runner.flush().await?;
+    if let Err(e) = runner.store().record_progress().await {
+        tracing::error!(error = %e, "cannot record the final progress in the integrity marker");
+    }
     tracing::info!("runner-svc stopped");
     match served {
         Some(r) => Ok(r?),
@@ -360,4 +364,20 @@ async fn set_health(health: &tonic_health::server::HealthReporter, status: Servi
             status,
         )
         .await;
+}
+
+/// How often the integrity marker records the durable progress: a loss of data made durable
+/// in the last interval before a crash cannot be told from the crash itself.
+const PROGRESS_RECORD_INTERVAL: Duration = Duration::from_secs(1);
+
+async fn record_progress(runner: Arc<Runner>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(PROGRESS_RECORD_INTERVAL) => {}
+        }
+        if let Err(e) = runner.store().record_progress().await {
+            tracing::error!(error = %e, "cannot record durable progress in the integrity marker");
+        }
+    }
 }

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod convert;
 pub mod domain;
 pub mod durability;
+pub mod integrity;
 pub mod json;
 pub mod limits;
 pub mod metrics;

@@ -3,11 +3,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod auth;
 pub mod bench;
+pub mod chaos;
+pub mod clients;
 pub mod deploy;
 pub mod flow;
 pub mod process;
+pub mod proxy;
 pub mod scrape;
+pub mod secured;
+pub mod snapshot;
 pub mod tools;
 
 use std::{future::Future, time::Duration};

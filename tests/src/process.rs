@@ -322,24 +322,55 @@ impl Cluster {
         runner_args: Vec<String>,
         approval_args: Vec<String>,
     ) -> Cluster {
+        let mut cluster = Self::prepare(profile, runner_args, approval_args);
+        let runner_url = cluster.runner.url();
+        cluster.start_routed(&runner_url).await;
+        cluster
+    }
+
+    /// Both services with authentication on (see [`crate::auth::Tokens`]); the tokens file
+    /// lives in the cluster's temp dir.
+    pub async fn start_secure(profile: Profile) -> (Cluster, crate::auth::Tokens) {
+        let mut cluster = Self::prepare(profile, Vec::new(), Vec::new());
+        let tokens = crate::auth::Tokens::write(cluster.dir.path());
+        cluster.runner.extra_args.extend(tokens.runner_args());
+        cluster.approval.extra_args.extend(tokens.approval_args());
+        let runner_url = cluster.runner.url();
+        cluster.start_routed(&runner_url).await;
+        (cluster, tokens)
+    }
+
+    /// Both services set up (fixed ports, data dirs in a fresh temp dir) but not started, so a
+    /// test can add arguments or put something between them first.
+    pub fn prepare(
+        profile: Profile,
+        runner_args: Vec<String>,
+        approval_args: Vec<String>,
+    ) -> Cluster {
         let bins = Binaries::get(profile);
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut runner = Service::new(ServiceKind::Runner, bins.runner, dir.path(), runner_args);
-        runner.start().await;
-        let mut approval_args = approval_args;
-        approval_args.extend(["--runner".to_string(), runner.url()]);
-        let mut approval = Service::new(
+        let runner = Service::new(ServiceKind::Runner, bins.runner, dir.path(), runner_args);
+        let approval = Service::new(
             ServiceKind::Approval,
             bins.approval,
             dir.path(),
             approval_args,
         );
-        approval.start().await;
         Cluster {
             dir,
             runner,
             approval,
         }
+    }
+
+    /// Starts runner-svc, then approval-svc with `--runner runner_url` (the runner itself, or a
+    /// proxy in front of it).
+    pub async fn start_routed(&mut self, runner_url: &str) {
+        self.approval
+            .extra_args
+            .extend(["--runner".to_string(), runner_url.to_string()]);
+        self.runner.start().await;
+        self.approval.start().await;
     }
 
     pub async fn runner_client(&self) -> RunnerServiceClient<Channel> {
@@ -349,4 +380,72 @@ impl Cluster {
     pub async fn approval_client(&self) -> ApprovalServiceClient<Channel> {
         ApprovalServiceClient::new(self.approval.channel().await)
     }
+}
+
+/// How a process that was expected to stop by itself ended.
+#[derive(Debug, Clone)]
+pub struct Exited {
+    /// `None`: killed by a signal, or still running at the deadline (then killed).
+    pub code: Option<i32>,
+    pub timed_out: bool,
+    pub stderr: String,
+}
+
+/// Runs `binary args…` until it exits or `timeout` passes (then kills it); returns its exit code
+/// and stderr.
+pub async fn run_to_exit(binary: &Path, args: &[String], timeout: Duration) -> Exited {
+    let mut child = Command::new(binary)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("binary starts");
+    let mut stderr = child.stderr.take().expect("stderr piped");
+    let read = tokio::spawn(async move {
+        let mut text = String::new();
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut text).await;
+        text
+    });
+    let (code, timed_out) = match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(Ok(status)) => (status.code(), false),
+        _ => {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            (None, true)
+        }
+    };
+    Exited {
+        code,
+        timed_out,
+        stderr: read.await.unwrap_or_default(),
+    }
+}
+
+impl Service {
+    /// Resident set size of the running process in KiB (Linux).
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+}
+
+/// Bytes of all files under `dir`.
+pub fn dir_size(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_size(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
 }

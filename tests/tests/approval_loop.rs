@@ -83,25 +83,43 @@ async fn wait_run(cluster: &Cluster, run_id: &str, status: rpb::RunStatus) -> rp
     .await
 }
 
+/// The events of a finished run. Streams carry only durable events, and GetRun can show the
+/// final status a moment before the flush that makes the run's last events durable, so this
+/// waits until the terminal event is there.
 async fn events_of(runner: &mut RunnerServiceClient<Channel>, run_id: &str) -> Vec<rpb::Event> {
-    let mut stream = runner
-        .stream_events(rpb::StreamEventsRequest {
-            after_seq: Some(0),
-            filter: Some(rpb::EventFilter {
-                run_id: run_id.into(),
-                ..Default::default()
-            }),
-            follow: false,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut out = Vec::new();
-    while let Some(item) = stream.message().await.unwrap() {
-        out.push(item.event.unwrap());
-    }
-    out
+    use rpb::EventKind as K;
+    let terminal = [
+        K::RunSucceeded,
+        K::RunFailed,
+        K::RunCancelled,
+        K::RunSuperseded,
+    ];
+    eventually("the run's terminal event to be streamed", WAIT, || {
+        let mut runner = runner.clone();
+        let run_id = run_id.to_string();
+        async move {
+            let mut stream = runner
+                .stream_events(rpb::StreamEventsRequest {
+                    after_seq: Some(0),
+                    filter: Some(rpb::EventFilter {
+                        run_id,
+                        ..Default::default()
+                    }),
+                    follow: false,
+                    ..Default::default()
+                })
+                .await
+                .ok()?
+                .into_inner();
+            let mut out = Vec::new();
+            while let Some(item) = stream.message().await.ok()? {
+                out.push(item.event?);
+            }
+            let last = out.last().and_then(|e| K::try_from(e.kind).ok())?;
+            terminal.contains(&last).then_some(out)
+        }
+    })
+    .await
 }
 
 async fn wait_approval_state(

@@ -16,6 +16,11 @@ use crate::error::{Error, Result};
 /// The subscriber id this service's cursor is stored under on the runner.
 pub const SUBSCRIBER_ID: &str = "approval-svc";
 
+/// How often an HTTP/2 ping checks the connection to the runner, and how long its answer may
+/// take before the connection is given up.
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub type RunnerClient = RunnerServiceClient<InterceptedService<Channel, BearerToken>>;
 
 /// A client that connects on first use and reconnects by itself, so start-up does not depend
@@ -28,6 +33,12 @@ pub fn connect_lazy(
     let mut endpoint = Channel::from_shared(url.to_string())
         .map_err(|e| Error::invalid("runner_url", e.to_string()))?
         .connect_timeout(std::time::Duration::from_secs(5))
+        // A runner host that dies without a FIN or RST (power loss, a dropped NAT entry) leaves
+        // the connection silent, and the event stream and every delivery on it would wait
+        // forever. HTTP/2 pings notice within interval + timeout; the channel then reconnects.
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
         .tcp_nodelay(true);
     if let Some(tls) = tls {
         endpoint = endpoint

@@ -1,11 +1,12 @@
 //! The sled implementation of `ApprovalStore`: one multi-tree transaction per state change
 //! (record, its indexes and its audit entry), then a group-commit flush before answering.
 
-use std::path::Path;
+use std::{path::Path, sync::Arc};
 
 use arbor_shared::{
     domain::{ApprovalRequest, DecisionKind, DecisionSource, TimeoutAction},
     durability::GroupCommit,
+    integrity::{self, Integrity},
     time::now_ms,
 };
 use serde_json::{Map, Value as Json};
@@ -55,7 +56,13 @@ pub struct SledStore {
     db: sled::Db,
     pub(super) trees: Trees,
     gc: GroupCommit,
+    /// The data directory's integrity marker (absent for databases opened by `from_db`).
+    integrity: Option<Arc<Integrity>>,
 }
+
+/// What the integrity marker measures the store's progress by: the last audit entry's id. Every
+/// state change writes an audit entry, ids only grow, and audit entries are never removed.
+const PROGRESS: &str = "last audit id";
 
 impl std::fmt::Debug for SledStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -170,8 +177,83 @@ impl Tx<'_> {
 }
 
 impl SledStore {
+    /// Opens the store in `path`, refusing a database that lost durable data or cannot be read
+    /// (see `arbor_shared::integrity`).
     pub fn open(path: &Path) -> Result<Self> {
-        Self::from_db(sled::open(path)?)
+        Integrity::precheck(path).map_err(|e| Error::Storage(e.to_string()))?;
+        let mut store = Self::from_db(sled::open(path)?)?;
+        let progress = store.progress()?;
+        let integrity = Integrity::check(path, &store.db, PROGRESS, progress)
+            .and_then(|i| {
+                integrity::guarded(path, |place| store.check_references(place))?;
+                Ok(i)
+            })
+            .map_err(|e| Error::Storage(e.to_string()))?;
+        store.integrity = Some(Arc::new(integrity));
+        Ok(store)
+    }
+
+    /// Every index entry must name a record that exists. Index entries are small and stay in
+    /// the log while big records (an approval with large arguments or context) may live in blob
+    /// files, and sled drops a record whose blob file is gone without an error: an index entry
+    /// without its record is how such a loss shows.
+    fn check_references(
+        &self,
+        place: &std::sync::Mutex<String>,
+    ) -> std::result::Result<(), String> {
+        let read = |e: sled::Error| e.to_string();
+        let t = &self.trees;
+        for (name, index, records) in [
+            ("approvals_by_created", &t.by_created, &t.approvals),
+            ("approvals_by_run", &t.by_run, &t.approvals),
+            ("audit_by_request", &t.audit_by_request, &t.audit),
+        ] {
+            if let Ok(mut p) = place.lock() {
+                *p = name.to_string();
+            }
+            for key in index.iter().keys() {
+                let key = key.map_err(read)?;
+                // by_created: `created ++ arrival ++ id`; the others: `owner ++ 0x00 ++ id`.
+                let id: &[u8] = if name == "approvals_by_created" {
+                    key.get(16..).unwrap_or_default()
+                } else {
+                    key.iter()
+                        .position(|b| *b == 0)
+                        .and_then(|p| key.get(p + 1..))
+                        .unwrap_or_default()
+                };
+                if !records.contains_key(id).map_err(read)? {
+                    return Err(format!(
+                        "index {name} names '{}', which is gone",
+                        String::from_utf8_lossy(id)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn progress(&self) -> Result<u64> {
+        Ok(self
+            .trees
+            .audit
+            .last()?
+            .and_then(|(k, _)| <[u8; 8]>::try_from(&k[..]).ok())
+            .map(u64::from_be_bytes)
+            .unwrap_or(0))
+    }
+
+    /// Makes everything committed so far durable, then records the progress it reached in the
+    /// integrity marker, so losing it later is detected at start-up.
+    pub async fn record_progress(&self) -> Result<()> {
+        let Some(integrity) = &self.integrity else {
+            return Ok(());
+        };
+        let progress = self.progress()?;
+        self.gc.flush().await?;
+        integrity
+            .record(progress)
+            .map_err(|e| Error::Storage(e.to_string()))
     }
 
     pub fn from_db(db: sled::Db) -> Result<Self> {
@@ -187,7 +269,12 @@ impl SledStore {
             meta: db.open_tree("meta")?,
         };
         let gc = GroupCommit::start(db.clone());
-        Ok(Self { db, trees, gc })
+        Ok(Self {
+            db,
+            trees,
+            gc,
+            integrity: None,
+        })
     }
 
     /// Runs `f` as one transaction over every tree, then waits until it is durable.

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use crate::store::{Store, T, Tx, TxResult, abort, codec};
 
-const NEXT_SEQ: &[u8] = b"next_seq";
+pub(crate) const NEXT_SEQ: &[u8] = b"next_seq";
 const FIRST_SEQ: &[u8] = b"first_seq";
 
 fn trace_key(run_id: &str) -> Vec<u8> {

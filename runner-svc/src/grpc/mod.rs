@@ -116,8 +116,10 @@ impl RunnerService for RunnerGrpc {
 
     async fn get_tree(&self, req: Request<pb::GetTreeRequest>) -> Res<pb::GetTreeResponse> {
         let r = req.into_inner();
-        if r.tree_id.is_empty() {
-            return Err(RunnerError::invalid("tree_id", "required").into());
+        // Tree ids are at most 128 bytes (parse_tree enforces it), so a longer one is malformed,
+        // not merely unknown.
+        if r.tree_id.is_empty() || r.tree_id.len() > 128 {
+            return Err(RunnerError::invalid("tree_id", "must be 1-128 bytes").into());
         }
         let tree = self.runner.tree_record(&r.tree_id, r.version)?;
         ok(pb::GetTreeResponse {
@@ -201,6 +203,19 @@ impl RunnerService for RunnerGrpc {
         principal.require(&[Role::Submitter, Role::Operator], "interrupt threads")?;
         let trace = TraceContext::from_metadata(req.metadata());
         let r = req.into_inner();
+        // An interrupt cancels every run of the thread, so a submitter may interrupt only a
+        // thread whose runs are all its own (as with CancelRun); operators may interrupt any.
+        if !principal.has(Role::Operator) {
+            for run_id in self.runner.thread_runs(&r.thread_id)? {
+                let run = self.runner.run_record(&run_id)?;
+                if run.submitted_by != principal.name {
+                    return Err(Status::permission_denied(format!(
+                        "principal '{}' may only interrupt threads whose runs it submitted",
+                        principal.name
+                    )));
+                }
+            }
+        }
         let next = match &r.next {
             Some(n) => {
                 let mut input =
@@ -272,6 +287,17 @@ impl RunnerService for RunnerGrpc {
         let first = events.first_seq().map_err(RunnerError::from)?;
         if cursor + 1 < first {
             return Err(compacted(cursor, first).into());
+        }
+        // A cursor past the end claims events this log never had (a runner restored from an
+        // older backup, or a cursor meant for another runner). Following it would skip the
+        // next events silently; refuse, like a compacted cursor, so the subscriber reconciles.
+        let last = events.last_seq().map_err(RunnerError::from)?;
+        if cursor > last {
+            return Err(RunnerError::OutOfRange(format!(
+                "cursor {cursor} is beyond the last event {last}: this log never had those \
+                 events; reconcile state, then resume from a cursor of at most {last}"
+            ))
+            .into());
         }
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER);
         let shutdown = self.shutdown.clone();
@@ -390,6 +416,10 @@ impl RunnerService for RunnerGrpc {
     }
 
     async fn ack(&self, req: Request<pb::AckRequest>) -> Res<pb::AckResponse> {
+        // A durable cursor decides which events its subscriber will never be sent again: anyone
+        // who could move approval-svc's cursor could make it skip approval requests. Only
+        // service identities and operators move cursors.
+        principal_of(&req).require(&[Role::Service, Role::Operator], "ack subscriber cursors")?;
         let r = req.into_inner();
         let acked_seq = self.runner.ack_cursor(&r.subscriber_id, r.seq).await?;
         ok(pb::AckResponse { acked_seq })

@@ -112,24 +112,7 @@ impl Runner {
     /// Enqueues a run; OK means the run, its checkpoint, its start job and RUN_QUEUED are
     /// durable.
     pub async fn submit(&self, input: SubmitInput) -> Result<Submitted, RunnerError> {
-        check_id("tree_id", &input.tree_id)?;
-        if !input.thread_id.is_empty() {
-            check_id("thread_id", &input.thread_id)?;
-        }
-        if !input.run_id.is_empty() {
-            check_id("run_id", &input.run_id)?;
-        }
-        if input.dedupe_key.len() > 256 {
-            return Err(RunnerError::invalid("dedupe_key", "at most 256 bytes"));
-        }
-        if input.priority == CANCEL_PRIORITY {
-            return Err(RunnerError::invalid(
-                "priority",
-                "i32::MAX is reserved for cancellation",
-            ));
-        }
-        let record = self.tree_record(&input.tree_id, input.tree_version)?;
-        let spec = self.tree_spec(&record.id, record.version)?;
+        let (record, spec) = self.check_submit(&input)?;
         let now = arbor_shared::time::now_ms();
         let run_id = if input.run_id.is_empty() {
             uuid::Uuid::now_v7().to_string()
@@ -152,26 +135,10 @@ impl Runner {
         let submitted = self
             .commit(|tx| {
                 let existing = records::get_run(tx, &run_id)?;
-                match (input.restore_policy, &existing) {
-                    (RestorePolicy::Never, Some(_)) => {
-                        return abort(RunnerError::AlreadyExists(format!(
-                            "run '{run_id}' already exists (restore_policy NEVER)"
-                        )));
-                    }
-                    (RestorePolicy::Required, None) => {
-                        return abort(RunnerError::FailedPrecondition(format!(
-                            "run '{run_id}' has no checkpoint to restore (restore_policy REQUIRED)"
-                        )));
-                    }
-                    _ => {}
-                }
-                if let Some(run) = &existing
-                    && run.status.is_terminal()
+                if let Some(conflict) =
+                    restore_conflict(input.restore_policy, &run_id, existing.as_ref())
                 {
-                    return abort(RunnerError::FailedPrecondition(format!(
-                        "run '{run_id}' already finished with {}",
-                        run.status.as_str()
-                    )));
+                    return abort(conflict);
                 }
                 let enq = lift(mtx::enqueue(
                     tx,
@@ -264,6 +231,33 @@ impl Runner {
         Ok(submitted)
     }
 
+    /// The checks a submission must pass before anything is written: ids, limits, and the tree
+    /// version it pins.
+    fn check_submit(
+        &self,
+        input: &SubmitInput,
+    ) -> Result<(TreeRecord, std::sync::Arc<crate::engine::TreeSpec>), RunnerError> {
+        check_id("tree_id", &input.tree_id)?;
+        if !input.thread_id.is_empty() {
+            check_id("thread_id", &input.thread_id)?;
+        }
+        if !input.run_id.is_empty() {
+            check_id("run_id", &input.run_id)?;
+        }
+        if input.dedupe_key.len() > 256 {
+            return Err(RunnerError::invalid("dedupe_key", "at most 256 bytes"));
+        }
+        if input.priority == CANCEL_PRIORITY {
+            return Err(RunnerError::invalid(
+                "priority",
+                "i32::MAX is reserved for cancellation",
+            ));
+        }
+        let record = self.tree_record(&input.tree_id, input.tree_version)?;
+        let spec = self.tree_spec(&record.id, record.version)?;
+        Ok((record, spec))
+    }
+
     /// Bumps the thread's generation: its queued jobs are superseded (never-started runs become
     /// SUPERSEDED), every started, unfinished run of the thread is cancelled cooperatively by a
     /// cancel job that outranks everything else in the thread, and `next` (if given) is enqueued
@@ -275,6 +269,23 @@ impl Runner {
         next: Option<SubmitInput>,
     ) -> Result<(MailboxInterrupt, Option<Submitted>), RunnerError> {
         check_id("thread_id", thread_id)?;
+        // The replacement is submitted after the interrupt commits; a replacement that cannot be
+        // submitted (unknown tree, bad id) must be refused before the thread is interrupted,
+        // or bad input would cancel the thread's runs.
+        if let Some(next) = &next {
+            self.check_submit(next)?;
+            if !next.run_id.is_empty() {
+                let existing = match self.store.tree(T::Runs).get(next.run_id.as_bytes())? {
+                    Some(bytes) => Some(codec::decode::<RunRecord>("run", &bytes)?),
+                    None => None,
+                };
+                if let Some(conflict) =
+                    restore_conflict(next.restore_policy, &next.run_id, existing.as_ref())
+                {
+                    return Err(conflict);
+                }
+            }
+        }
         let candidates = self.mailbox.queued_of(thread_id)?;
         let runs = self.thread_runs(thread_id)?;
         let now = arbor_shared::time::now_ms();
@@ -352,6 +363,30 @@ impl Runner {
             }
         }
         Ok(out)
+    }
+}
+
+/// Why a submission with `policy` may not (re)use `run_id` given the run stored under it, if it
+/// may not.
+fn restore_conflict(
+    policy: RestorePolicy,
+    run_id: &str,
+    existing: Option<&RunRecord>,
+) -> Option<RunnerError> {
+    match (policy, existing) {
+        (RestorePolicy::Never, Some(_)) => Some(RunnerError::AlreadyExists(format!(
+            "run '{run_id}' already exists (restore_policy NEVER)"
+        ))),
+        (RestorePolicy::Required, None) => Some(RunnerError::FailedPrecondition(format!(
+            "run '{run_id}' has no checkpoint to restore (restore_policy REQUIRED)"
+        ))),
+        (_, Some(run)) if run.status.is_terminal() => {
+            Some(RunnerError::FailedPrecondition(format!(
+                "run '{run_id}' already finished with {}",
+                run.status.as_str()
+            )))
+        }
+        _ => None,
     }
 }
 

@@ -4,9 +4,12 @@
 
 pub mod codec;
 
-use std::path::Path;
+use std::{path::Path, sync::Arc};
 
-use arbor_shared::durability::{FlushError, GroupCommit};
+use arbor_shared::{
+    durability::{FlushError, GroupCommit},
+    integrity::{self, Integrity, IntegrityError},
+};
 use sled::{
     Transactional,
     transaction::{ConflictableTransactionError, TransactionError, TransactionalTree},
@@ -108,6 +111,8 @@ pub fn finished_key(kind: u8, at_ms: u64, id: &str) -> Vec<u8> {
 pub enum OpenError {
     #[error("cannot open the runner database at {path}: {source}")]
     Open { path: String, source: sled::Error },
+    #[error(transparent)]
+    Damaged(#[from] IntegrityError),
 }
 
 /// Handle to the runner database. Cheap to clone.
@@ -116,7 +121,12 @@ pub struct Store {
     db: sled::Db,
     trees: Vec<sled::Tree>,
     gc: GroupCommit,
+    integrity: Arc<Integrity>,
 }
+
+/// What the integrity marker measures the runner database's progress by: the last event seq
+/// ever assigned, which only grows (retention removes events, never the counter).
+const PROGRESS: &str = "event seq";
 
 impl Store {
     /// Opens (or creates) the database in `dir`. `cache_bytes` bounds sled's page cache, which
@@ -126,6 +136,7 @@ impl Store {
             path: dir.display().to_string(),
             source,
         };
+        Integrity::precheck(dir)?;
         let db = sled::Config::new()
             .path(dir)
             .cache_capacity(cache_bytes)
@@ -138,8 +149,26 @@ impl Store {
             .map(|name| db.open_tree(name))
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
+        // Before anything writes: sled opens a damaged log as an older or empty database.
+        let progress = last_event_seq(&trees[T::Meta as usize]).map_err(err)?;
+        let integrity = Arc::new(Integrity::check(dir, &db, PROGRESS, progress)?);
+        integrity::guarded(dir, |place| check_references(&trees, place))?;
         let gc = GroupCommit::start(db.clone());
-        Ok(Self { db, trees, gc })
+        Ok(Self {
+            db,
+            trees,
+            gc,
+            integrity,
+        })
+    }
+
+    /// Makes everything committed so far durable, then records the progress it reached in the
+    /// integrity marker, so losing it later is detected at start-up.
+    pub async fn record_progress(&self) -> Result<(), String> {
+        let progress =
+            last_event_seq(self.tree(T::Meta)).map_err(|e| format!("cannot read progress: {e}"))?;
+        self.durable().await.map_err(|e| e.to_string())?;
+        self.integrity.record(progress).map_err(|e| e.to_string())
     }
 
     pub fn tree(&self, t: T) -> &sled::Tree {
@@ -180,6 +209,59 @@ impl Store {
     pub fn size_on_disk(&self) -> u64 {
         self.db.size_on_disk().unwrap_or(0)
     }
+}
+
+/// Every index entry must name a record that exists. Index entries are small and stay in the
+/// log while big records (checkpoints) may live in blob files, and sled drops a record whose blob
+/// file is gone without an error: an index entry without its record is how such a loss shows.
+fn check_references(trees: &[sled::Tree], place: &std::sync::Mutex<String>) -> Result<(), String> {
+    let tree = |t: T| &trees[t as usize];
+    let at = |name: &str| {
+        if let Ok(mut p) = place.lock() {
+            *p = name.to_string();
+        }
+    };
+    let read = |e: sled::Error| e.to_string();
+    at("runs");
+    for key in tree(T::Runs).iter().keys() {
+        let run_id = key.map_err(read)?;
+        if !tree(T::Checkpoints).contains_key(&run_id).map_err(read)? {
+            return Err(format!(
+                "run '{}' has lost its checkpoint",
+                String::from_utf8_lossy(&run_id)
+            ));
+        }
+    }
+    at("thread_runs");
+    for key in tree(T::ThreadRuns).iter().keys() {
+        let key = key.map_err(read)?;
+        let run_id = key.split(|b| *b == 0).nth(1).unwrap_or_default();
+        if !tree(T::Runs).contains_key(run_id).map_err(read)? {
+            return Err(format!(
+                "thread index names run '{}', which is gone",
+                String::from_utf8_lossy(run_id)
+            ));
+        }
+    }
+    at("queue");
+    for key in tree(T::Queue).iter().keys() {
+        let key = key.map_err(read)?;
+        let job_id = key.get(12..).unwrap_or_default();
+        if !tree(T::Jobs).contains_key(job_id).map_err(read)? {
+            return Err(format!(
+                "queue names job '{}', which is gone",
+                String::from_utf8_lossy(job_id)
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn last_event_seq(meta: &sled::Tree) -> Result<u64, sled::Error> {
+    Ok(meta
+        .get(crate::events::NEXT_SEQ)?
+        .map(|b| codec::read_u64(&b).saturating_sub(1))
+        .unwrap_or(0))
 }
 
 /// Converts a transaction body's abort error into another error type.

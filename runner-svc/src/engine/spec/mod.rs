@@ -68,10 +68,41 @@ pub fn parse_tree(document: &str, format: TreeFormat) -> Result<TreeSpec, Vec<Fi
             };
             vec![FieldViolation::new("$", why)]
         })?,
-        TreeFormat::Yaml => serde_yaml_ng::from_str(document)
-            .map_err(|e| vec![FieldViolation::new("$", format!("not valid YAML: {e}"))])?,
+        TreeFormat::Yaml => {
+            check_yaml_flow_depth(document)?;
+            serde_yaml_ng::from_str(document)
+                .map_err(|e| vec![FieldViolation::new("$", format!("not valid YAML: {e}"))])?
+        }
     };
     parse::parse_document(value)
+}
+
+/// Deepest `[` / `{` nesting a YAML document may have: what serde_json allows a JSON document.
+pub const MAX_YAML_FLOW_DEPTH: usize = 128;
+
+/// The YAML parser re-checks every open flow level at each token, so a document of nested
+/// `{a: {a: …` costs time quadratic in its depth (400 KB took 17 s of CPU) before any recursion
+/// limit applies. This linear scan refuses such documents first. It counts every bracket, also
+/// inside quotes and comments: that can only refuse a document with more than 128 of them
+/// unclosed, while skipping quoted text would let a crafted stray quote hide the real nesting.
+fn check_yaml_flow_depth(document: &str) -> Result<(), Vec<FieldViolation>> {
+    let mut depth = 0usize;
+    for b in document.bytes() {
+        match b {
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_YAML_FLOW_DEPTH {
+                    return Err(vec![FieldViolation::new(
+                        "$",
+                        format!("YAML nested deeper than {MAX_YAML_FLOW_DEPTH} flow levels"),
+                    )]);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -169,3 +169,19 @@ fn json_nested_past_the_parser_limit_reports_depth() {
         errs[0]
     );
 }
+
+#[test]
+fn yaml_nested_deeper_than_json_may_be_is_refused_before_parsing() {
+    // Parsing this would take the YAML parser minutes of CPU (quadratic in the depth).
+    let bomb = "{a: ".repeat(1_000_000);
+    let errs = parse_tree(&bomb, TreeFormat::Yaml).unwrap_err();
+    assert_eq!(errs[0].field, "$");
+    assert!(errs[0].description.contains("deeper than 128"), "{errs:?}");
+    // Nesting within the limit is still parsed (and then validated as a tree).
+    let nested = format!(
+        "id: x\nversion: 1\nroot: {{type: set, key: k, value: {}1{}}}",
+        "[".repeat(100),
+        "]".repeat(100)
+    );
+    assert!(parse_tree(&nested, TreeFormat::Yaml).is_ok());
+}
