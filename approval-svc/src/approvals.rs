@@ -100,7 +100,7 @@ impl<S: ApprovalStore> Approvals<S> {
         self.settle(put).await
     }
 
-    /// Publishes a stored (durable) request and applies the policy: an allow/deny rule decides it
+    /// Publishes a stored request and applies the policy: an allow/deny rule decides it
     /// through the same path as a person; otherwise it waits, with its deadline armed.
     pub async fn settle(&self, put: Put) -> Result<Approval> {
         let approval = put.approval;

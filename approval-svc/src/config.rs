@@ -24,6 +24,10 @@ pub struct ServeConfig {
     pub metrics_listen: MetricsListen,
     /// Requests handled at once before new ones are shed with RESOURCE_EXHAUSTED.
     pub max_in_flight: usize,
+    /// Serve TLS with this identity (deployments without a mesh); plaintext when `None`.
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// TLS towards an `https://` runner, trusting this CA.
+    pub runner_tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl ServeConfig {
@@ -39,6 +43,8 @@ impl ServeConfig {
             drain_grace: Duration::ZERO,
             metrics_listen: MetricsListen(None),
             max_in_flight: arbor_shared::limits::DEFAULT_MAX_IN_FLIGHT,
+            tls: None,
+            runner_tls: None,
         }
     }
 }

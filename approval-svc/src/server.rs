@@ -76,8 +76,12 @@ pub async fn run(
     let local = listener.local_addr().ok();
     let stop = CancellationToken::new();
     let drained = stop.clone();
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = cfg.tls.clone() {
+        builder = builder.tls_config(tls)?;
+    }
     let mut server = tokio::spawn(
-        tonic::transport::Server::builder()
+        builder
             .layer(arbor_shared::limits::LoadShedLayer::new(cfg.max_in_flight))
             .add_service(health_service)
             .add_service(reflection_v1)
@@ -105,7 +109,11 @@ pub async fn run(
             };
         }
     };
-    let client = match connect_lazy(&cfg.runner_url, cfg.runner_token.as_deref()) {
+    let client = match connect_lazy(
+        &cfg.runner_url,
+        cfg.runner_token.as_deref(),
+        cfg.runner_tls.clone(),
+    ) {
         Ok(c) => c,
         Err(e) => {
             stop.cancel();

@@ -179,6 +179,12 @@ pub struct ServeArgs {
     /// Keep finished runs and final jobs this long (ms).
     #[arg(long, env = "ARBOR_FINISHED_RETENTION_MS", default_value_t = 7 * 86_400_000)]
     pub finished_retention_ms: u64,
+    /// PEM certificate (chain) to serve TLS with (deployments without a mesh).
+    #[arg(long, env = "ARBOR_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, env = "ARBOR_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Requests handled at once; more are shed with RESOURCE_EXHAUSTED.
     #[arg(long, env = "ARBOR_MAX_IN_FLIGHT", default_value_t = arbor_shared::limits::DEFAULT_MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
@@ -200,13 +206,22 @@ pub struct ClientArgs {
     pub addr: String,
     #[arg(long, env = "ARBOR_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// CA certificate (PEM) to trust for an `https://` address.
+    #[arg(long, env = "ARBOR_CA")]
+    pub ca: Option<PathBuf>,
 }
 
 type Client = RunnerServiceClient<InterceptedService<Channel, BearerToken>>;
 
 async fn connect(args: &ClientArgs) -> Result<Client, String> {
-    let channel = Channel::from_shared(args.addr.clone())
-        .map_err(|e| format!("bad address {}: {e}", args.addr))?
+    let mut endpoint = Channel::from_shared(args.addr.clone())
+        .map_err(|e| format!("bad address {}: {e}", args.addr))?;
+    if let Some(ca) = &args.ca {
+        endpoint = endpoint
+            .tls_config(arbor_shared::tls::client_config(ca)?)
+            .map_err(|e| format!("TLS: {e}"))?;
+    }
+    let channel = endpoint
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
@@ -288,6 +303,10 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             interval: Duration::from_millis(args.compact_interval_ms.max(100)),
         },
         max_in_flight: args.max_in_flight.max(1),
+        tls: arbor_shared::tls::server_from_flags(
+            args.tls_cert.as_deref(),
+            args.tls_key.as_deref(),
+        )?,
         stream_lag_timeout: Duration::from_millis(args.stream_lag_timeout_ms.max(1)),
         ..ServeConfig::default()
     };

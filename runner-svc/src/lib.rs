@@ -58,6 +58,8 @@ pub struct ServeConfig {
     /// A stream subscriber that reads nothing for this long while its buffer is full is dropped
     /// with RESOURCE_EXHAUSTED (it resumes from its cursor).
     pub stream_lag_timeout: Duration,
+    /// Serve TLS with this identity (deployments without a mesh); plaintext when `None`.
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
 impl Default for ServeConfig {
@@ -76,6 +78,7 @@ impl Default for ServeConfig {
             retention: retention::RetentionConfig::default(),
             max_in_flight: arbor_shared::limits::DEFAULT_MAX_IN_FLIGHT,
             stream_lag_timeout: Duration::from_secs(30),
+            tls: None,
         }
     }
 }
@@ -160,7 +163,7 @@ pub async fn run(
     let metrics_listener = bind_metrics(&cfg).await?;
     let (health, health_service) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::NotServing).await;
-    let mut front = Front::start(listener, health_service, cfg.max_in_flight)?;
+    let mut front = Front::start(listener, health_service, cfg.max_in_flight, cfg.tls.clone())?;
     tracing::info!(addr = ?front.addr, data_dir = %cfg.data_dir.display(), "runner-svc recovering (health NOT_SERVING)");
     let mut shutdown = Box::pin(shutdown);
     let opened = tokio::select! {
@@ -195,7 +198,7 @@ pub async fn serve_runner(
 ) -> Result<(), ServeError> {
     let metrics_listener = bind_metrics(&cfg).await?;
     set_health(&health, ServingStatus::NotServing).await;
-    let front = Front::start(listener, health_service, cfg.max_in_flight)?;
+    let front = Front::start(listener, health_service, cfg.max_in_flight, cfg.tls.clone())?;
     serve_opened(
         cfg,
         runner,
@@ -229,13 +232,18 @@ impl Front {
             impl tonic_health::pb::health_server::Health,
         >,
         max_in_flight: usize,
+        tls: Option<tonic::transport::ServerTlsConfig>,
     ) -> Result<Self, ServeError> {
         let api: Deferred<ApiService> = Deferred::new();
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls)?;
+        }
         let (reflection_v1, reflection_v1alpha) = reflection_services()?;
         let addr = listener.local_addr().ok();
         let closing = CancellationToken::new();
         let server = tokio::spawn(
-            tonic::transport::Server::builder()
+            builder
                 .layer(arbor_shared::limits::LoadShedLayer::new(max_in_flight))
                 .add_service(health_service)
                 .add_service(reflection_v1)

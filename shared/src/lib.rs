@@ -14,4 +14,5 @@ pub mod proto;
 pub mod server;
 pub mod status;
 pub mod time;
+pub mod tls;
 pub mod trace;

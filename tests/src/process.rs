@@ -117,6 +117,8 @@ pub struct Service {
     pub log: PathBuf,
     pub extra_args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// The CA to trust when the service serves TLS (its URL is then `https://localhost:…`).
+    pub tls_ca: Option<PathBuf>,
     child: Option<Child>,
     starts: u32,
 }
@@ -136,13 +138,28 @@ impl Service {
             log: root.join(format!("{name}.log")),
             extra_args,
             env: Vec::new(),
+            tls_ca: None,
             child: None,
             starts: 0,
         }
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        match &self.tls_ca {
+            Some(_) => format!("https://localhost:{}", self.addr.port()),
+            None => format!("http://{}", self.addr),
+        }
+    }
+
+    /// An endpoint for this service, with TLS when it serves TLS.
+    pub fn endpoint(&self) -> tonic::transport::Endpoint {
+        let endpoint = Channel::from_shared(self.url()).expect("url");
+        match &self.tls_ca {
+            Some(ca) => endpoint
+                .tls_config(arbor_shared::tls::client_config(ca).expect("CA file"))
+                .expect("TLS config"),
+            None => endpoint,
+        }
     }
 
     /// `http://…/metrics` of this service.
@@ -188,7 +205,6 @@ impl Service {
 
     /// Polls the standard health service until SERVING.
     pub async fn wait_serving(&mut self, timeout: Duration) {
-        let url = self.url();
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             if let Some(child) = self.child.as_mut()
@@ -200,11 +216,7 @@ impl Service {
                     self.log_tail()
                 );
             }
-            if let Ok(channel) = Channel::from_shared(url.clone())
-                .expect("url")
-                .connect()
-                .await
-            {
+            if let Ok(channel) = self.endpoint().connect().await {
                 let serving = HealthClient::new(channel)
                     .check(HealthCheckRequest {
                         service: String::new(),
@@ -288,11 +300,7 @@ impl Service {
     }
 
     pub async fn channel(&self) -> Channel {
-        Channel::from_shared(self.url())
-            .expect("url")
-            .connect()
-            .await
-            .expect("service reachable")
+        self.endpoint().connect().await.expect("service reachable")
     }
 }
 

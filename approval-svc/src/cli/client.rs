@@ -18,8 +18,14 @@ use super::{Command, Conn, render};
 type Client = ApprovalServiceClient<InterceptedService<Channel, BearerToken>>;
 
 async fn connect(conn: &Conn) -> anyhow::Result<Client> {
-    let channel = Channel::from_shared(conn.addr.clone())
-        .with_context(|| format!("bad --addr {}", conn.addr))?
+    let mut endpoint = Channel::from_shared(conn.addr.clone())
+        .with_context(|| format!("bad --addr {}", conn.addr))?;
+    if let Some(ca) = &conn.ca {
+        endpoint = endpoint
+            .tls_config(arbor_shared::tls::client_config(ca).map_err(anyhow::Error::msg)?)
+            .context("TLS settings")?;
+    }
+    let channel = endpoint
         .connect()
         .await
         .with_context(|| format!("cannot connect to {}", conn.addr))?;

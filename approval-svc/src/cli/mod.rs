@@ -97,6 +97,9 @@ pub struct Conn {
     pub addr: String,
     #[arg(long, env = "ARBOR_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// CA certificate (PEM) to trust for an `https://` address.
+    #[arg(long, env = "ARBOR_CA")]
+    pub ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -134,6 +137,15 @@ pub struct ServeArgs {
     /// load balancers and meshes stop routing here first (Kubernetes: about 5000).
     #[arg(long, env = "ARBOR_DRAIN_GRACE_MS", default_value_t = 0)]
     pub drain_grace_ms: u64,
+    /// PEM certificate (chain) to serve TLS with (deployments without a mesh).
+    #[arg(long, env = "ARBOR_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, env = "ARBOR_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// CA certificate (PEM) to trust when `--runner` is `https://…`.
+    #[arg(long, env = "ARBOR_RUNNER_CA")]
+    pub runner_ca: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -141,6 +153,13 @@ impl ServeArgs {
         let mut cfg = ServeConfig::new(&self.data_dir, &self.runner);
         cfg.drain_grace = std::time::Duration::from_millis(self.drain_grace_ms);
         cfg.metrics_listen = self.metrics_listen;
+        cfg.tls =
+            arbor_shared::tls::server_from_flags(self.tls_cert.as_deref(), self.tls_key.as_deref())
+                .map_err(anyhow::Error::msg)?;
+        if let Some(ca) = &self.runner_ca {
+            cfg.runner_tls =
+                Some(arbor_shared::tls::client_config(ca).map_err(anyhow::Error::msg)?);
+        }
         if let Some(path) = &self.policy {
             cfg.policy = Policy::from_file(path)?;
         }

@@ -25,8 +25,12 @@ pub type RunnerClient = RunnerServiceClient<InterceptedService<Channel, BearerTo
 
 /// A client that connects on first use and reconnects by itself, so start-up does not depend
 /// on the runner being up.
-pub fn connect_lazy(url: &str, token: Option<&str>) -> Result<RunnerClient> {
-    let endpoint = Channel::from_shared(url.to_string())
+pub fn connect_lazy(
+    url: &str,
+    token: Option<&str>,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+) -> Result<RunnerClient> {
+    let mut endpoint = Channel::from_shared(url.to_string())
         .map_err(|e| Error::invalid("runner_url", e.to_string()))?
         .connect_timeout(std::time::Duration::from_secs(5))
         // A runner host that dies without a FIN or RST (power loss, a dropped NAT entry) leaves
@@ -36,6 +40,11 @@ pub fn connect_lazy(url: &str, token: Option<&str>) -> Result<RunnerClient> {
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true)
         .tcp_nodelay(true);
+    if let Some(tls) = tls {
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| Error::invalid("runner_ca", e.to_string()))?;
+    }
     let token = BearerToken::new(token).map_err(|e| Error::invalid("runner_token", e.message()))?;
     Ok(
         RunnerServiceClient::with_interceptor(endpoint.connect_lazy(), token)

@@ -207,9 +207,10 @@ impl<S: ApprovalStore> Subscriber<S> {
             by_run[slot].1.push(event);
         }
         let applied: usize = by_run.iter().map(|(_, events)| events.len()).sum();
-        // New requests are stored first, in stream order (so arrival order is event order), and
-        // made durable with one flush; then each run's events are applied in order, runs
-        // concurrently.
+        // New requests are stored first, in stream order (so arrival order is event order);
+        // then each run's events are applied in order, runs concurrently. The stored requests
+        // become durable with the first flush after them: a policy decision's, a person's, or at
+        // the latest the one `ack` makes before it moves the cursor.
         let mut stored: std::collections::HashMap<u64, Put> = Default::default();
         let mut requested: Vec<&runner_pb::Event> = by_run
             .iter()
@@ -221,9 +222,6 @@ impl<S: ApprovalStore> Subscriber<S> {
             if let Some(put) = self.store_request(event).await? {
                 stored.insert(event.seq, put);
             }
-        }
-        if !stored.is_empty() {
-            self.approvals.store().flush().await?;
         }
         let stored = &stored;
         let results = futures_util::future::join_all(by_run.iter().map(|(_, events)| async move {
@@ -333,6 +331,12 @@ impl<S: ApprovalStore> Subscriber<S> {
         let Some(seq) = cursor.processed else { return };
         if cursor.acked >= Some(seq) {
             cursor.dirty_since = None;
+            return;
+        }
+        // Never move the runner's cursor past an event whose store write is not yet durable.
+        if let Err(e) = self.approvals.store().flush().await {
+            tracing::warn!(error = %e, "flush before ack failed; will retry");
+            cursor.dirty_since = Some(Instant::now());
             return;
         }
         let mut client = self.client.clone();

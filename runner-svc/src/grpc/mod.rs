@@ -133,10 +133,21 @@ impl RunnerService for RunnerGrpc {
         let mut input =
             convert::submit_input(req.get_ref(), &principal.name).map_err(RunnerError::from)?;
         input.trace = TraceContext::from_metadata(req.metadata());
+        let initial_blackboard = input.input.clone();
+        let may_exist = !input.run_id.is_empty();
         let submitted = self.runner.submit(input).await?;
         tracing::info!(run_id = %submitted.run.run_id, deduplicated = submitted.deduplicated,
             trace_id = %self.runner.events().run_trace_id(&submitted.run.run_id), "run submitted");
-        let view = self.runner.get_run(&submitted.run.run_id)?;
+        // A new run is exactly its record and its input: no need to read the checkpoint back.
+        let view = if submitted.deduplicated || may_exist {
+            self.runner.get_run(&submitted.run.run_id)?
+        } else {
+            crate::runs::RunView {
+                run: submitted.run.clone(),
+                blackboard: initial_blackboard,
+                suspensions: Vec::new(),
+            }
+        };
         ok(pb::SubmitRunResponse {
             run: Some(convert::run(&view)),
             job_id: submitted.job_id,

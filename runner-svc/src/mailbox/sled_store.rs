@@ -488,37 +488,7 @@ impl MailboxStore for SledMailbox {
     }
 
     fn claim(&self, worker_id: &str) -> Result<Option<Claim>, MailboxError> {
-        let _one_at_a_time = self.claiming.lock();
-        let now = self.now();
-        for entry in self.store.tree(T::Queue).iter() {
-            let (key, _) = entry?;
-            let Some(job_id) = tx::job_id_of_queue_key(&key) else {
-                continue;
-            };
-            // Cheap look outside the transaction: skip what cannot be claimed now, so the one
-            // transaction per claim is spent on a job that will be won.
-            if let Some(job) = self.get(job_id)?
-                && job.status == JobStatus::Queued
-                && (job.available_at_ms > now
-                    || (!self.is_stale(&job)?
-                        && self
-                            .store
-                            .tree(T::Active)
-                            .contains_key(job.mailbox_id.as_bytes())?))
-            {
-                continue;
-            }
-            let token = uuid::Uuid::new_v4().to_string();
-            let lease = self.cfg.lease;
-            let outcome = self
-                .store
-                .transact(|t| tx::claim(t, job_id, worker_id, &token, now, lease))?;
-            if let Ok(job) = outcome {
-                self.track_lease(&job.job_id, &token);
-                return Ok(Some(Claim { job, token }));
-            }
-        }
-        Ok(None)
+        self.claim_or_next(worker_id).map(|(claim, _)| claim)
     }
 
     fn ack(&self, job_id: &str, token: &str) -> Result<Job, MailboxError> {
@@ -698,6 +668,53 @@ impl MailboxStore for SledMailbox {
 }
 
 impl SledMailbox {
+    /// Claims like `MailboxStore::claim`; when nothing can be claimed, also says when the next
+    /// delayed job becomes available (found on the same scan), so an idle worker knows how long
+    /// it may sleep.
+    pub fn claim_or_next(
+        &self,
+        worker_id: &str,
+    ) -> Result<(Option<Claim>, Option<u64>), MailboxError> {
+        let _one_at_a_time = self.claiming.lock();
+        let now = self.now();
+        let mut next: Option<u64> = None;
+        for entry in self.store.tree(T::Queue).iter() {
+            let (key, _) = entry?;
+            let Some(job_id) = tx::job_id_of_queue_key(&key) else {
+                continue;
+            };
+            // Cheap look outside the transaction: skip what cannot be claimed now, so the one
+            // transaction per claim is spent on a job that will be won.
+            if let Some(job) = self.get(job_id)?
+                && job.status == JobStatus::Queued
+            {
+                if job.available_at_ms > now {
+                    next = Some(next.map_or(job.available_at_ms, |n| n.min(job.available_at_ms)));
+                    continue;
+                }
+                if !self.is_stale(&job)?
+                    && self
+                        .store
+                        .tree(T::Active)
+                        .contains_key(job.mailbox_id.as_bytes())?
+                {
+                    continue;
+                }
+            }
+            // Unique per claim without a syscall (a random token would cost one each time).
+            let token = format!("{worker_id}-{}", self.store.next_id()?);
+            let lease = self.cfg.lease;
+            let outcome = self
+                .store
+                .transact(|t| tx::claim(t, job_id, worker_id, &token, now, lease))?;
+            if let Ok(job) = outcome {
+                self.track_lease(&job.job_id, &token);
+                return Ok((Some(Claim { job, token }), None));
+            }
+        }
+        Ok((None, next))
+    }
+
     /// Whether the job belongs to an older generation of its thread (the claim transaction
     /// supersedes it).
     fn is_stale(&self, job: &Job) -> Result<bool, MailboxError> {

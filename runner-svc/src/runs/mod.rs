@@ -142,8 +142,9 @@ impl Runner {
     }
 
     /// Wakes idle workers.
+    /// Wakes one idle worker for one new job. Waking them all would make every idle worker
+    /// scan the queue after every commit only to find nothing.
     pub(crate) fn wake_workers(&self) {
-        self.work.notify_waiters();
         self.work.notify_one();
     }
 

@@ -312,8 +312,11 @@ impl Runner {
             Ok(((), appended))
         })
         .await?;
-        // The thread's next job (and a timer, if one was set) can be claimed now.
-        self.wake_workers();
+        // This worker claims again right away, which picks up the thread's next job; another
+        // worker is only needed for a timer that is already due.
+        if step.next_wake_ms.is_some_and(|at| at <= now) {
+            self.wake_workers();
+        }
         Ok(status)
     }
 

@@ -2,7 +2,11 @@
 //! hand each job to `Runner::process`; a reaper returns expired leases to the queue so another
 //! worker takes the run over from its checkpoint.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -12,14 +16,45 @@ use crate::{
     runs::Runner,
 };
 
-/// Starts `workers` workers and the reaper; they stop when `shutdown` is cancelled.
+/// Claims being processed right now (job id → token), whose leases the heartbeat keeps alive.
+#[derive(Default)]
+pub struct InFlight(Mutex<HashMap<String, String>>);
+
+impl InFlight {
+    fn start(&self, claim: &Claim) {
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(claim.job.job_id.clone(), claim.token.clone());
+        }
+    }
+
+    fn finish(&self, claim: &Claim) {
+        if let Ok(mut m) = self.0.lock() {
+            m.remove(&claim.job.job_id);
+        }
+    }
+
+    fn snapshot(&self) -> Vec<(String, String)> {
+        self.0
+            .lock()
+            .map(|m| m.iter().map(|(j, t)| (j.clone(), t.clone())).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Starts `workers` workers, the lease heartbeat and the reaper; they stop when `shutdown` is
+/// cancelled.
 pub fn spawn(runner: Arc<Runner>, workers: usize, shutdown: CancellationToken) -> JoinSet<()> {
     let mut set = JoinSet::new();
+    let in_flight = Arc::new(InFlight::default());
     for i in 0..workers.max(1) {
         let runner = runner.clone();
         let shutdown = shutdown.clone();
-        set.spawn(async move { worker_loop(runner, format!("worker-{i}"), shutdown).await });
+        let in_flight = in_flight.clone();
+        set.spawn(
+            async move { worker_loop(runner, format!("worker-{i}"), in_flight, shutdown).await },
+        );
     }
+    set.spawn(heartbeat_loop(runner.clone(), in_flight, shutdown.clone()));
     let reaper_runner = runner.clone();
     set.spawn(async move { reaper_loop(reaper_runner, shutdown).await });
     set
@@ -27,7 +62,12 @@ pub fn spawn(runner: Arc<Runner>, workers: usize, shutdown: CancellationToken) -
 
 /// Claims and processes jobs until shutdown. Idle workers sleep until woken by a new job or
 /// until the next delayed job becomes available — never a busy loop.
-pub async fn worker_loop(runner: Arc<Runner>, worker_id: String, shutdown: CancellationToken) {
+pub async fn worker_loop(
+    runner: Arc<Runner>,
+    worker_id: String,
+    in_flight: Arc<InFlight>,
+    shutdown: CancellationToken,
+) {
     loop {
         if shutdown.is_cancelled() {
             return;
@@ -36,19 +76,24 @@ pub async fn worker_loop(runner: Arc<Runner>, worker_id: String, shutdown: Cance
         tokio::pin!(woken);
         // Register interest before looking, so a wake-up between the look and the wait is kept.
         woken.as_mut().enable();
-        match runner.mailbox().claim(&worker_id) {
-            Ok(Some(claim)) => {
-                process_with_heartbeat(&runner, &claim).await;
+        let next = match runner.mailbox().claim_or_next(&worker_id) {
+            Ok((Some(claim), _)) => {
+                in_flight.start(&claim);
+                runner.process(&claim).await;
+                in_flight.finish(&claim);
                 continue;
             }
-            Ok(None) => {}
-            Err(e) => tracing::error!(worker = %worker_id, "claim failed: {e}"),
-        }
-        let idle = match runner.mailbox().next_available_at() {
-            Ok(Some(at)) => {
+            Ok((None, next)) => next,
+            Err(e) => {
+                tracing::error!(worker = %worker_id, "claim failed: {e}");
+                None
+            }
+        };
+        let idle = match next {
+            Some(at) => {
                 Duration::from_millis(at.saturating_sub(arbor_shared::time::now_ms()).max(1))
             }
-            _ => Duration::from_secs(5),
+            None => Duration::from_secs(5),
         };
         tokio::select! {
             _ = &mut woken => {}
@@ -58,24 +103,26 @@ pub async fn worker_loop(runner: Arc<Runner>, worker_id: String, shutdown: Cance
     }
 }
 
-/// Extends the lease every third of its length while the job is processed.
-async fn process_with_heartbeat(runner: &Arc<Runner>, claim: &Claim) {
-    let lease = runner.mailbox().config().lease;
-    let beat_runner = runner.clone();
-    let job_id = claim.job.job_id.clone();
-    let token = claim.token.clone();
-    let heartbeat = tokio::spawn(async move {
-        let mut every = tokio::time::interval(lease / 3);
-        every.tick().await;
-        loop {
-            every.tick().await;
-            if beat_runner.mailbox().extend_lease(&job_id, &token).is_err() {
-                return;
+/// Extends the lease of every job being processed, every third of the lease: a tick that
+/// takes long (a slow tool) keeps its claim; a worker that is stuck for real (its whole process
+/// frozen) stops extending and loses it.
+async fn heartbeat_loop(
+    runner: Arc<Runner>,
+    in_flight: Arc<InFlight>,
+    shutdown: CancellationToken,
+) {
+    let period = (runner.mailbox().config().lease / 3).max(Duration::from_millis(10));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        for (job_id, token) in in_flight.snapshot() {
+            if let Err(e) = runner.mailbox().extend_lease(&job_id, &token) {
+                tracing::debug!(job = %job_id, "lease not extended (finished or lost): {e}");
             }
         }
-    });
-    runner.process(claim).await;
-    heartbeat.abort();
+    }
 }
 
 async fn reaper_loop(runner: Arc<Runner>, shutdown: CancellationToken) {

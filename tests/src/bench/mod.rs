@@ -3,6 +3,9 @@
 
 pub mod cluster;
 pub mod cycle;
+pub mod fanout;
+pub mod langgraph;
+pub mod parked;
 pub mod procstat;
 
 use std::time::Duration;
@@ -95,4 +98,114 @@ pub async fn cycles(opts: &Options) -> Vec<CycleResult> {
 /// A short pause so the machine settles between sections.
 pub async fn settle() {
     tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// Arbor next to LangGraph for the same N and K, with the ratio.
+pub fn print_langgraph_table(arbor: &[CycleResult], lg: &[langgraph::LangGraphResult]) {
+    println!(
+        "\nside by side (policy path for Arbor; LangGraph 1.x, SQLite checkpointer, durability=\"sync\", \
+         in-process: no network, no second service, no auth)"
+    );
+    println!(
+        "{:>3} {:>7} {:>14} {:>16} {:>8} {:>16} {:>18}",
+        "K", "N", "Arbor cycles/s", "LangGraph cyc/s", "ratio", "Arbor p50 ms", "LangGraph p50 ms"
+    );
+    for l in lg {
+        let Some(a) = arbor
+            .iter()
+            .find(|a| a.decider == Decider::Policy && a.concurrency == l.concurrency)
+        else {
+            continue;
+        };
+        println!(
+            "{:>3} {:>7} {:>14.0} {:>16.1} {:>7.1}× {:>16.2} {:>18.2}",
+            l.concurrency,
+            l.cycles,
+            a.cycles_per_s(),
+            l.cycles_per_s,
+            a.cycles_per_s() / l.cycles_per_s,
+            pct_ms(&a.submit_to_done, 0.5),
+            l.total_p50_ms,
+        );
+    }
+}
+
+pub fn print_parked(p: &parked::ParkedResult) {
+    println!(
+        "\nparked runs ({} runs suspended at a gate at once)",
+        p.runs
+    );
+    println!(
+        "  submitted and parked in         {:>8.1} s",
+        p.park_elapsed.as_secs_f64()
+    );
+    println!(
+        "  runner RSS while parked         {:>8.1} MiB",
+        mib(p.runner_rss_parked)
+    );
+    println!(
+        "  restart (SIGKILL) to SERVING    {:>8.2} s",
+        p.restart_to_serving.as_secs_f64()
+    );
+    println!(
+        "  runner RSS after the restart    {:>8.1} MiB",
+        mib(p.runner_rss_after_restart)
+    );
+    println!(
+        "  drain (BulkResolve → succeeded) {:>8.0} runs/s ({:.1} s)",
+        p.drain_per_s(),
+        p.drain_elapsed.as_secs_f64()
+    );
+    println!(
+        "  runner data dir                 {:>8.1} MiB",
+        mib(p.runner_bytes)
+    );
+}
+
+pub fn print_fanout(f: &fanout::FanoutResult) {
+    println!(
+        "\nevent fan-out ({} live subscribers; {} policy cycles submitted at {}/s)",
+        f.subscribers, f.cycles, f.rate
+    );
+    println!("  events delivered                {:>10}", f.delivered);
+    println!(
+        "  events/s delivered (all subs)   {:>10.0}",
+        f.events_per_s()
+    );
+    println!(
+        "  append → receipt p50 / p99 / max  {} / {} / {} ms (event timestamps have ms resolution)",
+        f.pct_ms(0.5),
+        f.pct_ms(0.99),
+        f.latencies_ms.last().copied().unwrap_or(0)
+    );
+}
+
+/// The machine, so a table can be read against it.
+pub fn print_machine() {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .next()
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string())
+        })
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .unwrap_or(0);
+    println!(
+        "machine: {cpus} CPUs ({model}), {:.0} GiB RAM",
+        mem as f64 / 1048576.0
+    );
+    println!("build: release binaries, authentication on, every OK durable (group commit)");
 }
