@@ -65,7 +65,21 @@ async fn acked_events_finished_runs_and_final_jobs_are_compacted() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let last = runner.events().durable_seq();
+    // A run's status is visible before the group commit that makes its last events durable;
+    // wait until every assigned seq is durable and the log has stopped growing.
+    let mut last = 0;
+    loop {
+        let assigned = runner.events().last_seq().unwrap();
+        if assigned == last && runner.events().durable_seq() == assigned {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "event log did not settle"
+        );
+        last = assigned;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let half = last / 2;
     runner.ack_cursor("audit-sink", half).await.unwrap();
 
