@@ -1,7 +1,9 @@
 //! Mailbox benchmark: the disk's raw serial fsync rate, then durable enqueue → claim → ack cycles
 //! per second through the sled mailbox with group commit, for 1 and 8 concurrent producers.
 //! Every enqueue and every ack waits for a flush that covers it before the next step, exactly as
-//! an RPC answering OK would. Run: `cargo bench -p arbor-runner-svc --bench mailbox`.
+//! an RPC answering OK would. The load is a closed loop: each producer lane keeps one job in
+//! flight and enqueues the next only once the last one's ack is durable, so "in-flight" is the
+//! number of jobs outstanding at any moment. Run: `cargo bench -p arbor-runner-svc --bench mailbox`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -77,8 +79,9 @@ async fn cycles(producers: usize, window: usize) -> Outcome {
                     Some(claim) => {
                         mailbox.ack(&claim.job.job_id, &claim.token).unwrap();
                         store.durable().await.unwrap();
-                        if let Some(t) = enqueued_at.take(&claim.job.job_id) {
+                        if let Some((t, done)) = enqueued_at.take(&claim.job.job_id) {
                             latencies.lock().unwrap().push(t.elapsed());
+                            let _ = done.send(());
                         }
                         acked.fetch_add(1, Ordering::Relaxed);
                     }
@@ -104,7 +107,8 @@ async fn cycles(producers: usize, window: usize) -> Outcome {
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     let job_id = format!("p{p}-l{lane}-{i}");
-                    enqueued_at.put(job_id.clone(), Instant::now());
+                    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
+                    enqueued_at.put(job_id.clone(), (Instant::now(), done_tx));
                     mailbox
                         .enqueue(EnqueueRequest {
                             job_id,
@@ -115,6 +119,12 @@ async fn cycles(producers: usize, window: usize) -> Outcome {
                         .unwrap();
                     store.durable().await.unwrap();
                     work.notify_one();
+                    // Closed loop: a lane has one job in flight and waits for its durable ack.
+                    while !stop.load(Ordering::Relaxed)
+                        && tokio::time::timeout(Duration::from_millis(50), &mut done_rx)
+                            .await
+                            .is_err()
+                    {}
                     i += 1;
                 }
             }));
@@ -143,18 +153,21 @@ async fn cycles(producers: usize, window: usize) -> Outcome {
     }
 }
 
-/// A tiny concurrent map for enqueue timestamps (keeps the bench free of extra dependencies).
+/// A tiny concurrent map: enqueue time and the lane's "acked" signal per job (keeps the bench
+/// free of extra dependencies).
 mod dashmap_like {
     use std::{collections::HashMap, sync::Mutex, time::Instant};
 
+    type Entry = (Instant, tokio::sync::oneshot::Sender<()>);
+
     #[derive(Default)]
-    pub struct Map(Mutex<HashMap<String, Instant>>);
+    pub struct Map(Mutex<HashMap<String, Entry>>);
 
     impl Map {
-        pub fn put(&self, k: String, v: Instant) {
+        pub fn put(&self, k: String, v: Entry) {
             self.0.lock().unwrap().insert(k, v);
         }
-        pub fn take(&self, k: &str) -> Option<Instant> {
+        pub fn take(&self, k: &str) -> Option<Entry> {
             self.0.lock().unwrap().remove(k)
         }
     }
