@@ -190,10 +190,7 @@ impl SledStore {
     /// (see `arbor_shared::integrity`).
     pub fn open(path: &Path) -> Result<Self> {
         Integrity::precheck(path).map_err(|e| Error::Storage(e.to_string()))?;
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(CACHE_BYTES)
-            .open()?;
+        let db = arbor_shared::storage::sled_config(path, CACHE_BYTES).open()?;
         let mut store = Self::from_db(db)?;
         let progress = store.progress()?;
         let integrity = Integrity::check(path, &store.db, PROGRESS, progress)

@@ -141,9 +141,7 @@ impl Store {
             source,
         };
         Integrity::precheck(dir)?;
-        let db = sled::Config::new()
-            .path(dir)
-            .cache_capacity(cache_bytes)
+        let db = arbor_shared::storage::sled_config(dir, cache_bytes)
             // Durability comes from the group commit; this background flusher is also the
             // thread that relocates live pages out of mostly-dead log segments so they can be
             // reused. Without it the `db` file grows with every write, deleted or not.
