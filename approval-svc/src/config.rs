@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 
 use arbor_shared::{auth::Authenticator, metrics::MetricsListen};
 
-use crate::policy::Policy;
+use crate::{policy::Policy, retention::RetentionConfig};
 
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -18,6 +18,8 @@ pub struct ServeConfig {
     /// Who may call this service; disabled means everyone is `anonymous` with every role.
     pub auth: Authenticator,
     pub tuning: Tuning,
+    /// How long final approvals are kept.
+    pub retention: RetentionConfig,
     /// How long health says NOT_SERVING on shutdown before anything is closed.
     pub drain_grace: Duration,
     /// Where `/metrics` is served (`None`: off).
@@ -40,6 +42,7 @@ impl ServeConfig {
             policy: Policy::default(),
             auth: Authenticator::disabled(),
             tuning: Tuning::default(),
+            retention: RetentionConfig::default(),
             drain_grace: Duration::ZERO,
             metrics_listen: MetricsListen(None),
             max_in_flight: arbor_shared::limits::DEFAULT_MAX_IN_FLIGHT,

@@ -12,6 +12,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod model;
 pub mod policy;
+pub mod retention;
 pub mod runner;
 pub mod server;
 pub mod store;

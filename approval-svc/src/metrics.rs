@@ -50,6 +50,9 @@ pub struct Metrics {
     /// Attempts that failed and will be retried.
     pub delivery_failures: AtomicU64,
     pub deliveries_refused: AtomicU64,
+    /// Final approvals (and their audit entries) retention deleted.
+    pub retained_approvals: AtomicU64,
+    pub retained_audit_entries: AtomicU64,
     /// Seconds from the request's arrival here to its decision, by source.
     pub decision_latency: Family<SourceLabels, Histogram, fn() -> Histogram>,
     pub decisions: Family<DecisionLabels, Counter>,
@@ -66,6 +69,8 @@ impl Default for Metrics {
             deliveries_accepted: AtomicU64::new(0),
             delivery_failures: AtomicU64::new(0),
             deliveries_refused: AtomicU64::new(0),
+            retained_approvals: AtomicU64::new(0),
+            retained_audit_entries: AtomicU64::new(0),
             decision_latency: Family::new_with_constructor(latency_histogram),
             decisions: Family::default(),
         }
@@ -135,7 +140,7 @@ pub fn registry<S: ApprovalStore>(approvals: Approvals<S>) -> Registry {
     );
     registry.register_collector(Box::new(ScrapeCollector::new(move |s| {
         let m = approvals.metrics();
-        let counters: [(&str, &str, &AtomicU64); 8] = [
+        let counters: [(&str, &str, &AtomicU64); 10] = [
             (
                 "arbor_approval_delivery_retries",
                 "Deliveries to the runner that failed and will be retried.",
@@ -175,6 +180,16 @@ pub fn registry<S: ApprovalStore>(approvals: Approvals<S>) -> Registry {
                 "arbor_approval_acks_sent",
                 "Cursor acks sent to the runner.",
                 &m.acks_sent,
+            ),
+            (
+                "arbor_approval_retention_approvals_removed",
+                "Final approvals deleted by retention.",
+                &m.retained_approvals,
+            ),
+            (
+                "arbor_approval_retention_audit_entries_removed",
+                "Audit entries deleted by retention with their approvals.",
+                &m.retained_audit_entries,
             ),
         ];
         for (name, help, value) in counters {

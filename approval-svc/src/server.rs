@@ -1,5 +1,5 @@
 //! `run`: serves health (NOT_SERVING) on the bound listener at once, opens the store, starts the
-//! loops with the runner, the deadline timer and `/metrics`, serves the ApprovalService and
+//! loops with the runner, the deadline timer, retention and `/metrics`, serves the ApprovalService and
 //! reflection, and shuts down in order: health NOT_SERVING → drain grace → streams end with
 //! UNAVAILABLE → bounded drain → store flushed.
 
@@ -21,6 +21,7 @@ use crate::{
     deadline::DeadlineTimer,
     error::Error,
     grpc::ApprovalApi,
+    retention::Compactor,
     runner::{
         connect_lazy,
         delivery::Delivery,
@@ -154,6 +155,14 @@ pub async fn run(
         tokio::spawn(
             DeadlineTimer {
                 approvals: approvals.clone(),
+                shutdown: stop.clone(),
+            }
+            .run(),
+        ),
+        tokio::spawn(
+            Compactor {
+                approvals: approvals.clone(),
+                cfg: cfg.retention.clone(),
                 shutdown: stop.clone(),
             }
             .run(),

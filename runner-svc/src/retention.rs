@@ -153,8 +153,9 @@ impl Runner {
 type Tx<'a> = crate::store::Tx<'a>;
 type R<T> = crate::store::TxResult<T, RunnerError>;
 
-/// Deletes a run that is still finished and unchanged since `cutoff` (a requeued dead letter
-/// may have revived it: then only its stale index entry goes).
+/// Deletes a run (record, checkpoint, thread index entry, trace context) that is still finished
+/// and unchanged since `cutoff` (a requeued dead letter may have revived it: then only its stale
+/// index entry goes).
 fn delete_run(tx: &Tx<'_>, run_id: &str, cutoff: u64) -> R<u64> {
     let Some(bytes) = tx.tree(T::Runs).get(run_id.as_bytes())? else {
         return Ok(0);
@@ -170,6 +171,7 @@ fn delete_run(tx: &Tx<'_>, run_id: &str, cutoff: u64) -> R<u64> {
     tx.tree(T::Checkpoints).remove(run_id.as_bytes())?;
     tx.tree(T::ThreadRuns)
         .remove(codec::pair_key(&run.thread_id, run_id))?;
+    crate::events::clear_run_trace(tx, run_id)?;
     Ok(1)
 }
 

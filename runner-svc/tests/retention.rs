@@ -1,6 +1,6 @@
-//! Retention keeps the database bounded: acked events, finished runs and final jobs are
-//! compacted, unacked events stay until their maximum age, and a stream whose cursor was
-//! compacted away gets OUT_OF_RANGE instead of a silent gap.
+//! Retention keeps the database bounded: acked events, finished runs (with their checkpoints
+//! and trace contexts) and final jobs are compacted, unacked events stay until their maximum
+//! age, and a stream whose cursor was compacted away gets OUT_OF_RANGE instead of a silent gap.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -131,11 +131,17 @@ async fn acked_events_finished_runs_and_final_jobs_are_compacted() {
         finished: Duration::ZERO,
         interval: HOUR,
     };
+    assert!(!runner.events().run_trace_id(&ids[0]).is_empty());
     let c = runner.compact(&drop_all, now).await.unwrap();
     assert_eq!(c.events, last - half);
     assert_eq!(c.runs, 20);
     assert_eq!(c.jobs, 20);
     assert!(runner.get_run(&ids[0]).is_err());
+    assert_eq!(
+        runner.events().run_trace_id(&ids[0]),
+        "",
+        "the run's trace context goes with it"
+    );
     assert_eq!(runner.events().first_seq().unwrap(), last + 1);
     let again = runner.compact(&drop_all, now).await.unwrap();
     assert_eq!(again, Default::default(), "nothing left to compact");

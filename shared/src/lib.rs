@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod proto;
 pub mod server;
 pub mod status;
+pub mod storage;
 pub mod time;
 pub mod tls;
 pub mod trace;

@@ -1,6 +1,6 @@
-//! Soak: steady traffic through both release binaries (authentication on, retention on) for
-//! `ARBOR_SOAK_MINUTES` (10 by default). Every 30 s it prints both services' RSS and the sizes of
-//! their sled directories; at the end the second half of the run must not have grown them much
+//! Soak: steady traffic through both release binaries (authentication on, retention on in both)
+//! for `ARBOR_SOAK_MINUTES` (10 by default). Every 30 s it prints both services' RSS and the sizes
+//! of their sled directories; at the end the second half of the run must not have grown them much
 //! (they level off), work must have kept flowing, and both services must stop cleanly.
 //!
 //! `cargo test -p arbor-tests --release --test soak -- --ignored --nocapture`
@@ -22,6 +22,14 @@ const RETENTION: [&str; 6] = [
     "--event-retention-acked-ms",
     "30000",
     "--finished-retention-ms",
+    "60000",
+    "--compact-interval-ms",
+    "5000",
+];
+
+/// Final approvals (pruned or cancelled) go after 60 s, compaction every 5 s.
+const APPROVAL_RETENTION: [&str; 4] = [
+    "--approval-retention-ms",
     "60000",
     "--compact-interval-ms",
     "5000",
@@ -56,7 +64,7 @@ async fn steady_traffic_levels_off() {
     let mut cluster = Cluster::prepare(
         Profile::Release,
         RETENTION.iter().map(|s| s.to_string()).collect(),
-        Vec::new(),
+        APPROVAL_RETENTION.iter().map(|s| s.to_string()).collect(),
     );
     let tokens = Tokens::write(cluster.dir.path());
     cluster.runner.extra_args.extend(tokens.runner_args());
@@ -103,17 +111,19 @@ async fn steady_traffic_levels_off() {
         samples.push(s);
     }
     let problems = workload.stop().await;
-    // What retention did: the runner logs every compaction pass that removed something.
-    let runner_log = std::fs::read_to_string(&cluster.runner.log).unwrap_or_default();
-    let passes: Vec<&str> = runner_log
-        .lines()
-        .filter(|l| l.contains("compacted"))
-        .collect();
-    println!(
-        "soak: {} retention passes removed something; last: {}",
-        passes.len(),
-        passes.last().copied().unwrap_or("none")
-    );
+    // What retention did: both services log every compaction pass that removed something.
+    for (name, log) in [
+        ("runner", &cluster.runner.log),
+        ("approval-svc", &cluster.approval.log),
+    ] {
+        let log = std::fs::read_to_string(log).unwrap_or_default();
+        let passes: Vec<&str> = log.lines().filter(|l| l.contains("compacted")).collect();
+        println!(
+            "soak: {name}: {} retention passes removed something; last: {}",
+            passes.len(),
+            passes.last().copied().unwrap_or("none")
+        );
+    }
     let approval_exit = cluster.approval.stop().await;
     let runner_exit = cluster.runner.stop().await;
 

@@ -3,10 +3,10 @@
 pub mod client;
 mod render;
 
-use std::{net::SocketAddr, path::PathBuf};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::Context;
-use arbor_approval_svc::{ServeConfig, policy::Policy};
+use arbor_approval_svc::{ServeConfig, policy::Policy, retention::RetentionConfig};
 use arbor_shared::{auth::Authenticator, metrics::MetricsListen};
 use clap::{Args, Parser, Subcommand};
 
@@ -137,6 +137,13 @@ pub struct ServeArgs {
     /// load balancers and meshes stop routing here first (Kubernetes: about 5000).
     #[arg(long, env = "ARBOR_DRAIN_GRACE_MS", default_value_t = 0)]
     pub drain_grace_ms: u64,
+    /// Final approvals (PRUNED, CANCELLED) unchanged for this long are deleted with their
+    /// audit trail (ms); afterwards GetApproval and GetAuditLog answer NOT_FOUND / nothing.
+    #[arg(long, env = "ARBOR_APPROVAL_RETENTION_MS", default_value_t = 7 * 86_400_000)]
+    pub approval_retention_ms: u64,
+    /// How often retention runs (ms).
+    #[arg(long, env = "ARBOR_COMPACT_INTERVAL_MS", default_value_t = 60_000)]
+    pub compact_interval_ms: u64,
     /// PEM certificate (chain) to serve TLS with (deployments without a mesh).
     #[arg(long, env = "ARBOR_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -153,6 +160,10 @@ impl ServeArgs {
         let mut cfg = ServeConfig::new(&self.data_dir, &self.runner);
         cfg.drain_grace = std::time::Duration::from_millis(self.drain_grace_ms);
         cfg.metrics_listen = self.metrics_listen;
+        cfg.retention = RetentionConfig {
+            keep: Duration::from_millis(self.approval_retention_ms),
+            interval: Duration::from_millis(self.compact_interval_ms.max(100)),
+        };
         cfg.tls =
             arbor_shared::tls::server_from_flags(self.tls_cert.as_deref(), self.tls_key.as_deref())
                 .map_err(anyhow::Error::msg)?;

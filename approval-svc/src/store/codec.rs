@@ -81,6 +81,11 @@ pub fn id_key(id: u64) -> [u8; 8] {
     id.to_be_bytes()
 }
 
+/// The id behind an `id_key` (0 for anything else).
+pub fn read_id(bytes: &[u8]) -> u64 {
+    <[u8; 8]>::try_from(bytes).map_or(0, u64::from_be_bytes)
+}
+
 /// Opaque page tokens are the hex of the last key returned.
 pub fn page_token(last_key: &[u8]) -> String {
     hex::encode(last_key)

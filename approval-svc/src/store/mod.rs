@@ -7,12 +7,14 @@
 
 mod codec;
 mod query;
+mod retention;
 mod sled_store;
 
 use std::future::Future;
 
 use arbor_shared::domain::ApprovalRequest;
 
+pub use retention::Compacted;
 pub use sled_store::SledStore;
 
 use crate::{
@@ -155,7 +157,17 @@ pub trait ApprovalStore: Send + Sync + 'static {
     /// The last event-log cursor this service acknowledged (for logs after a restart).
     fn cursor(&self) -> Result<Option<u64>>;
 
+    /// Remembers `seq` as acknowledged by the runner, and when (wall clock).
     fn set_cursor(&self, seq: u64) -> Result<()>;
+
+    /// When the runner last acknowledged our cursor (wall-clock ms), if ever. Every approval
+    /// changed by an event before then was changed by an event the runner will not replay.
+    fn cursor_acked_at(&self) -> Result<Option<u64>>;
+
+    /// Retention: deletes every final approval (PRUNED, CANCELLED) last changed at or before
+    /// `cutoff_ms`, with its audit entries, index entries and trace, durably. PENDING,
+    /// RESOLVED, EXPIRED and ACKED approvals are never touched. Idempotent.
+    fn compact(&self, cutoff_ms: u64) -> impl Future<Output = Result<Compacted>> + Send;
 
     /// Remembers the W3C `traceparent` the runner sent with a request, so the approval's log
     /// lines and the delivery of its decision stay in the run's trace. Callers write it before

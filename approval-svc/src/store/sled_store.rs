@@ -15,7 +15,10 @@ use sled::{
     transaction::{ConflictableTransactionError, TransactionError, TransactionalTree},
 };
 
-use super::{ApprovalStore, DeliveryOutcome, Put, Resolved, codec};
+use super::{
+    ApprovalStore, DeliveryOutcome, Put, Resolved, codec,
+    retention::{CURSOR_AT_KEY, Compacted},
+};
 use crate::{
     error::{Error, Result},
     lifecycle::{ApprovalState, Transition},
@@ -26,7 +29,7 @@ type TxResult<T> = std::result::Result<T, ConflictableTransactionError<Error>>;
 
 const CURSOR_KEY: &[u8] = b"subscriber_cursor";
 
-fn trace_key(request_id: &str) -> Vec<u8> {
+pub(super) fn trace_key(request_id: &str) -> Vec<u8> {
     let mut k = b"trace:".to_vec();
     k.extend_from_slice(request_id.as_bytes());
     k
@@ -55,7 +58,7 @@ pub(super) struct Trees {
 pub struct SledStore {
     db: sled::Db,
     pub(super) trees: Trees,
-    gc: GroupCommit,
+    pub(super) gc: GroupCommit,
     /// The data directory's integrity marker (absent for databases opened by `from_db`).
     integrity: Option<Arc<Integrity>>,
 }
@@ -66,7 +69,8 @@ pub struct SledStore {
 const CACHE_BYTES: u64 = 64 << 20;
 
 /// What the integrity marker measures the store's progress by: the last audit entry's id. Every
-/// state change writes an audit entry, ids only grow, and audit entries are never removed.
+/// state change writes an audit entry and ids only grow; retention removes old entries but
+/// keeps the highest id it removed (the audit floor), so progress never goes backwards.
 const PROGRESS: &str = "last audit id";
 
 impl std::fmt::Debug for SledStore {
@@ -186,10 +190,7 @@ impl SledStore {
     /// (see `arbor_shared::integrity`).
     pub fn open(path: &Path) -> Result<Self> {
         Integrity::precheck(path).map_err(|e| Error::Storage(e.to_string()))?;
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(CACHE_BYTES)
-            .open()?;
+        let db = arbor_shared::storage::sled_config(path, CACHE_BYTES).open()?;
         let mut store = Self::from_db(db)?;
         let progress = store.progress()?;
         let integrity = Integrity::check(path, &store.db, PROGRESS, progress)
@@ -243,13 +244,13 @@ impl SledStore {
     }
 
     fn progress(&self) -> Result<u64> {
-        Ok(self
+        let last = self
             .trees
             .audit
             .last()?
-            .and_then(|(k, _)| <[u8; 8]>::try_from(&k[..]).ok())
-            .map(u64::from_be_bytes)
-            .unwrap_or(0))
+            .map(|(k, _)| codec::read_id(&k))
+            .unwrap_or(0);
+        Ok(last.max(self.audit_floor()?))
     }
 
     /// Makes everything committed so far durable, then records the progress it reached in the
@@ -571,7 +572,22 @@ impl ApprovalStore for SledStore {
 
     fn set_cursor(&self, seq: u64) -> Result<()> {
         self.trees.meta.insert(CURSOR_KEY, &seq.to_be_bytes())?;
+        self.trees
+            .meta
+            .insert(CURSOR_AT_KEY, &codec::id_key(now_ms()))?;
         Ok(())
+    }
+
+    fn cursor_acked_at(&self) -> Result<Option<u64>> {
+        Ok(self
+            .trees
+            .meta
+            .get(CURSOR_AT_KEY)?
+            .map(|v| codec::read_id(&v)))
+    }
+
+    async fn compact(&self, cutoff_ms: u64) -> Result<Compacted> {
+        self.compact_before(cutoff_ms).await
     }
 
     fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<()> {

@@ -28,6 +28,12 @@ pub fn set_run_trace<E>(tx: &Tx<'_>, run_id: &str, ctx: &TraceContext) -> TxResu
     Ok(())
 }
 
+/// Forgets the run's trace context (retention deletes the run).
+pub fn clear_run_trace<E>(tx: &Tx<'_>, run_id: &str) -> TxResult<(), E> {
+    tx.tree(T::Meta).remove(trace_key(run_id))?;
+    Ok(())
+}
+
 /// The run's trace context, if it has one (runs submitted before tracing existed do not).
 pub fn run_trace<E>(tx: &Tx<'_>, run_id: &str) -> TxResult<Option<TraceContext>, E> {
     Ok(tx

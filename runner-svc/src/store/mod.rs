@@ -128,6 +128,10 @@ pub struct Store {
 /// ever assigned, which only grows (retention removes events, never the counter).
 const PROGRESS: &str = "event seq";
 
+/// How often sled's background thread wakes to write out buffered log data and clean
+/// segments (sled's own default). It spends at most half of each interval rewriting pages.
+const GC_INTERVAL_MS: u64 = 500;
+
 impl Store {
     /// Opens (or creates) the database in `dir`. `cache_bytes` bounds sled's page cache, which
     /// is what keeps parked runs cheap in memory.
@@ -137,11 +141,11 @@ impl Store {
             source,
         };
         Integrity::precheck(dir)?;
-        let db = sled::Config::new()
-            .path(dir)
-            .cache_capacity(cache_bytes)
-            // Durability comes from the group commit, not from a background timer.
-            .flush_every_ms(None)
+        let db = arbor_shared::storage::sled_config(dir, cache_bytes)
+            // Durability comes from the group commit; this background flusher is also the
+            // thread that relocates live pages out of mostly-dead log segments so they can be
+            // reused. Without it the `db` file grows with every write, deleted or not.
+            .flush_every_ms(Some(GC_INTERVAL_MS))
             .open()
             .map_err(err)?;
         let trees = TREE_NAMES
