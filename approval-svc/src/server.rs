@@ -184,7 +184,7 @@ pub async fn run(
             stop.clone(),
         ))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        .max_encoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES),
         AuthInterceptor(cfg.auth.clone()),
     ));
     set_all(&health, ServingStatus::Serving).await;

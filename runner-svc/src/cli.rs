@@ -227,7 +227,8 @@ async fn connect(args: &ClientArgs) -> Result<Client, String> {
         .await
         .map_err(|e| format!("cannot reach runner-svc at {}: {e}", args.addr))?;
     let token = BearerToken::new(args.token.as_deref()).map_err(|s| s.message().to_string())?;
-    Ok(RunnerServiceClient::with_interceptor(channel, token))
+    Ok(RunnerServiceClient::with_interceptor(channel, token)
+        .max_decoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES))
 }
 
 fn status_err(s: tonic::Status) -> String {

@@ -301,7 +301,7 @@ async fn serve_opened(
             cfg.stream_lag_timeout,
         ))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        .max_encoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES),
         AuthInterceptor(cfg.auth.clone()),
     ));
     if let Some(l) = metrics_listener {

@@ -14,8 +14,15 @@ use tonic::{
 
 use tokio_stream::wrappers::TcpListenerStream;
 
-/// Largest gRPC message either service accepts or sends (4 MiB, tonic's default decode limit).
+/// Largest gRPC request either service accepts (4 MiB, tonic's default decode limit); larger
+/// requests get OUT_OF_RANGE.
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Largest gRPC response either service sends, and what approval-svc and the CLIs accept from a
+/// service. A run's blackboard grows as it works (tool results, `set`), and its view, its events
+/// and its approvals carry that data, so responses may outgrow the request limit; a client that
+/// fetches big runs raises its receive limit to this.
+pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Initialises the global tracing subscriber (`RUST_LOG` filter, `info` by default). With `json`
 /// every line is one JSON object whose `spans` carry span fields such as `trace_id`.

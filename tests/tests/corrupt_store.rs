@@ -23,12 +23,19 @@ use arbor_tests::{
 };
 use serde_json::json;
 
-/// A gate whose request copies a 300 KB blackboard value into its context, so both services
-/// store values large enough for sled to keep them in blob files.
+/// A gate whose request copies two blackboard values into its context: run `corrupt-1` carries
+/// a 1.2 MB input that `dup` doubles, so its checkpoint, its events and its approval (2.4 MB
+/// each) are above sled's blob threshold (a quarter of the 8 MiB log segment) in both services,
+/// while every response stays under the 4 MiB message limit. Its approval stays pending, so the
+/// blob files hold live data (blobs of superseded versions may linger until sled reclaims their
+/// segment; deleting only those loses nothing).
 fn big_gate() -> String {
-    json!({"id": "big-gate", "version": 1, "root": {"type": "approval", "name": "gate",
-        "phase": "before", "on_reject": "failure", "title": "Big?", "context": ["big"],
-        "child": {"type": "succeed", "name": "ok"}}})
+    json!({"id": "big-gate", "version": 1, "root": {"type": "sequence", "name": "root",
+        "children": [
+            {"type": "set", "name": "dup", "key": "big2", "value": {"$ref": "big"}},
+            {"type": "approval", "name": "gate", "phase": "before", "on_reject": "failure",
+             "title": "Big?", "context": ["big", "big2"],
+             "child": {"type": "succeed", "name": "ok"}}]}})
     .to_string()
 }
 
@@ -46,7 +53,7 @@ async fn make_data() -> (tempfile::TempDir, PathBuf, PathBuf, Vec<String>) {
             tree_id: "big-gate".into(),
             run_id: run_id.clone(),
             input: Some(to_proto_struct(
-                json!({"big": "b".repeat(300_000), "i": i})
+                json!({"big": "b".repeat(if i == 1 { 1_200_000 } else { 100 }), "i": i})
                     .as_object()
                     .unwrap(),
             )),

@@ -31,7 +31,7 @@ async fn connect(conn: &Conn) -> anyhow::Result<Client> {
         .with_context(|| format!("cannot connect to {}", conn.addr))?;
     let token = BearerToken::new(conn.token.as_deref()).map_err(status_error)?;
     Ok(ApprovalServiceClient::with_interceptor(channel, token)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_decoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))
 }
 

@@ -48,7 +48,7 @@ pub fn connect_lazy(
     let token = BearerToken::new(token).map_err(|e| Error::invalid("runner_token", e.message()))?;
     Ok(
         RunnerServiceClient::with_interceptor(endpoint.connect_lazy(), token)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_decoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
     )
 }

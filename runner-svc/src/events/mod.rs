@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use crate::store::{Store, T, Tx, TxResult, abort, codec};
 
 pub(crate) const NEXT_SEQ: &[u8] = b"next_seq";
-const FIRST_SEQ: &[u8] = b"first_seq";
+pub(crate) const FIRST_SEQ: &[u8] = b"first_seq";
 
 fn trace_key(run_id: &str) -> Vec<u8> {
     let mut k = b"trace:".to_vec();

@@ -247,6 +247,33 @@ fn check_references(trees: &[sled::Tree], place: &std::sync::Mutex<String>) -> R
             ));
         }
     }
+    // The event log is gap-free between its first retained seq and the last one assigned
+    // (appends and retention each move the bounds in the same transaction as the events), so a
+    // missing or extra seq means pages of the log were lost.
+    at("events");
+    let meta = tree(T::Meta);
+    let first = meta
+        .get(crate::events::FIRST_SEQ)
+        .map_err(read)?
+        .map(|b| codec::read_u64(&b))
+        .unwrap_or(1);
+    let last = last_event_seq(meta).map_err(read)?;
+    let mut expected = first;
+    for key in tree(T::Events).iter().keys() {
+        let seq = codec::read_u64(&key.map_err(read)?);
+        if seq != expected {
+            return Err(format!(
+                "the event log has lost events: seq {expected} is missing (next found: {seq})"
+            ));
+        }
+        expected += 1;
+    }
+    if last >= first && expected != last + 1 {
+        return Err(format!(
+            "the event log has lost events: it ends at seq {}, but seq {last} was assigned",
+            expected - 1
+        ));
+    }
     at("queue");
     for key in tree(T::Queue).iter().keys() {
         let key = key.map_err(read)?;

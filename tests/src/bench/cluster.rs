@@ -98,7 +98,7 @@ impl BenchCluster {
             self.runner.channel().await,
             BearerToken::new(Some(token)).expect("ascii token"),
         )
-        .max_decoding_message_size(arbor_shared::server::MAX_MESSAGE_BYTES)
+        .max_decoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES)
     }
 
     pub async fn approvals_as(&self, token: &str) -> Approvals {
