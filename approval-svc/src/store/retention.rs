@@ -6,10 +6,7 @@
 //! nothing can change a final approval or add to its audit trail any more, and the transaction
 //! checks again that each one is still there, final and old before it deletes anything.
 
-use sled::{
-    Transactional,
-    transaction::{ConflictableTransactionError, TransactionError},
-};
+use sled::transaction::ConflictableTransactionError;
 
 use super::{SledStore, codec, sled_store::trace_key};
 use crate::{
@@ -118,73 +115,47 @@ impl SledStore {
     /// One transaction: each approval that is still final and old goes with its audit entries,
     /// its index entries and its trace; the audit floor keeps the highest id removed.
     fn delete(&self, batch: &[Doomed], cutoff_ms: u64) -> Result<Compacted> {
-        let t = &self.trees;
-        let out = (
-            &t.approvals,
-            &t.by_created,
-            &t.by_run,
-            &t.deadlines,
-            &t.outbox,
-            &t.audit,
-            &t.audit_by_request,
-            &t.audit_by_run,
-            &t.meta,
-        )
-            .transaction(
-                |(
-                    approvals,
-                    by_created,
-                    by_run,
-                    deadlines,
-                    outbox,
-                    audit,
-                    by_request,
-                    by_run_audit,
-                    meta,
-                )| {
-                    let mut done = Compacted::default();
-                    let mut floor = match meta.get(AUDIT_FLOOR_KEY)? {
-                        Some(v) => codec::read_id(&v),
-                        None => 0,
+        self.commit_lazy(|tx| {
+            let mut done = Compacted::default();
+            let mut floor = match tx.meta.get(AUDIT_FLOOR_KEY)? {
+                Some(v) => codec::read_id(&v),
+                None => 0,
+            };
+            for d in batch {
+                let Some(bytes) = tx.approvals.get(d.id.as_bytes())? else {
+                    continue;
+                };
+                let a: Approval =
+                    codec::decode(&bytes).map_err(ConflictableTransactionError::Abort)?;
+                if !deletable(&a, cutoff_ms) {
+                    continue;
+                }
+                let id = d.id.as_bytes();
+                tx.approvals.remove(id)?;
+                tx.by_created
+                    .remove(codec::created_key(a.created_at_ms, a.arrival, &d.id))?;
+                tx.by_run.remove(codec::owned_key(&a.request.run_id, id))?;
+                tx.deadlines
+                    .remove(codec::deadline_key(a.request.deadline_ms, &d.id))?;
+                tx.outbox.remove(id)?;
+                tx.meta.remove(trace_key(&d.id))?;
+                for key in &d.audit_keys {
+                    tx.audit_by_request.remove(codec::owned_key(&d.id, key))?;
+                    let Some(bytes) = tx.audit.remove(key.as_slice())? else {
+                        continue;
                     };
-                    for d in batch {
-                        let Some(bytes) = approvals.get(d.id.as_bytes())? else {
-                            continue;
-                        };
-                        let a: Approval =
-                            codec::decode(&bytes).map_err(ConflictableTransactionError::Abort)?;
-                        if !deletable(&a, cutoff_ms) {
-                            continue;
-                        }
-                        let id = d.id.as_bytes();
-                        approvals.remove(id)?;
-                        by_created.remove(codec::created_key(a.created_at_ms, a.arrival, &d.id))?;
-                        by_run.remove(codec::owned_key(&a.request.run_id, id))?;
-                        deadlines.remove(codec::deadline_key(a.request.deadline_ms, &d.id))?;
-                        outbox.remove(id)?;
-                        meta.remove(trace_key(&d.id))?;
-                        for key in &d.audit_keys {
-                            by_request.remove(codec::owned_key(&d.id, key))?;
-                            let Some(bytes) = audit.remove(key.as_slice())? else {
-                                continue;
-                            };
-                            let entry: AuditEntry = codec::decode(&bytes)
-                                .map_err(ConflictableTransactionError::Abort)?;
-                            by_run_audit.remove(codec::owned_key(&entry.run_id, key))?;
-                            floor = floor.max(entry.id);
-                            done.audit_entries += 1;
-                        }
-                        done.approvals += 1;
-                    }
-                    meta.insert(AUDIT_FLOOR_KEY, &codec::id_key(floor))?;
-                    Ok(done)
-                },
-            );
-        match out {
-            Ok(done) => Ok(done),
-            Err(TransactionError::Abort(e)) => Err(e),
-            Err(TransactionError::Storage(e)) => Err(e.into()),
-        }
+                    let entry: AuditEntry =
+                        codec::decode(&bytes).map_err(ConflictableTransactionError::Abort)?;
+                    tx.audit_by_run
+                        .remove(codec::owned_key(&entry.run_id, key))?;
+                    floor = floor.max(entry.id);
+                    done.audit_entries += 1;
+                }
+                done.approvals += 1;
+            }
+            tx.meta.insert(AUDIT_FLOOR_KEY, &codec::id_key(floor))?;
+            Ok(done)
+        })
     }
 
     /// The highest audit id retention has deleted (0: none).

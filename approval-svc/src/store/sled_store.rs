@@ -80,15 +80,16 @@ impl std::fmt::Debug for SledStore {
 }
 
 /// The transactional view of every tree a state change touches.
-struct Tx<'a> {
-    approvals: &'a TransactionalTree,
-    by_created: &'a TransactionalTree,
-    by_run: &'a TransactionalTree,
-    deadlines: &'a TransactionalTree,
-    outbox: &'a TransactionalTree,
-    audit: &'a TransactionalTree,
-    audit_by_request: &'a TransactionalTree,
-    audit_by_run: &'a TransactionalTree,
+pub(super) struct Tx<'a> {
+    pub(super) approvals: &'a TransactionalTree,
+    pub(super) by_created: &'a TransactionalTree,
+    pub(super) by_run: &'a TransactionalTree,
+    pub(super) deadlines: &'a TransactionalTree,
+    pub(super) outbox: &'a TransactionalTree,
+    pub(super) audit: &'a TransactionalTree,
+    pub(super) audit_by_request: &'a TransactionalTree,
+    pub(super) audit_by_run: &'a TransactionalTree,
+    pub(super) meta: &'a TransactionalTree,
     now: u64,
 }
 
@@ -295,7 +296,7 @@ impl SledStore {
     }
 
     /// Runs `f` as one transaction over every tree; durable at the next flush.
-    fn commit_lazy<T>(&self, f: impl Fn(&Tx<'_>) -> TxResult<T>) -> Result<T> {
+    pub(super) fn commit_lazy<T>(&self, f: impl Fn(&Tx<'_>) -> TxResult<T>) -> Result<T> {
         let t = &self.trees;
         let now = now_ms();
         let out = (
@@ -307,8 +308,9 @@ impl SledStore {
             &t.audit,
             &t.audit_by_request,
             &t.audit_by_run,
+            &t.meta,
         )
-            .transaction(|(a, c, r, d, o, au, aq, ar)| {
+            .transaction(|(a, c, r, d, o, au, aq, ar, m)| {
                 f(&Tx {
                     approvals: a,
                     by_created: c,
@@ -318,6 +320,7 @@ impl SledStore {
                     audit: au,
                     audit_by_request: aq,
                     audit_by_run: ar,
+                    meta: m,
                     now,
                 })
             });
