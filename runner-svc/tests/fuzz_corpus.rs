@@ -10,8 +10,6 @@ mod fuzz;
 
 use std::path::{Path, PathBuf};
 
-use arbor_runner_svc::engine::TreeFormat;
-
 fn corpus(target: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fuzz/corpus")
@@ -44,18 +42,7 @@ fn checkpoint_corpus_decodes_or_errs_without_panicking() {
 fn tree_corpus_parses_or_errs_without_panicking() {
     for file in corpus("tree_parse") {
         let data = std::fs::read(&file).unwrap();
-        let Some((&selector, rest)) = data.split_first() else {
-            continue;
-        };
-        let Ok(text) = std::str::from_utf8(rest) else {
-            continue;
-        };
-        let format = if selector & 1 == 0 {
-            TreeFormat::Json
-        } else {
-            TreeFormat::Yaml
-        };
-        let outcome = std::panic::catch_unwind(|| fuzz::exercise_tree(text, format));
+        let outcome = std::panic::catch_unwind(|| fuzz::exercise_tree_input(&data));
         assert!(outcome.is_ok(), "{} panicked", file.display());
     }
 }

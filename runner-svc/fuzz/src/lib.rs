@@ -119,6 +119,23 @@ pub fn exercise_checkpoint(bytes: &[u8]) {
     }
 }
 
+/// The `tree_parse` input: the first byte picks the format (even: JSON, odd: YAML) so one corpus
+/// serves both parsers, the rest is the document. Inputs that are not UTF-8 are skipped.
+pub fn exercise_tree_input(data: &[u8]) {
+    let Some((&selector, rest)) = data.split_first() else {
+        return;
+    };
+    let Ok(text) = std::str::from_utf8(rest) else {
+        return;
+    };
+    let format = if selector & 1 == 0 {
+        TreeFormat::Json
+    } else {
+        TreeFormat::Yaml
+    };
+    exercise_tree(text, format);
+}
+
 /// Parses a tree document; a document that validates must print canonical JSON that parses
 /// again into the same tree.
 pub fn exercise_tree(document: &str, format: TreeFormat) {
