@@ -43,31 +43,8 @@ pub async fn approval_of(
     run_id: &str,
     state: apb::ApprovalState,
 ) -> apb::Approval {
-    let approvals = cluster.approval_client().await;
-    eventually(
-        &format!("an approval of {run_id} in {state:?}"),
-        WAIT,
-        || {
-            let mut approvals = approvals.clone();
-            let run_id = run_id.to_string();
-            async move {
-                let page = approvals
-                    .list_approvals(apb::ListApprovalsRequest {
-                        filter: Some(apb::ApprovalFilter {
-                            run_id,
-                            states: vec![state as i32],
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    })
-                    .await
-                    .ok()?
-                    .into_inner();
-                page.approvals.into_iter().next()
-            }
-        },
-    )
-    .await
+    let approvals = crate::clients::approvals_as(&cluster.approval.url(), None);
+    crate::secured::wait_approval(&approvals, run_id, state).await
 }
 
 /// Approves through `ApprovalService.Resolve`.
