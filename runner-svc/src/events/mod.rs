@@ -12,7 +12,24 @@ use tokio::sync::watch;
 use crate::store::{Store, T, Tx, TxResult, abort, codec};
 
 pub(crate) const NEXT_SEQ: &[u8] = b"next_seq";
-pub(crate) const FIRST_SEQ: &[u8] = b"first_seq";
+const FIRST_SEQ: &[u8] = b"first_seq";
+
+/// The last seq ever assigned, as recorded in the runner's `meta` tree (0: none yet).
+pub(crate) fn last_seq_in(meta: &sled::Tree) -> Result<u64, sled::Error> {
+    Ok(meta
+        .get(NEXT_SEQ)?
+        .map(|b| codec::read_u64(&b).saturating_sub(1))
+        .unwrap_or(0))
+}
+
+/// The oldest seq still retained, as recorded in the runner's `meta` tree (1 until retention
+/// removes events).
+pub(crate) fn first_seq_in(meta: &sled::Tree) -> Result<u64, sled::Error> {
+    Ok(meta
+        .get(FIRST_SEQ)?
+        .map(|b| codec::read_u64(&b))
+        .unwrap_or(1))
+}
 
 fn trace_key(run_id: &str) -> Vec<u8> {
     let mut k = b"trace:".to_vec();
@@ -200,22 +217,12 @@ impl EventLog {
 
     /// The last seq ever assigned (durable or not).
     pub fn last_seq(&self) -> Result<u64, EventLogError> {
-        Ok(self
-            .store
-            .tree(T::Meta)
-            .get(NEXT_SEQ)?
-            .map(|b| codec::read_u64(&b).saturating_sub(1))
-            .unwrap_or(0))
+        Ok(last_seq_in(self.store.tree(T::Meta))?)
     }
 
     /// Oldest seq still retained (1 until retention removes events).
     pub fn first_seq(&self) -> Result<u64, EventLogError> {
-        Ok(self
-            .store
-            .tree(T::Meta)
-            .get(FIRST_SEQ)?
-            .map(|b| codec::read_u64(&b))
-            .unwrap_or(1))
+        Ok(first_seq_in(self.store.tree(T::Meta))?)
     }
 
     /// Durable events with `after < seq <= durable_seq`, at most `limit`.

@@ -154,7 +154,7 @@ impl Store {
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
         // Before anything writes: sled opens a damaged log as an older or empty database.
-        let progress = last_event_seq(&trees[T::Meta as usize]).map_err(err)?;
+        let progress = crate::events::last_seq_in(&trees[T::Meta as usize]).map_err(err)?;
         let integrity = Arc::new(Integrity::check(dir, &db, PROGRESS, progress)?);
         integrity::guarded(dir, |place| check_references(&trees, place))?;
         let gc = GroupCommit::start(db.clone());
@@ -169,8 +169,8 @@ impl Store {
     /// Makes everything committed so far durable, then records the progress it reached in the
     /// integrity marker, so losing it later is detected at start-up.
     pub async fn record_progress(&self) -> Result<(), String> {
-        let progress =
-            last_event_seq(self.tree(T::Meta)).map_err(|e| format!("cannot read progress: {e}"))?;
+        let progress = crate::events::last_seq_in(self.tree(T::Meta))
+            .map_err(|e| format!("cannot read progress: {e}"))?;
         self.durable().await.map_err(|e| e.to_string())?;
         self.integrity.record(progress).map_err(|e| e.to_string())
     }
@@ -252,12 +252,8 @@ fn check_references(trees: &[sled::Tree], place: &std::sync::Mutex<String>) -> R
     // missing or extra seq means pages of the log were lost.
     at("events");
     let meta = tree(T::Meta);
-    let first = meta
-        .get(crate::events::FIRST_SEQ)
-        .map_err(read)?
-        .map(|b| codec::read_u64(&b))
-        .unwrap_or(1);
-    let last = last_event_seq(meta).map_err(read)?;
+    let first = crate::events::first_seq_in(meta).map_err(read)?;
+    let last = crate::events::last_seq_in(meta).map_err(read)?;
     let mut expected = first;
     for key in tree(T::Events).iter().keys() {
         let seq = codec::read_u64(&key.map_err(read)?);
@@ -286,13 +282,6 @@ fn check_references(trees: &[sled::Tree], place: &std::sync::Mutex<String>) -> R
         }
     }
     Ok(())
-}
-
-fn last_event_seq(meta: &sled::Tree) -> Result<u64, sled::Error> {
-    Ok(meta
-        .get(crate::events::NEXT_SEQ)?
-        .map(|b| codec::read_u64(&b).saturating_sub(1))
-        .unwrap_or(0))
 }
 
 /// Converts a transaction body's abort error into another error type.
