@@ -17,13 +17,13 @@ use std::{
 };
 
 use arbor_runner_svc::{
-    mailbox::{EnqueueRequest, MailboxConfig, MailboxStore, SledMailbox, SystemClock},
+    mailbox::{EnqueueRequest, MailboxConfig, SledMailbox, SystemClock},
     store::Store,
 };
 use tokio::sync::Notify;
 
 const RUN_FOR: Duration = Duration::from_secs(3);
-const WORKERS: usize = 8;
+const WORKERS: usize = 16;
 
 fn raw_fsync_rate(dir: &std::path::Path) -> f64 {
     let mut f = std::fs::File::create(dir.join("fsync.probe")).unwrap();
@@ -40,6 +40,7 @@ fn raw_fsync_rate(dir: &std::path::Path) -> f64 {
 struct Outcome {
     cycles_per_s: f64,
     fsyncs_per_cycle: f64,
+    commits_per_tx: f64,
     p50_ms: f64,
     p99_ms: f64,
 }
@@ -62,9 +63,8 @@ async fn cycles(producers: usize, window: usize) -> Outcome {
 
     let mut tasks = Vec::new();
     for w in 0..WORKERS {
-        let (mailbox, store, stop, acked, work, latencies, enqueued_at) = (
+        let (mailbox, stop, acked, work, latencies, enqueued_at) = (
             mailbox.clone(),
-            store.clone(),
             stop.clone(),
             acked.clone(),
             work.clone(),
@@ -75,10 +75,12 @@ async fn cycles(producers: usize, window: usize) -> Outcome {
             let me = format!("w{w}");
             while !stop.load(Ordering::Relaxed) {
                 let notified = work.notified();
-                match mailbox.claim(&me).unwrap() {
+                match mailbox.claim_next(&me).await.unwrap().0 {
                     Some(claim) => {
-                        mailbox.ack(&claim.job.job_id, &claim.token).unwrap();
-                        store.durable().await.unwrap();
+                        mailbox
+                            .ack_durable(&claim.job.job_id, &claim.token)
+                            .await
+                            .unwrap();
                         if let Some((t, done)) = enqueued_at.take(&claim.job.job_id) {
                             latencies.lock().unwrap().push(t.elapsed());
                             let _ = done.send(());
@@ -93,12 +95,12 @@ async fn cycles(producers: usize, window: usize) -> Outcome {
         }));
     }
     let flushes_before = store.flush_count();
+    let (tx_before, bodies_before) = store.batch_stats();
     let start = Instant::now();
     for p in 0..producers {
         for lane in 0..window {
-            let (mailbox, store, stop, work, enqueued_at) = (
+            let (mailbox, stop, work, enqueued_at) = (
                 mailbox.clone(),
-                store.clone(),
                 stop.clone(),
                 work.clone(),
                 enqueued_at.clone(),
@@ -110,14 +112,14 @@ async fn cycles(producers: usize, window: usize) -> Outcome {
                     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
                     enqueued_at.put(job_id.clone(), (Instant::now(), done_tx));
                     mailbox
-                        .enqueue(EnqueueRequest {
+                        .enqueue_durable(EnqueueRequest {
                             job_id,
                             mailbox_id: format!("thread-{p}-{lane}-{}", i % 4),
                             run_id: format!("run-{p}-{lane}-{i}"),
                             ..Default::default()
                         })
+                        .await
                         .unwrap();
-                    store.durable().await.unwrap();
                     work.notify_one();
                     // Closed loop: a lane has one job in flight and waits for its durable ack.
                     while !stop.load(Ordering::Relaxed)
@@ -135,6 +137,7 @@ async fn cycles(producers: usize, window: usize) -> Outcome {
     let elapsed = start.elapsed();
     let done = acked.load(Ordering::Relaxed);
     let flushes = store.flush_count() - flushes_before;
+    let (tx_after, bodies_after) = store.batch_stats();
     for t in tasks {
         t.await.unwrap();
     }
@@ -148,6 +151,8 @@ async fn cycles(producers: usize, window: usize) -> Outcome {
     Outcome {
         cycles_per_s: done as f64 / elapsed.as_secs_f64(),
         fsyncs_per_cycle: flushes as f64 / done.max(1) as f64,
+        commits_per_tx: (bodies_after - bodies_before) as f64
+            / (tx_after - tx_before).max(1) as f64,
         p50_ms: pct(0.50),
         p99_ms: pct(0.99),
     }
@@ -186,18 +191,26 @@ fn main() {
     );
     println!("raw serial fsync rate of this disk: {fsync:.0} fsyncs/s\n");
     println!(
-        "{:>9} {:>8} {:>14} {:>11} {:>13} {:>9} {:>9}",
-        "producers", "in-flight", "cycles/s", "× fsync/s", "fsyncs/cycle", "p50 ms", "p99 ms"
+        "{:>9} {:>8} {:>14} {:>11} {:>13} {:>12} {:>9} {:>9}",
+        "producers",
+        "in-flight",
+        "cycles/s",
+        "× fsync/s",
+        "fsyncs/cycle",
+        "commits/tx",
+        "p50 ms",
+        "p99 ms"
     );
     for (producers, window) in [(1, 1), (8, 1), (1, 8), (8, 8), (8, 32)] {
         let o = rt.block_on(cycles(producers, window));
         println!(
-            "{:>9} {:>8} {:>14.0} {:>10.1}× {:>13.2} {:>9.2} {:>9.2}",
+            "{:>9} {:>8} {:>14.0} {:>10.1}× {:>13.2} {:>12.2} {:>9.2} {:>9.2}",
             producers,
             producers * window,
             o.cycles_per_s,
             o.cycles_per_s / fsync,
             o.fsyncs_per_cycle,
+            o.commits_per_tx,
             o.p50_ms,
             o.p99_ms
         );

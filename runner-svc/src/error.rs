@@ -78,6 +78,17 @@ impl From<MailboxError> for RunnerError {
     }
 }
 
+impl From<arbor_shared::durability::CommitError<RunnerError>> for RunnerError {
+    fn from(e: arbor_shared::durability::CommitError<RunnerError>) -> Self {
+        use arbor_shared::durability::CommitError;
+        match e {
+            CommitError::Abort(e) => e,
+            CommitError::Storage(e) => e.into(),
+            CommitError::Flush(e) => e.into(),
+        }
+    }
+}
+
 impl From<crate::store::TxError<RunnerError>> for RunnerError {
     fn from(e: crate::store::TxError<RunnerError>) -> Self {
         match e {

@@ -93,7 +93,8 @@ impl Runner {
             let Some(&last) = doomed.last() else {
                 return Ok(removed);
             };
-            self.commit(|tx| {
+            let count = doomed.len();
+            self.commit(move |tx| {
                 for seq in &doomed {
                     tx.tree(T::Events).remove(&codec::u64_key(*seq))?;
                 }
@@ -101,8 +102,8 @@ impl Runner {
                 Ok(((), Vec::new()))
             })
             .await?;
-            removed += doomed.len() as u64;
-            if doomed.len() < BATCH {
+            removed += count as u64;
+            if count < BATCH {
                 return Ok(removed);
             }
         }
@@ -130,7 +131,7 @@ impl Runner {
             }
             let full = batch.len() == BATCH;
             let n = self
-                .commit(|tx| {
+                .commit(move |tx| {
                     let mut n = 0u64;
                     for (index_key, id) in &batch {
                         tx.tree(T::Finished).remove(index_key.as_slice())?;

@@ -436,6 +436,32 @@ impl SledMailbox {
         &self.cfg
     }
 
+    /// [`MailboxStore::enqueue`] through the store's batched commit: resolves once the job is
+    /// durable, sharing one transaction and one flush with every other commit queued meanwhile
+    /// (how `SubmitRun` enqueues).
+    pub async fn enqueue_durable(&self, req: EnqueueRequest) -> Result<Enqueued, MailboxError> {
+        let order = self.store.next_id()?;
+        let now = self.now();
+        let default_max = self.cfg.default_max_attempts;
+        Ok(self
+            .store
+            .commit(move |t| tx::enqueue(t, &req, order, now, default_max))
+            .await?)
+    }
+
+    /// [`MailboxStore::ack`] through the batched commit: resolves once the ack is durable (how a
+    /// worker acks inside the commit of a run's step).
+    pub async fn ack_durable(&self, job_id: &str, token: &str) -> Result<Job, MailboxError> {
+        let now = self.now();
+        let (id, token) = (job_id.to_string(), token.to_string());
+        let job = self
+            .store
+            .commit(move |t| tx::ack(t, &id, &token, now))
+            .await?;
+        self.forget_lease(job_id);
+        Ok(job)
+    }
+
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
     }
@@ -677,14 +703,77 @@ impl SledMailbox {
     ) -> Result<(Option<Claim>, Option<u64>), MailboxError> {
         let _one_at_a_time = self.claiming.lock();
         let now = self.now();
+        let (candidates, next) = self.claim_candidates(now)?;
+        for job_id in candidates {
+            let token = self.claim_token(worker_id)?;
+            let lease = self.cfg.lease;
+            let outcome = self
+                .store
+                .transact(|t| tx::claim(t, &job_id, worker_id, &token, now, lease))?;
+            if let Ok(job) = outcome {
+                self.track_lease(&job.job_id, &token);
+                return Ok((Some(Claim { job, token }), None));
+            }
+        }
+        Ok((None, next))
+    }
+
+    /// [`claim_or_next`](Self::claim_or_next) for the worker pool: the claim joins the store's
+    /// batched commit (one transaction with whatever else is being committed) instead of paying
+    /// a transaction of its own, and takes the first of several candidates that is still free in
+    /// that transaction, so workers claiming at once get different jobs without a lock. It does
+    /// not wait for a flush: a claim lost in a crash is undone at start-up anyway.
+    pub async fn claim_next(
+        &self,
+        worker_id: &str,
+    ) -> Result<(Option<Claim>, Option<u64>), MailboxError> {
+        let now = self.now();
+        let (candidates, next) = self.claim_candidates(now)?;
+        if candidates.is_empty() {
+            return Ok((None, next));
+        }
+        let token = self.claim_token(worker_id)?;
+        let lease = self.cfg.lease;
+        let (worker, token_in) = (worker_id.to_string(), token.clone());
+        let won = self
+            .store
+            .apply(move |t| {
+                for job_id in &candidates {
+                    if let Ok(job) = tx::claim(t, job_id, &worker, &token_in, now, lease)? {
+                        return Ok(Some(job));
+                    }
+                }
+                Ok(None)
+            })
+            .await?;
+        match won {
+            Some(job) => {
+                self.track_lease(&job.job_id, &token);
+                Ok((Some(Claim { job, token }), None))
+            }
+            // Every candidate went to another worker: look again soon.
+            None => Ok((None, Some(now))),
+        }
+    }
+
+    /// Unique per claim without a syscall (a random token would cost one each time).
+    fn claim_token(&self, worker_id: &str) -> Result<String, MailboxError> {
+        Ok(format!("{worker_id}-{}", self.store.next_id()?))
+    }
+
+    /// The first few queued jobs a claim may win now, in claim order, and when the next delayed
+    /// job becomes available. A cheap look outside any transaction: what cannot be claimed now
+    /// is skipped, so the transaction per claim is spent on a job that will be won. When the scan
+    /// stops early at the limit, "next" is now, so a worker that loses every race looks again.
+    fn claim_candidates(&self, now: u64) -> Result<(Vec<String>, Option<u64>), MailboxError> {
+        const MAX_CANDIDATES: usize = 16;
+        let mut candidates = Vec::new();
         let mut next: Option<u64> = None;
         for entry in self.store.tree(T::Queue).iter() {
             let (key, _) = entry?;
             let Some(job_id) = tx::job_id_of_queue_key(&key) else {
                 continue;
             };
-            // Cheap look outside the transaction: skip what cannot be claimed now, so the one
-            // transaction per claim is spent on a job that will be won.
             if let Some(job) = self.get(job_id)?
                 && job.status == JobStatus::Queued
             {
@@ -701,18 +790,12 @@ impl SledMailbox {
                     continue;
                 }
             }
-            // Unique per claim without a syscall (a random token would cost one each time).
-            let token = format!("{worker_id}-{}", self.store.next_id()?);
-            let lease = self.cfg.lease;
-            let outcome = self
-                .store
-                .transact(|t| tx::claim(t, job_id, worker_id, &token, now, lease))?;
-            if let Ok(job) = outcome {
-                self.track_lease(&job.job_id, &token);
-                return Ok((Some(Claim { job, token }), None));
+            candidates.push(job_id.to_string());
+            if candidates.len() == MAX_CANDIDATES {
+                return Ok((candidates, Some(now)));
             }
         }
-        Ok((None, next))
+        Ok((candidates, next))
     }
 
     /// Whether the job belongs to an older generation of its thread (the claim transaction

@@ -128,12 +128,11 @@ impl Runner {
 
     /// Commits one transaction that also appends events, waits until it is durable, then
     /// publishes the events to streams.
-    pub(crate) async fn commit<R>(
+    pub(crate) async fn commit<R: Send + 'static>(
         &self,
-        body: impl Fn(&Tx<'_>) -> TxResult<(R, Vec<Event>), RunnerError>,
+        body: impl Fn(&Tx<'_>) -> TxResult<(R, Vec<Event>), RunnerError> + Send + 'static,
     ) -> Result<R, RunnerError> {
-        let (r, events) = self.store.transact(body)?;
-        self.store.durable().await?;
+        let (r, events) = self.store.commit(body).await?;
         if let Some(last) = events.last() {
             self.events.publish(last.seq);
         }
@@ -256,7 +255,7 @@ impl Runner {
     ) -> Result<(), RunnerError> {
         let now = arbor_shared::time::now_ms();
         let job = job.clone();
-        self.commit(|tx| {
+        self.commit(move |tx| {
             let mut events = vec![crate::events::NewEvent {
                 run_id: job.run_id.clone(),
                 thread_id: job.mailbox_id.clone(),

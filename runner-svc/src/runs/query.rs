@@ -169,9 +169,10 @@ impl Runner {
             return Err(RunnerError::invalid("job_id", "required"));
         }
         let now = arbor_shared::time::now_ms();
+        let job_id = job_id.to_string();
         let job = self
-            .commit(|tx| {
-                let job = crate::store::lift(crate::mailbox::tx::requeue(tx, job_id, now))?;
+            .commit(move |tx| {
+                let job = crate::store::lift(crate::mailbox::tx::requeue(tx, &job_id, now))?;
                 let mut appended = Vec::new();
                 if let Some(mut run) = records::get_run(tx, &job.run_id)?
                     && run.status == RunStatus::Failed
@@ -228,12 +229,13 @@ impl Runner {
         let order = self.store.next_id()?;
         let now = arbor_shared::time::now_ms();
         let default_max = self.mailbox.config().default_max_attempts;
-        self.commit(|tx| {
-            let run = records::must_get_run(tx, run_id)?;
+        let (id, reason) = (run_id.to_string(), reason.to_string());
+        self.commit(move |tx| {
+            let run = records::must_get_run(tx, &id)?;
             if run.status.is_terminal() {
                 return Ok(((), Vec::new()));
             }
-            submit::enqueue_cancel(tx, &run, reason, order, now, default_max)?;
+            submit::enqueue_cancel(tx, &run, &reason, order, now, default_max)?;
             Ok(((), Vec::new()))
         })
         .await?;
@@ -254,8 +256,9 @@ impl Runner {
                 format!("{seq} is beyond the last event ({last})"),
             ));
         }
-        self.commit(|tx| {
-            let stored = events::ack_cursor(tx, subscriber, seq, last)?;
+        let subscriber = subscriber.to_string();
+        self.commit(move |tx| {
+            let stored = events::ack_cursor(tx, &subscriber, seq, last)?;
             Ok((stored, Vec::new()))
         })
         .await

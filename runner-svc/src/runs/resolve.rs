@@ -66,7 +66,7 @@ impl Runner {
             source: input.source,
         };
         let resolved = self
-            .commit(|tx| {
+            .commit(move |tx| {
                 let run = records::must_get_run(tx, &input.run_id)?;
                 let Some(ck) = records::get_checkpoint(tx, &input.run_id)? else {
                     return abort(not_found(&input));

@@ -86,7 +86,7 @@ impl Runner {
         };
         let key = records::tree_key(&record.id, record.version);
         let (stored, existed) = self
-            .commit(|tx| {
+            .commit(move |tx| {
                 if let Some(bytes) = tx.tree(T::Trees).get(&key)? {
                     let existing: TreeRecord = match codec::decode("tree", &bytes) {
                         Ok(t) => t,
@@ -133,7 +133,7 @@ impl Runner {
             .trace
             .unwrap_or_else(arbor_shared::trace::TraceContext::new_root);
         let submitted = self
-            .commit(|tx| {
+            .commit(move |tx| {
                 let existing = records::get_run(tx, &run_id)?;
                 if let Some(conflict) =
                     restore_conflict(input.restore_policy, &run_id, existing.as_ref())
@@ -299,9 +299,10 @@ impl Runner {
         } else {
             reason
         };
+        let (thread, reason) = (thread_id.to_string(), reason.to_string());
         let intr = self
-            .commit(|tx| {
-                let intr = lift(mtx::interrupt(tx, thread_id, &candidates, now))?;
+            .commit(move |tx| {
+                let intr = lift(mtx::interrupt(tx, &thread, &candidates, now))?;
                 let mut new_events = Vec::new();
                 let superseded_runs: Vec<&str> = intr
                     .superseded
@@ -332,7 +333,7 @@ impl Runner {
                         });
                         continue;
                     }
-                    enqueue_cancel(tx, &run, reason, *order, now, default_max)?;
+                    enqueue_cancel(tx, &run, &reason, *order, now, default_max)?;
                 }
                 let appended = events::append(tx, &new_events, now, "")?;
                 Ok((intr, appended))

@@ -252,8 +252,10 @@ impl Runner {
         let default_max = self.mailbox.config().default_max_attempts;
         let blackboard = step.ck.blackboard().clone();
         let status = step.status;
-        self.commit(|tx| {
-            lift(mtx::check_fence(tx, &job.job_id, &claim.token))?;
+        let next_wake = step.next_wake_ms;
+        let (job, token) = (job.clone(), claim.token.clone());
+        self.commit(move |tx| {
+            lift(mtx::check_fence(tx, &job.job_id, &token))?;
             let Some(mut run) = records::get_run(tx, &job.run_id)? else {
                 return abort(RunnerError::NotFound(job.run_id.clone()));
             };
@@ -308,13 +310,13 @@ impl Runner {
             run.updated_at_ms = now;
             records::put_run(tx, &run)?;
             let appended = events::append(tx, &events_in, now, "")?;
-            lift(mtx::ack(tx, &job.job_id, &claim.token, now))?;
+            lift(mtx::ack(tx, &job.job_id, &token, now))?;
             Ok(((), appended))
         })
         .await?;
         // This worker claims again right away, which picks up the thread's next job; another
         // worker is only needed for a timer that is already due.
-        if step.next_wake_ms.is_some_and(|at| at <= now) {
+        if next_wake.is_some_and(|at| at <= now) {
             self.wake_workers();
         }
         Ok(status)
@@ -323,8 +325,9 @@ impl Runner {
     /// Acks a job that had nothing to do.
     async fn ack_only(&self, claim: &Claim) -> Result<(), RunnerError> {
         let now = arbor_shared::time::now_ms();
-        self.commit(|tx| {
-            lift(mtx::ack(tx, &claim.job.job_id, &claim.token, now))?;
+        let (job_id, token) = (claim.job.job_id.clone(), claim.token.clone());
+        self.commit(move |tx| {
+            lift(mtx::ack(tx, &job_id, &token, now))?;
             Ok(((), Vec::new()))
         })
         .await?;

@@ -7,7 +7,7 @@ pub mod codec;
 use std::{path::Path, sync::Arc};
 
 use arbor_shared::{
-    durability::{FlushError, GroupCommit},
+    durability::{BatchCommit, BatchResult, CommitError, FlushError, GroupCommit, TxSet},
     integrity::{self, Integrity, IntegrityError},
 };
 use sled::{
@@ -121,7 +121,22 @@ pub struct Store {
     db: sled::Db,
     trees: Vec<sled::Tree>,
     gc: GroupCommit,
+    batches: BatchCommit<AllTrees>,
     integrity: Arc<Integrity>,
+}
+
+/// Every runner tree, as the committer thread runs batched transactions over them.
+struct AllTrees(Vec<sled::Tree>);
+
+impl TxSet for AllTrees {
+    type Tx<'a> = Tx<'a>;
+
+    fn transaction(
+        &self,
+        body: &dyn Fn(&Tx<'_>) -> BatchResult,
+    ) -> Result<(), TransactionError<usize>> {
+        self.0[..].transaction(|trees: &Vec<TransactionalTree>| body(&Tx(trees)))
+    }
 }
 
 /// What the integrity marker measures the runner database's progress by: the last event seq
@@ -158,10 +173,12 @@ impl Store {
         let integrity = Arc::new(Integrity::check(dir, &db, PROGRESS, progress)?);
         integrity::guarded(dir, |place| check_references(&trees, place))?;
         let gc = GroupCommit::start(db.clone());
+        let batches = BatchCommit::start(AllTrees(trees.clone()), gc.clone());
         Ok(Self {
             db,
             trees,
             gc,
+            batches,
             integrity,
         })
     }
@@ -192,6 +209,38 @@ impl Store {
         self.trees[..]
             .transaction(|trees: &Vec<TransactionalTree>| body(&Tx(trees)))
             .map_err(TxError::from)
+    }
+
+    /// Runs `body` in one transaction with whatever other commits are queued, and resolves once
+    /// that transaction is durable: the way every write that answers an RPC commits. The body may
+    /// run more than once, so it must be free of side effects outside the transaction.
+    pub async fn commit<R, E>(
+        &self,
+        body: impl Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
+    ) -> Result<R, CommitError<E>>
+    where
+        R: Send + 'static,
+        E: Send + 'static,
+    {
+        self.batches.commit(body).await
+    }
+
+    /// Like [`commit`](Self::commit), but resolves once the transaction committed, without
+    /// waiting for it to be durable.
+    pub async fn apply<R, E>(
+        &self,
+        body: impl Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
+    ) -> Result<R, CommitError<E>>
+    where
+        R: Send + 'static,
+        E: Send + 'static,
+    {
+        self.batches.apply(body).await
+    }
+
+    /// Transactions the committer thread has run, and the commits they carried.
+    pub fn batch_stats(&self) -> (u64, u64) {
+        (self.batches.batch_count(), self.batches.body_count())
     }
 
     /// Waits until everything committed so far is on disk (shared fsync).

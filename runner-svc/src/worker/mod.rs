@@ -76,7 +76,7 @@ pub async fn worker_loop(
         tokio::pin!(woken);
         // Register interest before looking, so a wake-up between the look and the wait is kept.
         woken.as_mut().enable();
-        let next = match runner.mailbox().claim_or_next(&worker_id) {
+        let next = match runner.mailbox().claim_next(&worker_id).await {
             Ok((Some(claim), _)) => {
                 in_flight.start(&claim);
                 runner.process(&claim).await;
