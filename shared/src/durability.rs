@@ -126,8 +126,10 @@ pub trait TxSet: Send + 'static {
     type Tx<'a>;
 
     /// Runs `body` as one sled transaction over the set (sled retries it on conflict).
-    fn transaction(&self, body: &dyn Fn(&Self::Tx<'_>) -> BatchResult)
-    -> Result<(), TransactionError<usize>>;
+    fn transaction(
+        &self,
+        body: &dyn Fn(&Self::Tx<'_>) -> BatchResult,
+    ) -> Result<(), TransactionError<usize>>;
 }
 
 /// What a batch body returns: abort naming the body that aborted, or conflict/storage as sled's.
@@ -344,7 +346,9 @@ fn committer<S: TxSet>(
                     aborted.push(batch.remove(i));
                 }
                 Err(TransactionError::Abort(_)) => {
-                    failed = Some(sled::Error::ReportableBug("abort of an unknown body".into()));
+                    failed = Some(sled::Error::ReportableBug(
+                        "abort of an unknown body".into(),
+                    ));
                     break;
                 }
                 Err(TransactionError::Storage(e)) => {
@@ -471,7 +475,7 @@ mod tests {
                     .commit(move |(a, b)| {
                         // Writes first, then every third body refuses: its writes must vanish.
                         a.insert(&i.to_be_bytes(), &b"x"[..])?;
-                        if i % 3 == 0 {
+                        if i.is_multiple_of(3) {
                             return Err(ConflictableTransactionError::Abort(format!("no {i}")));
                         }
                         b.insert(&i.to_be_bytes(), &b"y"[..])?;
@@ -483,11 +487,13 @@ mod tests {
         for (i, t) in tasks.into_iter().enumerate() {
             let i = i as u32;
             match t.await.unwrap() {
-                Ok(v) => assert!(i % 3 != 0 && v == i),
-                Err(CommitError::Abort(e)) => assert!(i % 3 == 0 && e == format!("no {i}")),
+                Ok(v) => assert!(!i.is_multiple_of(3) && v == i),
+                Err(CommitError::Abort(e)) => {
+                    assert!(i.is_multiple_of(3) && e == format!("no {i}"))
+                }
                 Err(e) => panic!("unexpected {e}"),
             }
-            let kept = i % 3 != 0;
+            let kept = !i.is_multiple_of(3);
             assert_eq!(a.contains_key(i.to_be_bytes()).unwrap(), kept, "a {i}");
             assert_eq!(b.contains_key(i.to_be_bytes()).unwrap(), kept, "b {i}");
         }

@@ -218,8 +218,12 @@ impl<S: ApprovalStore> Subscriber<S> {
             .filter(|e| matches!(e.detail, Some(Detail::ApprovalRequested(_))))
             .collect();
         requested.sort_by_key(|e| e.seq);
-        for event in &requested {
-            if let Some(put) = self.store_request(event).await? {
+        // join_all polls in order, so the writes reach the store's batched commit in stream
+        // order and share its transactions.
+        let puts =
+            futures_util::future::join_all(requested.iter().map(|e| self.store_request(e))).await;
+        for (event, put) in requested.iter().zip(puts) {
+            if let Some(put) = put? {
                 stored.insert(event.seq, put);
             }
         }

@@ -1,11 +1,12 @@
 //! The sled implementation of `ApprovalStore`: one multi-tree transaction per state change
-//! (record, its indexes and its audit entry), then a group-commit flush before answering.
+//! (record, its indexes and its audit entry), then a flush before answering. State changes go
+//! through the batched commit, so concurrent ones share one sled transaction and one flush.
 
 use std::{path::Path, sync::Arc};
 
 use arbor_shared::{
     domain::{ApprovalRequest, DecisionKind, DecisionSource, TimeoutAction},
-    durability::GroupCommit,
+    durability::{BatchCommit, BatchResult, CommitError, GroupCommit, TxSet},
     integrity::{self, Integrity},
     time::now_ms,
 };
@@ -59,6 +60,7 @@ pub struct SledStore {
     db: sled::Db,
     pub(super) trees: Trees,
     pub(super) gc: GroupCommit,
+    batches: BatchCommit<Trees>,
     /// The data directory's integrity marker (absent for databases opened by `from_db`).
     integrity: Option<Arc<Integrity>>,
 }
@@ -280,35 +282,68 @@ impl SledStore {
             meta: db.open_tree("meta")?,
         };
         let gc = GroupCommit::start(db.clone());
+        let batches = BatchCommit::start(trees.clone(), gc.clone());
         Ok(Self {
             db,
             trees,
             gc,
+            batches,
             integrity: None,
         })
     }
 
-    /// Runs `f` as one transaction over every tree, then waits until it is durable.
-    async fn commit<T>(&self, f: impl Fn(&Tx<'_>) -> TxResult<T>) -> Result<T> {
-        let value = self.commit_lazy(f)?;
-        self.gc.flush().await?;
-        Ok(value)
+    /// Runs `f` in one transaction with whatever other changes are queued, then waits until
+    /// that transaction is durable. `f` may run more than once; it must have no side effects.
+    async fn commit<T: Send + 'static>(
+        &self,
+        f: impl Fn(&Tx<'_>) -> TxResult<T> + Send + 'static,
+    ) -> Result<T> {
+        self.batches.commit(f).await.map_err(from_commit)
     }
 
-    /// Runs `f` as one transaction over every tree; durable at the next flush.
+    /// Like `commit`, without waiting for the flush: durable at the next one.
+    async fn apply<T: Send + 'static>(
+        &self,
+        f: impl Fn(&Tx<'_>) -> TxResult<T> + Send + 'static,
+    ) -> Result<T> {
+        self.batches.apply(f).await.map_err(from_commit)
+    }
+
+    /// Runs `f` as a transaction of its own on the calling thread; durable at the next flush.
     pub(super) fn commit_lazy<T>(&self, f: impl Fn(&Tx<'_>) -> TxResult<T>) -> Result<T> {
-        let t = &self.trees;
+        match self.trees.run(f) {
+            Ok(v) => Ok(v),
+            Err(TransactionError::Abort(e)) => Err(e),
+            Err(TransactionError::Storage(e)) => Err(e.into()),
+        }
+    }
+}
+
+fn from_commit(e: CommitError<Error>) -> Error {
+    match e {
+        CommitError::Abort(e) => e,
+        CommitError::Storage(e) => e.into(),
+        CommitError::Flush(e) => e.into(),
+    }
+}
+
+impl Trees {
+    /// Runs `f` as one sled transaction over every tree.
+    fn run<T, E>(
+        &self,
+        f: impl Fn(&Tx<'_>) -> std::result::Result<T, ConflictableTransactionError<E>>,
+    ) -> std::result::Result<T, TransactionError<E>> {
         let now = now_ms();
-        let out = (
-            &t.approvals,
-            &t.by_created,
-            &t.by_run,
-            &t.deadlines,
-            &t.outbox,
-            &t.audit,
-            &t.audit_by_request,
-            &t.audit_by_run,
-            &t.meta,
+        (
+            &self.approvals,
+            &self.by_created,
+            &self.by_run,
+            &self.deadlines,
+            &self.outbox,
+            &self.audit,
+            &self.audit_by_request,
+            &self.audit_by_run,
+            &self.meta,
         )
             .transaction(|(a, c, r, d, o, au, aq, ar, m)| {
                 f(&Tx {
@@ -323,12 +358,18 @@ impl SledStore {
                     meta: m,
                     now,
                 })
-            });
-        match out {
-            Ok(v) => Ok(v),
-            Err(TransactionError::Abort(e)) => Err(e),
-            Err(TransactionError::Storage(e)) => Err(e.into()),
-        }
+            })
+    }
+}
+
+impl TxSet for Trees {
+    type Tx<'a> = Tx<'a>;
+
+    fn transaction(
+        &self,
+        body: &dyn Fn(&Tx<'_>) -> BatchResult,
+    ) -> std::result::Result<(), TransactionError<usize>> {
+        self.run(body)
     }
 }
 
@@ -338,7 +379,8 @@ impl ApprovalStore for SledStore {
         request: ApprovalRequest,
         unknown_kind: Option<i32>,
     ) -> Result<Put> {
-        self.commit(|tx| put_tx(tx, &request, unknown_kind)).await
+        self.commit(move |tx| put_tx(tx, &request, unknown_kind))
+            .await
     }
 
     async fn put_request_lazy(
@@ -346,13 +388,16 @@ impl ApprovalStore for SledStore {
         request: ApprovalRequest,
         unknown_kind: Option<i32>,
     ) -> Result<Put> {
-        self.commit_lazy(|tx| put_tx(tx, &request, unknown_kind))
+        self.apply(move |tx| put_tx(tx, &request, unknown_kind))
+            .await
     }
 
     async fn resolve_request(&self, request_id: &str, decision: NewDecision) -> Result<Resolved> {
         // Generated once per call, outside the closure, so a retried transaction reuses it.
         let decision_id = uuid::Uuid::now_v7().to_string();
-        self.commit(|tx| {
+        let request_id = request_id.to_string();
+        self.commit(move |tx| {
+            let request_id = request_id.as_str();
             let a = tx.load(request_id)?;
             if !a.allows(decision.kind) {
                 return abort(Error::not_allowed(
@@ -397,8 +442,9 @@ impl ApprovalStore for SledStore {
 
     async fn expire(&self, request_id: &str) -> Result<Approval> {
         let decision_id = uuid::Uuid::now_v7().to_string();
-        self.commit(|tx| {
-            let a = tx.load(request_id)?;
+        let request_id = request_id.to_string();
+        self.commit(move |tx| {
+            let a = tx.load(&request_id)?;
             let state = tx.step(&a, Transition::Expire)?;
             let mut n = tx.next(&a, state);
             let kind = match a.request.on_timeout {
@@ -433,8 +479,9 @@ impl ApprovalStore for SledStore {
     ) -> Result<Option<Approval>> {
         // Bookkeeping only: if a crash loses it, the decision is delivered again, which the
         // runner answers as a duplicate. No fsync of its own.
-        self.commit_lazy(|tx| {
-            let a = tx.load(request_id)?;
+        let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
+        self.apply(move |tx| {
+            let a = tx.load(&request_id)?;
             let holds = a
                 .decision
                 .as_ref()
@@ -461,14 +508,18 @@ impl ApprovalStore for SledStore {
             }
             Ok(Some(n))
         })
+        .await
     }
 
     async fn ack_result(&self, request_id: &str, decision_id: &str) -> Result<Approval> {
-        self.commit(|tx| ack_tx(tx, request_id, decision_id)).await
+        let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
+        self.commit(move |tx| ack_tx(tx, &request_id, &decision_id))
+            .await
     }
 
     async fn prune_result(&self, request_id: &str) -> Result<Approval> {
-        self.commit(|tx| prune_tx(tx, request_id)).await
+        let request_id = request_id.to_string();
+        self.commit(move |tx| prune_tx(tx, &request_id)).await
     }
 
     async fn ack_and_prune(
@@ -476,18 +527,24 @@ impl ApprovalStore for SledStore {
         request_id: &str,
         decision_id: &str,
     ) -> Result<(Approval, Approval)> {
-        self.commit(|tx| {
-            let acked = ack_tx(tx, request_id, decision_id)?;
-            let pruned = prune_tx(tx, request_id)?;
+        let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
+        self.commit(move |tx| {
+            let acked = ack_tx(tx, &request_id, &decision_id)?;
+            let pruned = prune_tx(tx, &request_id)?;
             Ok((acked, pruned))
         })
         .await
     }
 
     async fn cancel(&self, request_id: &str, actor: &str, reason: &str) -> Result<Approval> {
-        self.commit(|tx| {
-            let a = tx.load(request_id)?;
-            tx.cancel(&a, actor, reason)
+        let (request_id, actor, reason) = (
+            request_id.to_string(),
+            actor.to_string(),
+            reason.to_string(),
+        );
+        self.commit(move |tx| {
+            let a = tx.load(&request_id)?;
+            tx.cancel(&a, &actor, &reason)
         })
         .await
     }
@@ -502,12 +559,13 @@ impl ApprovalStore for SledStore {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        self.commit(|tx| {
+        let (actor, reason) = (actor.to_string(), reason.to_string());
+        self.commit(move |tx| {
             let mut changed = Vec::new();
             for id in &ids {
                 let a = tx.load(id)?;
                 if a.state.apply(Transition::Cancel).is_ok() {
-                    changed.push(tx.cancel(&a, actor, reason)?);
+                    changed.push(tx.cancel(&a, &actor, &reason)?);
                 }
             }
             Ok(changed)
@@ -516,7 +574,7 @@ impl ApprovalStore for SledStore {
     }
 
     async fn append_audit(&self, entry: AuditEntry) -> Result<AuditEntry> {
-        self.commit(|tx| tx.audit(entry.clone())).await
+        self.commit(move |tx| tx.audit(entry.clone())).await
     }
 
     fn get(&self, request_id: &str) -> Result<Option<Approval>> {
