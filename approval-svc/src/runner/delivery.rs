@@ -3,7 +3,7 @@
 //! idempotent, until the runner says OK (durable in the run's inbox) or says the request is dead.
 //! Sleeps until woken by a new decision or the next retry is due; never polls.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use arbor_shared::trace::TraceContext;
 use tokio::time::Instant;
@@ -50,83 +50,107 @@ enum Attempt {
 }
 
 impl<S: ApprovalStore> Delivery<S> {
+    /// Delivers continuously: a new decision starts its delivery as soon as it is stored, while
+    /// earlier ones are still in flight (up to [`DELIVERIES_IN_FLIGHT`]), so one slow round trip
+    /// never holds up the decisions behind it.
     pub async fn run(self) {
+        use futures_util::StreamExt;
+        let this = &self;
         let wake = self.approvals.delivery_wake();
         let mut retries: HashMap<String, Retry> = HashMap::new();
+        let mut in_flight: HashSet<String> = HashSet::new();
+        let mut running = futures_util::stream::FuturesUnordered::new();
+        let mut next: Option<Instant> = None;
+        let mut scan = true;
         loop {
             // Registered before reading the store, so a decision stored meanwhile still wakes us.
             let woken = wake.notified();
-            let next = match self.approvals.store().undelivered() {
-                Ok(due) => self.deliver_due(due, &mut retries).await,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot read undelivered decisions");
-                    Some(Instant::now() + self.tuning.delivery_max)
-                }
-            };
+            if scan {
+                scan = false;
+                next = match self.approvals.store().undelivered() {
+                    Ok(due) => {
+                        retries.retain(|id, _| {
+                            in_flight.contains(id) || due.iter().any(|a| a.id() == id)
+                        });
+                        let now = Instant::now();
+                        let mut next: Option<Instant> = None;
+                        for approval in due {
+                            if in_flight.contains(approval.id()) {
+                                continue;
+                            }
+                            match retries.get(approval.id()) {
+                                Some(r) if r.at > now => {
+                                    next = Some(next.map_or(r.at, |n| n.min(r.at)));
+                                }
+                                _ if in_flight.len() >= DELIVERIES_IN_FLIGHT => {
+                                    // Looked at again when a slot frees up.
+                                    scan = true;
+                                    break;
+                                }
+                                _ => {
+                                    in_flight.insert(approval.id().to_string());
+                                    running.push(async move {
+                                        let span = this.approvals.span(approval.id());
+                                        let outcome =
+                                            this.deliver(&approval).instrument(span).await;
+                                        (approval.id().to_string(), outcome)
+                                    });
+                                }
+                            }
+                        }
+                        next
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot read undelivered decisions");
+                        Some(Instant::now() + self.tuning.delivery_max)
+                    }
+                };
+            }
             if self.shutdown.is_cancelled() {
                 return;
             }
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
-                _ = woken => {}
-                _ = sleep_until(next) => {}
+                _ = woken => scan = true,
+                _ = sleep_until(next) => scan = true,
+                Some((id, outcome)) = running.next(), if !running.is_empty() => {
+                    in_flight.remove(&id);
+                    let retry_at = self.settle_attempt(id, outcome, &mut retries);
+                    next = match (next, retry_at) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
             }
         }
     }
 
-    /// Attempts every due decision; returns when the next retry is due.
-    async fn deliver_due(
+    /// Books one finished delivery; returns when it should be tried again, if it should.
+    fn settle_attempt(
         &self,
-        due: Vec<Approval>,
+        id: String,
+        outcome: Result<bool, Error>,
         retries: &mut HashMap<String, Retry>,
     ) -> Option<Instant> {
-        use futures_util::StreamExt;
-        retries.retain(|id, _| due.iter().any(|a| a.id() == id));
-        let mut next: Option<Instant> = None;
-        let now = Instant::now();
-        let mut ready = Vec::with_capacity(due.len());
-        for approval in due {
-            match retries.get(approval.id()) {
-                Some(r) if r.at > now => next = Some(next.map_or(r.at, |n| n.min(r.at))),
-                _ => ready.push(approval),
+        match outcome {
+            Ok(true) => {
+                retries.remove(&id);
+                None
+            }
+            Ok(false) => {
+                let tuning = &self.tuning;
+                let r = retries.entry(id).or_insert_with(|| Retry {
+                    backoff: Backoff::new(tuning.delivery_min, tuning.delivery_max),
+                    at: Instant::now(),
+                });
+                r.at = Instant::now() + r.backoff.next_delay();
+                Some(r.at)
+            }
+            Err(e) => {
+                tracing::error!(request_id = %id, error = %e, "delivery bookkeeping failed");
+                Some(Instant::now() + self.tuning.delivery_max)
             }
         }
-        // Deliveries are independent: keep many in flight so one slow round trip does not hold
-        // up every decision behind it.
-        let outcomes: Vec<(String, Result<bool, Error>)> = futures_util::stream::iter(ready)
-            .take_while(|_| std::future::ready(!self.shutdown.is_cancelled()))
-            .map(|approval| async move {
-                let span = self.approvals.span(approval.id());
-                let outcome = self.deliver(&approval).instrument(span).await;
-                (approval.id().to_string(), outcome)
-            })
-            .buffer_unordered(DELIVERIES_IN_FLIGHT)
-            .collect()
-            .await;
-        if self.shutdown.is_cancelled() {
-            return None;
-        }
-        for (id, outcome) in outcomes {
-            match outcome {
-                Ok(true) => {
-                    retries.remove(&id);
-                }
-                Ok(false) => {
-                    let tuning = &self.tuning;
-                    let r = retries.entry(id).or_insert_with(|| Retry {
-                        backoff: Backoff::new(tuning.delivery_min, tuning.delivery_max),
-                        at: Instant::now(),
-                    });
-                    r.at = Instant::now() + r.backoff.next_delay();
-                    next = Some(next.map_or(r.at, |n| n.min(r.at)));
-                }
-                Err(e) => {
-                    tracing::error!(request_id = %id, error = %e, "delivery bookkeeping failed");
-                    next = Some(Instant::now() + self.tuning.delivery_max);
-                }
-            }
-        }
-        next
     }
 
     async fn deliver(&self, approval: &Approval) -> Result<bool, Error> {
