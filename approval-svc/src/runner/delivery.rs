@@ -3,7 +3,7 @@
 //! idempotent, until the runner says OK (durable in the run's inbox) or says the request is dead.
 //! Sleeps until woken by a new decision or the next retry is due; never polls.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use arbor_shared::trace::TraceContext;
 use tokio::time::Instant;
@@ -52,20 +52,23 @@ enum Attempt {
 impl<S: ApprovalStore> Delivery<S> {
     /// Delivers continuously: a new decision starts its delivery as soon as it is stored, while
     /// earlier ones are still in flight (up to [`DELIVERIES_IN_FLIGHT`]), so one slow round trip
-    /// never holds up the decisions behind it.
+    /// never holds up the decisions behind it. The store is scanned when woken or when a retry
+    /// is due, and only once the backlog of the last scan has been started: with a large backlog
+    /// (a drain of thousands of decisions) each decision costs one scan entry, not one scan.
     pub async fn run(self) {
         use futures_util::StreamExt;
         let this = &self;
         let wake = self.approvals.delivery_wake();
         let mut retries: HashMap<String, Retry> = HashMap::new();
         let mut in_flight: HashSet<String> = HashSet::new();
+        let mut backlog: VecDeque<Approval> = VecDeque::new();
         let mut running = futures_util::stream::FuturesUnordered::new();
         let mut next: Option<Instant> = None;
         let mut scan = true;
         loop {
             // Registered before reading the store, so a decision stored meanwhile still wakes us.
             let woken = wake.notified();
-            if scan {
+            if scan && backlog.is_empty() {
                 scan = false;
                 next = match self.approvals.store().undelivered() {
                     Ok(due) => {
@@ -75,27 +78,12 @@ impl<S: ApprovalStore> Delivery<S> {
                         let now = Instant::now();
                         let mut next: Option<Instant> = None;
                         for approval in due {
-                            if in_flight.contains(approval.id()) {
-                                continue;
-                            }
                             match retries.get(approval.id()) {
+                                _ if in_flight.contains(approval.id()) => {}
                                 Some(r) if r.at > now => {
                                     next = Some(next.map_or(r.at, |n| n.min(r.at)));
                                 }
-                                _ if in_flight.len() >= DELIVERIES_IN_FLIGHT => {
-                                    // Looked at again when a slot frees up.
-                                    scan = true;
-                                    break;
-                                }
-                                _ => {
-                                    in_flight.insert(approval.id().to_string());
-                                    running.push(async move {
-                                        let span = this.approvals.span(approval.id());
-                                        let outcome =
-                                            this.deliver(&approval).instrument(span).await;
-                                        (approval.id().to_string(), outcome)
-                                    });
-                                }
+                                _ => backlog.push_back(approval),
                             }
                         }
                         next
@@ -106,13 +94,29 @@ impl<S: ApprovalStore> Delivery<S> {
                     }
                 };
             }
+            while in_flight.len() < DELIVERIES_IN_FLIGHT {
+                let Some(approval) = backlog.pop_front() else {
+                    break;
+                };
+                if !in_flight.insert(approval.id().to_string()) {
+                    continue;
+                }
+                running.push(async move {
+                    let span = this.approvals.span(approval.id());
+                    let outcome = this.deliver(&approval).instrument(span).await;
+                    (approval.id().to_string(), outcome)
+                });
+            }
             if self.shutdown.is_cancelled() {
                 return;
             }
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
                 _ = woken => scan = true,
-                _ = sleep_until(next) => scan = true,
+                _ = sleep_until(next) => {
+                    scan = true;
+                    next = None;
+                }
                 Some((id, outcome)) = running.next(), if !running.is_empty() => {
                     in_flight.remove(&id);
                     let retry_at = self.settle_attempt(id, outcome, &mut retries);
