@@ -220,6 +220,23 @@ pub mod tx {
         Ok(Ok(job))
     }
 
+    /// Claims the first of `candidates` (in claim order) that is still free in this transaction.
+    pub fn claim_first(
+        tx: &Tx<'_>,
+        candidates: &[String],
+        worker_id: &str,
+        token: &str,
+        now_ms: u64,
+        lease: Duration,
+    ) -> TxResult<Option<Job>, MailboxError> {
+        for job_id in candidates {
+            if let Ok(job) = claim(tx, job_id, worker_id, token, now_ms, lease)? {
+                return Ok(Some(job));
+            }
+        }
+        Ok(None)
+    }
+
     /// The fencing check: the job is claimed under exactly this token.
     pub fn check_fence(tx: &Tx<'_>, job_id: &str, token: &str) -> TxResult<Job, MailboxError> {
         let job = must_get_job(tx, job_id)?;
@@ -393,9 +410,6 @@ pub struct SledMailbox {
     clock: Arc<dyn Clock>,
     cfg: MailboxConfig,
     leases: Mutex<HashMap<String, Lease>>,
-    /// One claim scan at a time: concurrent scans would all race for the same head job and
-    /// waste a transaction each on losing; serialised, every scan's transaction wins.
-    claiming: Mutex<()>,
 }
 
 impl SledMailbox {
@@ -411,7 +425,6 @@ impl SledMailbox {
             clock,
             cfg,
             leases: Mutex::new(HashMap::new()),
-            claiming: Mutex::new(()),
         };
         let mut recovered = Vec::new();
         for entry in mailbox.store.tree(T::Active).iter() {
@@ -696,33 +709,29 @@ impl MailboxStore for SledMailbox {
 impl SledMailbox {
     /// Claims like `MailboxStore::claim`; when nothing can be claimed, also says when the next
     /// delayed job becomes available (found on the same scan), so an idle worker knows how long
-    /// it may sleep.
+    /// it may sleep. One transaction takes the first of several candidates that is still free,
+    /// so claimers racing for the head job get different jobs without a lock.
     pub fn claim_or_next(
         &self,
         worker_id: &str,
     ) -> Result<(Option<Claim>, Option<u64>), MailboxError> {
-        let _one_at_a_time = self.claiming.lock();
         let now = self.now();
         let (candidates, next) = self.claim_candidates(now)?;
-        for job_id in candidates {
-            let token = self.claim_token(worker_id)?;
-            let lease = self.cfg.lease;
-            let outcome = self
-                .store
-                .transact(|t| tx::claim(t, &job_id, worker_id, &token, now, lease))?;
-            if let Ok(job) = outcome {
-                self.track_lease(&job.job_id, &token);
-                return Ok((Some(Claim { job, token }), None));
-            }
+        if candidates.is_empty() {
+            return Ok((None, next));
         }
-        Ok((None, next))
+        let token = self.claim_token(worker_id)?;
+        let lease = self.cfg.lease;
+        let won = self
+            .store
+            .transact(|t| tx::claim_first(t, &candidates, worker_id, &token, now, lease))?;
+        Ok(self.claimed(won, token, now))
     }
 
-    /// [`claim_or_next`](Self::claim_or_next) for the worker pool: the claim joins the store's
-    /// batched commit (one transaction with whatever else is being committed) instead of paying
-    /// a transaction of its own, and takes the first of several candidates that is still free in
-    /// that transaction, so workers claiming at once get different jobs without a lock. It does
-    /// not wait for a flush: a claim lost in a crash is undone at start-up anyway.
+    /// [`claim_or_next`](Self::claim_or_next) for the worker pool: the same claim transaction,
+    /// run in the store's batched commit (one transaction with whatever else is being
+    /// committed) instead of a transaction of its own. It does not wait for a flush: a claim
+    /// lost in a crash is undone at start-up anyway.
     pub async fn claim_next(
         &self,
         worker_id: &str,
@@ -737,22 +746,20 @@ impl SledMailbox {
         let (worker, token_in) = (worker_id.to_string(), token.clone());
         let won = self
             .store
-            .apply(move |t| {
-                for job_id in &candidates {
-                    if let Ok(job) = tx::claim(t, job_id, &worker, &token_in, now, lease)? {
-                        return Ok(Some(job));
-                    }
-                }
-                Ok(None)
-            })
+            .apply(move |t| tx::claim_first(t, &candidates, &worker, &token_in, now, lease))
             .await?;
+        Ok(self.claimed(won, token, now))
+    }
+
+    /// What a claim transaction's outcome means to the worker: the claim, with its lease
+    /// tracked, or, when every candidate went to another worker, "look again now".
+    fn claimed(&self, won: Option<Job>, token: String, now: u64) -> (Option<Claim>, Option<u64>) {
         match won {
             Some(job) => {
                 self.track_lease(&job.job_id, &token);
-                Ok((Some(Claim { job, token }), None))
+                (Some(Claim { job, token }), None)
             }
-            // Every candidate went to another worker: look again soon.
-            None => Ok((None, Some(now))),
+            None => (None, Some(now)),
         }
     }
 
