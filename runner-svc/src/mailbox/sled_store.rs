@@ -15,7 +15,7 @@ use super::{
     MailboxInterrupt, MailboxStore, Reaped,
     state::{JobEvent, transition},
 };
-use crate::store::{Store, T, TxResult, abort, codec};
+use crate::store::{Store, T, Tx, TxResult, abort, codec};
 
 /// Mailbox operations usable inside a larger runner transaction.
 pub mod tx {
@@ -449,30 +449,41 @@ impl SledMailbox {
         &self.cfg
     }
 
-    /// [`MailboxStore::enqueue`] through the store's batched commit: resolves once the job is
-    /// durable, sharing one transaction and one flush with every other commit queued meanwhile
-    /// (how `SubmitRun` enqueues).
+    /// [`MailboxStore::enqueue`] through the store's batched commit, the way the runner's RPCs
+    /// commit: resolves once the job is durable, sharing one transaction and one flush with
+    /// every other commit queued meanwhile.
     pub async fn enqueue_durable(&self, req: EnqueueRequest) -> Result<Enqueued, MailboxError> {
+        Ok(self.store.commit(self.enqueue_body(req)?).await?)
+    }
+
+    /// [`MailboxStore::ack`] through the batched commit: resolves once the ack is durable.
+    pub async fn ack_durable(&self, job_id: &str, token: &str) -> Result<Job, MailboxError> {
+        let job = self.store.commit(self.ack_body(job_id, token)).await?;
+        self.forget_lease(job_id);
+        Ok(job)
+    }
+
+    /// The transaction body of an enqueue, for either way of committing it.
+    fn enqueue_body(
+        &self,
+        req: EnqueueRequest,
+    ) -> Result<impl Fn(&Tx<'_>) -> TxResult<Enqueued, MailboxError> + Send + 'static, MailboxError>
+    {
         let order = self.store.next_id()?;
         let now = self.now();
         let default_max = self.cfg.default_max_attempts;
-        Ok(self
-            .store
-            .commit(move |t| tx::enqueue(t, &req, order, now, default_max))
-            .await?)
+        Ok(move |t: &Tx<'_>| tx::enqueue(t, &req, order, now, default_max))
     }
 
-    /// [`MailboxStore::ack`] through the batched commit: resolves once the ack is durable (how a
-    /// worker acks inside the commit of a run's step).
-    pub async fn ack_durable(&self, job_id: &str, token: &str) -> Result<Job, MailboxError> {
+    /// The transaction body of an ack, for either way of committing it.
+    fn ack_body(
+        &self,
+        job_id: &str,
+        token: &str,
+    ) -> impl Fn(&Tx<'_>) -> TxResult<Job, MailboxError> + Send + 'static {
         let now = self.now();
         let (id, token) = (job_id.to_string(), token.to_string());
-        let job = self
-            .store
-            .commit(move |t| tx::ack(t, &id, &token, now))
-            .await?;
-        self.forget_lease(job_id);
-        Ok(job)
+        move |t: &Tx<'_>| tx::ack(t, &id, &token, now)
     }
 
     pub fn clock(&self) -> &Arc<dyn Clock> {
@@ -518,12 +529,7 @@ impl SledMailbox {
 
 impl MailboxStore for SledMailbox {
     fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, MailboxError> {
-        let order = self.store.next_id()?;
-        let now = self.now();
-        let default_max = self.cfg.default_max_attempts;
-        Ok(self
-            .store
-            .transact(|t| tx::enqueue(t, &req, order, now, default_max))?)
+        Ok(self.store.transact(self.enqueue_body(req)?)?)
     }
 
     fn claim(&self, worker_id: &str) -> Result<Option<Claim>, MailboxError> {
@@ -531,8 +537,7 @@ impl MailboxStore for SledMailbox {
     }
 
     fn ack(&self, job_id: &str, token: &str) -> Result<Job, MailboxError> {
-        let now = self.now();
-        let job = self.store.transact(|t| tx::ack(t, job_id, token, now))?;
+        let job = self.store.transact(self.ack_body(job_id, token))?;
         self.forget_lease(job_id);
         Ok(job)
     }
