@@ -35,10 +35,12 @@ pub struct GroupCommit {
     stats: Arc<Stats>,
 }
 
+/// What a worker thread has done: rounds (the flusher's flushes, the committer's transactions)
+/// and the items they served (flush waiters, transaction bodies).
 #[derive(Default)]
 struct Stats {
-    flushes: AtomicU64,
-    waiters: AtomicU64,
+    rounds: AtomicU64,
+    items: AtomicU64,
 }
 
 impl GroupCommit {
@@ -47,10 +49,9 @@ impl GroupCommit {
         let (tx, rx) = mpsc::channel::<Waiter>();
         let stats = Arc::new(Stats::default());
         let thread_stats = stats.clone();
-        let thread_db = db;
         let spawned = std::thread::Builder::new()
             .name("arbor-group-commit".into())
-            .spawn(move || flusher(thread_db, rx, thread_stats));
+            .spawn(move || flusher(db, rx, thread_stats));
         if let Err(e) = spawned {
             // Without the thread every flush() fails loudly instead of pretending durability.
             tracing::error!(error = %e, "could not start the group-commit thread");
@@ -68,8 +69,7 @@ impl GroupCommit {
         self.after_flush(Box::new(move |result| {
             let _ = tx.send(result);
         }));
-        rx.recv()
-            .unwrap_or_else(|_| Err(FlushError("group-commit thread is gone".into())))
+        rx.recv().unwrap_or_else(|_| Err(flusher_gone()))
     }
 
     /// Resolves once everything committed before this call is on disk.
@@ -78,27 +78,30 @@ impl GroupCommit {
         self.after_flush(Box::new(move |result| {
             let _ = tx.send(result);
         }));
-        rx.await
-            .map_err(|_| FlushError("group-commit thread is gone".into()))?
+        rx.await.map_err(|_| flusher_gone())?
     }
 
     /// Calls `then` once everything committed before this call is on disk, or with the error if
     /// the flush failed or the flusher thread is gone.
     fn after_flush(&self, then: Waiter) {
         if let Err(mpsc::SendError(then)) = self.tx.send(then) {
-            then(Err(FlushError("group-commit thread is gone".into())));
+            then(Err(flusher_gone()));
         }
     }
 
     /// Number of fsyncs issued so far.
     pub fn flush_count(&self) -> u64 {
-        self.stats.flushes.load(Ordering::Relaxed)
+        self.stats.rounds.load(Ordering::Relaxed)
     }
 
     /// Number of flush requests served so far.
     pub fn request_count(&self) -> u64 {
-        self.stats.waiters.load(Ordering::Relaxed)
+        self.stats.items.load(Ordering::Relaxed)
     }
+}
+
+fn flusher_gone() -> FlushError {
+    FlushError("group-commit thread is gone".into())
 }
 
 fn flusher(db: sled::Db, rx: mpsc::Receiver<Waiter>, stats: Arc<Stats>) {
@@ -109,10 +112,8 @@ fn flusher(db: sled::Db, rx: mpsc::Receiver<Waiter>, stats: Arc<Stats>) {
             .flush()
             .map(|_| ())
             .map_err(|e| FlushError(e.to_string()));
-        stats.flushes.fetch_add(1, Ordering::Relaxed);
-        stats
-            .waiters
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        stats.rounds.fetch_add(1, Ordering::Relaxed);
+        stats.items.fetch_add(batch.len() as u64, Ordering::Relaxed);
         for waiter in batch {
             waiter(result.clone());
         }
@@ -301,12 +302,12 @@ impl<S: TxSet> BatchCommit<S> {
 
     /// Transactions run so far.
     pub fn batch_count(&self) -> u64 {
-        self.stats.flushes.load(Ordering::Relaxed)
+        self.stats.rounds.load(Ordering::Relaxed)
     }
 
     /// Bodies committed or aborted so far.
     pub fn body_count(&self) -> u64 {
-        self.stats.waiters.load(Ordering::Relaxed)
+        self.stats.items.load(Ordering::Relaxed)
     }
 }
 
@@ -319,13 +320,11 @@ fn committer<S: TxSet>(
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         batch.extend(rx.try_iter().take(MAX_BATCH - 1));
-        stats
-            .waiters
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        stats.items.fetch_add(batch.len() as u64, Ordering::Relaxed);
         let mut aborted = Vec::new();
         let mut failed = None;
         while !batch.is_empty() {
-            stats.flushes.fetch_add(1, Ordering::Relaxed);
+            stats.rounds.fetch_add(1, Ordering::Relaxed);
             let ran = set.transaction(&|tx| {
                 for (i, op) in batch.iter().enumerate() {
                     op.apply(tx).map_err(|e| match e {
