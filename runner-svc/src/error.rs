@@ -80,12 +80,7 @@ impl From<MailboxError> for RunnerError {
 
 impl From<arbor_shared::durability::CommitError<RunnerError>> for RunnerError {
     fn from(e: arbor_shared::durability::CommitError<RunnerError>) -> Self {
-        use arbor_shared::durability::CommitError;
-        match e {
-            CommitError::Abort(e) => e,
-            CommitError::Storage(e) => e.into(),
-            CommitError::Flush(e) => e.into(),
-        }
+        e.flatten()
     }
 }
 

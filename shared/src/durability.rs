@@ -148,6 +148,18 @@ pub enum CommitError<E> {
     Flush(FlushError),
 }
 
+impl<E> CommitError<E> {
+    /// The caller's own error type: the body's error as it is, storage and flush failures
+    /// through the type's conversions.
+    pub fn flatten<T: From<E> + From<sled::Error> + From<FlushError>>(self) -> T {
+        match self {
+            Self::Abort(e) => e.into(),
+            Self::Storage(e) => e.into(),
+            Self::Flush(e) => e.into(),
+        }
+    }
+}
+
 /// How the batch a body was part of ended.
 enum Outcome {
     Committed(Result<(), FlushError>),

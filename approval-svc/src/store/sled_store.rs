@@ -298,7 +298,7 @@ impl SledStore {
         &self,
         f: impl Fn(&Tx<'_>) -> TxResult<T> + Send + 'static,
     ) -> Result<T> {
-        self.batches.commit(f).await.map_err(from_commit)
+        self.batches.commit(f).await.map_err(CommitError::flatten)
     }
 
     /// Like `commit`, without waiting for the flush: durable at the next one.
@@ -306,7 +306,7 @@ impl SledStore {
         &self,
         f: impl Fn(&Tx<'_>) -> TxResult<T> + Send + 'static,
     ) -> Result<T> {
-        self.batches.apply(f).await.map_err(from_commit)
+        self.batches.apply(f).await.map_err(CommitError::flatten)
     }
 
     /// Runs `f` as a transaction of its own on the calling thread; durable at the next flush.
@@ -316,14 +316,6 @@ impl SledStore {
             Err(TransactionError::Abort(e)) => Err(e),
             Err(TransactionError::Storage(e)) => Err(e.into()),
         }
-    }
-}
-
-fn from_commit(e: CommitError<Error>) -> Error {
-    match e {
-        CommitError::Abort(e) => e,
-        CommitError::Storage(e) => e.into(),
-        CommitError::Flush(e) => e.into(),
     }
 }
 

@@ -128,12 +128,13 @@ impl From<crate::store::TxError<MailboxError>> for MailboxError {
 
 impl From<arbor_shared::durability::CommitError<MailboxError>> for MailboxError {
     fn from(e: arbor_shared::durability::CommitError<MailboxError>) -> Self {
-        use arbor_shared::durability::CommitError;
-        match e {
-            CommitError::Abort(e) => e,
-            CommitError::Storage(e) => e.into(),
-            CommitError::Flush(e) => Self::Storage(e.to_string()),
-        }
+        e.flatten()
+    }
+}
+
+impl From<arbor_shared::durability::FlushError> for MailboxError {
+    fn from(e: arbor_shared::durability::FlushError) -> Self {
+        Self::Storage(e.to_string())
     }
 }
 
