@@ -226,6 +226,24 @@ impl Integrity {
         self.write(progress)
     }
 
+    /// [`record`](Self::record) on a blocking thread: writing the marker takes two fsyncs, which
+    /// must not stall an async worker thread (and every task queued behind it).
+    pub async fn record_blocking(
+        self: std::sync::Arc<Self>,
+        progress: u64,
+    ) -> Result<(), IntegrityError> {
+        let path = self.path.display().to_string();
+        tokio::task::spawn_blocking(move || self.record(progress))
+            .await
+            .unwrap_or_else(|e| {
+                Err(IntegrityError::Io {
+                    action: "write",
+                    path,
+                    source: std::io::Error::other(e),
+                })
+            })
+    }
+
     pub fn store_id(&self) -> &str {
         &self.store_id
     }

@@ -265,7 +265,9 @@ impl SledStore {
         let progress = self.progress()?;
         self.gc.flush().await?;
         integrity
-            .record(progress)
+            .clone()
+            .record_blocking(progress)
+            .await
             .map_err(|e| Error::Storage(e.to_string()))
     }
 

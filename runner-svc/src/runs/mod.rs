@@ -140,7 +140,6 @@ impl Runner {
         Ok(r)
     }
 
-    /// Wakes idle workers.
     /// Wakes one idle worker for one new job. Waking them all would make every idle worker
     /// scan the queue after every commit only to find nothing.
     pub(crate) fn wake_workers(&self) {

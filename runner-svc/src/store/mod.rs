@@ -189,7 +189,11 @@ impl Store {
         let progress = crate::events::last_seq_in(self.tree(T::Meta))
             .map_err(|e| format!("cannot read progress: {e}"))?;
         self.durable().await.map_err(|e| e.to_string())?;
-        self.integrity.record(progress).map_err(|e| e.to_string())
+        self.integrity
+            .clone()
+            .record_blocking(progress)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     pub fn tree(&self, t: T) -> &sled::Tree {
