@@ -23,7 +23,6 @@ use arbor_runner_svc::{
 use tokio::sync::Notify;
 
 const RUN_FOR: Duration = Duration::from_secs(3);
-const WORKERS: usize = 16;
 
 fn raw_fsync_rate(dir: &std::path::Path) -> f64 {
     let mut f = std::fs::File::create(dir.join("fsync.probe")).unwrap();
@@ -45,7 +44,7 @@ struct Outcome {
     p99_ms: f64,
 }
 
-async fn cycles(producers: usize, window: usize) -> Outcome {
+async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), 64 << 20).unwrap();
     let (mailbox, _) = SledMailbox::open(
@@ -62,7 +61,7 @@ async fn cycles(producers: usize, window: usize) -> Outcome {
     let enqueued_at = Arc::new(dashmap_like::Map::default());
 
     let mut tasks = Vec::new();
-    for w in 0..WORKERS {
+    for w in 0..workers {
         let (mailbox, stop, acked, work, latencies, enqueued_at) = (
             mailbox.clone(),
             stop.clone(),
@@ -186,12 +185,13 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let fsync = raw_fsync_rate(dir.path());
     println!(
-        "\nArbor mailbox benchmark ({} s per row, {WORKERS} workers)\n",
+        "\nArbor mailbox benchmark ({} s per row; 16 workers is the runner's default pool)\n",
         RUN_FOR.as_secs()
     );
     println!("raw serial fsync rate of this disk: {fsync:.0} fsyncs/s\n");
     println!(
-        "{:>9} {:>8} {:>14} {:>11} {:>13} {:>12} {:>9} {:>9}",
+        "{:>7} {:>9} {:>8} {:>14} {:>11} {:>13} {:>12} {:>9} {:>9}",
+        "workers",
         "producers",
         "in-flight",
         "cycles/s",
@@ -201,10 +201,22 @@ fn main() {
         "p50 ms",
         "p99 ms"
     );
-    for (producers, window) in [(1, 1), (8, 1), (1, 8), (8, 8), (8, 32)] {
-        let o = rt.block_on(cycles(producers, window));
+    // Each worker has at most one claim or ack in a batch, so the pool bounds how large a batch
+    // gets: the 32-worker rows show what a larger pool buys.
+    for (workers, producers, window) in [
+        (16, 1, 1),
+        (16, 8, 1),
+        (16, 1, 8),
+        (16, 8, 8),
+        (16, 8, 32),
+        (32, 8, 1),
+        (32, 8, 8),
+        (32, 8, 32),
+    ] {
+        let o = rt.block_on(cycles(workers, producers, window));
         println!(
-            "{:>9} {:>8} {:>14.0} {:>10.1}× {:>13.2} {:>12.2} {:>9.2} {:>9.2}",
+            "{:>7} {:>9} {:>8} {:>14.0} {:>10.1}× {:>13.2} {:>12.2} {:>9.2} {:>9.2}",
+            workers,
             producers,
             producers * window,
             o.cycles_per_s,
