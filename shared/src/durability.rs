@@ -442,18 +442,18 @@ mod tests {
         }
     }
 
-    fn open_pair() -> (tempfile::TempDir, sled::Db, Pair) {
+    /// A fresh database with a batched commit over its two trees `a` and `b`.
+    fn start_pair() -> (tempfile::TempDir, sled::Tree, sled::Tree, BatchCommit<Pair>) {
         let dir = tempfile::tempdir().unwrap();
         let db = sled::open(dir.path()).unwrap();
-        let pair = Pair(db.open_tree("a").unwrap(), db.open_tree("b").unwrap());
-        (dir, db, pair)
+        let (a, b) = (db.open_tree("a").unwrap(), db.open_tree("b").unwrap());
+        let batches = BatchCommit::start(Pair(a.clone(), b.clone()), GroupCommit::start(db));
+        (dir, a, b, batches)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_commits_share_transactions_and_each_gets_its_own_result() {
-        let (_dir, db, pair) = open_pair();
-        let (a, b) = (pair.0.clone(), pair.1.clone());
-        let batches = BatchCommit::start(pair, GroupCommit::start(db.clone()));
+        let (_dir, a, b, batches) = start_pair();
         let mut tasks = Vec::new();
         for i in 0..200u32 {
             let batches = batches.clone();
@@ -478,9 +478,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_body_that_aborts_fails_alone_and_keeps_nothing() {
-        let (_dir, db, pair) = open_pair();
-        let (a, b) = (pair.0.clone(), pair.1.clone());
-        let batches = BatchCommit::start(pair, GroupCommit::start(db.clone()));
+        let (_dir, a, b, batches) = start_pair();
         let mut tasks = Vec::new();
         for i in 0..100u32 {
             let batches = batches.clone();
@@ -515,9 +513,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn later_bodies_of_a_batch_see_earlier_ones() {
-        let (_dir, db, pair) = open_pair();
-        let a = pair.0.clone();
-        let batches = BatchCommit::start(pair, GroupCommit::start(db.clone()));
+        let (_dir, a, _, batches) = start_pair();
         // Each body increments one counter; however the bodies are batched, none is lost.
         let mut tasks = Vec::new();
         for _ in 0..100 {
