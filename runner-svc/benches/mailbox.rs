@@ -36,6 +36,11 @@ fn raw_fsync_rate(dir: &std::path::Path) -> f64 {
     n as f64 / start.elapsed().as_secs_f64()
 }
 
+/// Transactions the committer thread has run, and the commits they carried.
+fn batch_stats(store: &Store) -> (u64, u64) {
+    (store.batches().batch_count(), store.batches().body_count())
+}
+
 struct Outcome {
     cycles_per_s: f64,
     fsyncs_per_cycle: f64,
@@ -94,7 +99,7 @@ async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
         }));
     }
     let flushes_before = store.flush_count();
-    let (tx_before, bodies_before) = store.batch_stats();
+    let (tx_before, bodies_before) = batch_stats(&store);
     let start = Instant::now();
     for p in 0..producers {
         for lane in 0..window {
@@ -136,7 +141,7 @@ async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
     let elapsed = start.elapsed();
     let done = acked.load(Ordering::Relaxed);
     let flushes = store.flush_count() - flushes_before;
-    let (tx_after, bodies_after) = store.batch_stats();
+    let (tx_after, bodies_after) = batch_stats(&store);
     for t in tasks {
         t.await.unwrap();
     }

@@ -453,12 +453,16 @@ impl SledMailbox {
     /// commit: resolves once the job is durable, sharing one transaction and one flush with
     /// every other commit queued meanwhile.
     pub async fn enqueue_durable(&self, req: EnqueueRequest) -> Result<Enqueued, MailboxError> {
-        Ok(self.store.commit(self.enqueue_body(req)?).await?)
+        Ok(self.store.batches().commit(self.enqueue_body(req)?).await?)
     }
 
     /// [`MailboxStore::ack`] through the batched commit: resolves once the ack is durable.
     pub async fn ack_durable(&self, job_id: &str, token: &str) -> Result<Job, MailboxError> {
-        let job = self.store.commit(self.ack_body(job_id, token)).await?;
+        let job = self
+            .store
+            .batches()
+            .commit(self.ack_body(job_id, token))
+            .await?;
         self.forget_lease(job_id);
         Ok(job)
     }
@@ -751,6 +755,7 @@ impl SledMailbox {
         let (worker, token_in) = (worker_id.to_string(), token.clone());
         let won = self
             .store
+            .batches()
             .apply(move |t| tx::claim_first(t, &candidates, &worker, &token_in, now, lease))
             .await?;
         Ok(self.claimed(won, token, now))

@@ -132,7 +132,7 @@ impl Runner {
         &self,
         body: impl Fn(&Tx<'_>) -> TxResult<(R, Vec<Event>), RunnerError> + Send + 'static,
     ) -> Result<R, RunnerError> {
-        let (r, events) = self.store.commit(body).await?;
+        let (r, events) = self.store.batches().commit(body).await?;
         if let Some(last) = events.last() {
             self.events.publish(last.seq);
         }

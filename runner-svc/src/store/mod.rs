@@ -7,7 +7,7 @@ pub mod codec;
 use std::{path::Path, sync::Arc};
 
 use arbor_shared::{
-    durability::{BatchCommit, BatchResult, CommitError, FlushError, GroupCommit, TxSet},
+    durability::{BatchCommit, BatchResult, FlushError, GroupCommit, TxSet},
     integrity::{self, Integrity, IntegrityError},
 };
 use sled::{
@@ -126,7 +126,7 @@ pub struct Store {
 }
 
 /// Every runner tree, as the committer thread runs batched transactions over them.
-struct AllTrees(Vec<sled::Tree>);
+pub struct AllTrees(Vec<sled::Tree>);
 
 impl TxSet for AllTrees {
     type Tx<'a> = Tx<'a>;
@@ -215,36 +215,12 @@ impl Store {
             .map_err(TxError::from)
     }
 
-    /// Runs `body` in one transaction with whatever other commits are queued, and resolves once
-    /// that transaction is durable: the way every write that answers an RPC commits. The body may
-    /// run more than once, so it must be free of side effects outside the transaction.
-    pub async fn commit<R, E>(
-        &self,
-        body: impl Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
-    ) -> Result<R, CommitError<E>>
-    where
-        R: Send + 'static,
-        E: Send + 'static,
-    {
-        self.batches.commit(body).await
-    }
-
-    /// Like [`commit`](Self::commit), but resolves once the transaction committed, without
-    /// waiting for it to be durable.
-    pub async fn apply<R, E>(
-        &self,
-        body: impl Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
-    ) -> Result<R, CommitError<E>>
-    where
-        R: Send + 'static,
-        E: Send + 'static,
-    {
-        self.batches.apply(body).await
-    }
-
-    /// Transactions the committer thread has run, and the commits they carried.
-    pub fn batch_stats(&self) -> (u64, u64) {
-        (self.batches.batch_count(), self.batches.body_count())
+    /// The batched commit: `commit(body)` runs `body` in one transaction with whatever other
+    /// commits are queued and resolves once that transaction is durable, the way every write
+    /// that answers an RPC commits; `apply(body)` resolves as soon as it has committed. A body
+    /// may run more than once, so it must be free of side effects outside the transaction.
+    pub fn batches(&self) -> &BatchCommit<AllTrees> {
+        &self.batches
     }
 
     /// Waits until everything committed so far is on disk (shared fsync).
