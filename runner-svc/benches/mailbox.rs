@@ -47,6 +47,19 @@ struct Outcome {
     commits_per_tx: f64,
     p50_ms: f64,
     p99_ms: f64,
+    bytes_per_cycle: f64,
+}
+
+/// Bytes this process has handed to the block layer so far (`write_bytes` of /proc/self/io).
+fn written_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("write_bytes: "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
@@ -100,6 +113,7 @@ async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
     }
     let flushes_before = store.flush_count();
     let (tx_before, bodies_before) = batch_stats(&store);
+    let written_before = written_bytes();
     let start = Instant::now();
     for p in 0..producers {
         for lane in 0..window {
@@ -142,6 +156,7 @@ async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
     let done = acked.load(Ordering::Relaxed);
     let flushes = store.flush_count() - flushes_before;
     let (tx_after, bodies_after) = batch_stats(&store);
+    let written = written_bytes() - written_before;
     for t in tasks {
         t.await.unwrap();
     }
@@ -159,6 +174,7 @@ async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
             / (tx_after - tx_before).max(1) as f64,
         p50_ms: pct(0.50),
         p99_ms: pct(0.99),
+        bytes_per_cycle: written as f64 / done.max(1) as f64,
     }
 }
 
@@ -195,7 +211,7 @@ fn main() {
     );
     println!("raw serial fsync rate of this disk: {fsync:.0} fsyncs/s\n");
     println!(
-        "{:>7} {:>9} {:>8} {:>14} {:>11} {:>13} {:>12} {:>9} {:>9}",
+        "{:>7} {:>9} {:>8} {:>14} {:>11} {:>13} {:>12} {:>9} {:>9} {:>9}",
         "workers",
         "producers",
         "in-flight",
@@ -204,7 +220,8 @@ fn main() {
         "fsyncs/cycle",
         "commits/tx",
         "p50 ms",
-        "p99 ms"
+        "p99 ms",
+        "KB/cycle"
     );
     // Each worker has at most one claim or ack in a batch, so the pool bounds how large a batch
     // gets: the 32-worker rows show what a larger pool buys.
@@ -220,7 +237,7 @@ fn main() {
     ] {
         let o = rt.block_on(cycles(workers, producers, window));
         println!(
-            "{:>7} {:>9} {:>8} {:>14.0} {:>10.1}× {:>13.2} {:>12.2} {:>9.2} {:>9.2}",
+            "{:>7} {:>9} {:>8} {:>14.0} {:>10.1}× {:>13.2} {:>12.2} {:>9.2} {:>9.2} {:>9.1}",
             workers,
             producers,
             producers * window,
@@ -229,7 +246,8 @@ fn main() {
             o.fsyncs_per_cycle,
             o.commits_per_tx,
             o.p50_ms,
-            o.p99_ms
+            o.p99_ms,
+            o.bytes_per_cycle / 1024.0
         );
     }
     let target = (2.0 * fsync).max(5000.0);
