@@ -144,6 +144,10 @@ pub fn print_parked(p: &parked::ParkedResult) {
         mib(p.runner_rss_parked)
     );
     println!(
+        "  one /metrics scrape while parked {:>7.0} ms",
+        p.metrics_scrape.as_secs_f64() * 1e3
+    );
+    println!(
         "  restart (SIGKILL) to SERVING    {:>8.2} s",
         p.restart_to_serving.as_secs_f64()
     );

@@ -23,6 +23,8 @@ pub struct ParkedResult {
     pub runs: usize,
     pub park_elapsed: Duration,
     pub runner_rss_parked: u64,
+    /// One scrape of the runner's `/metrics` while every run is parked.
+    pub metrics_scrape: Duration,
     pub runner_rss_after_restart: u64,
     pub restart_to_serving: Duration,
     pub drain_elapsed: Duration,
@@ -110,6 +112,9 @@ pub async fn run(runs: usize) -> ParkedResult {
     // Let the page cache settle to what parked runs need, then read memory.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let runner_rss_parked = procstat::rss(cluster.runner.pid().unwrap_or(0));
+    let t = Instant::now();
+    crate::scrape::scrape(&cluster.runner.metrics_url()).await;
+    let metrics_scrape = t.elapsed();
 
     cluster.runner.kill().await;
     let t = Instant::now();
@@ -157,6 +162,7 @@ pub async fn run(runs: usize) -> ParkedResult {
         runs,
         park_elapsed,
         runner_rss_parked,
+        metrics_scrape,
         runner_rss_after_restart,
         restart_to_serving,
         drain_elapsed,
