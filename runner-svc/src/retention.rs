@@ -9,7 +9,7 @@ use crate::{
     error::RunnerError,
     mailbox::{Job, state::is_final},
     runs::{RunRecord, Runner},
-    store::{T, codec},
+    store::{T, codec, counts},
 };
 
 /// How long things are kept.
@@ -168,6 +168,8 @@ fn delete_run(tx: &Tx<'_>, run_id: &str, cutoff: u64) -> R<u64> {
     if !run.status.is_terminal() || run.updated_at_ms > cutoff {
         return Ok(0);
     }
+    // A finished run has no suspensions counted; only its status count goes.
+    counts::run_moved(tx, Some(run.status), None)?;
     tx.tree(T::Runs).remove(run_id.as_bytes())?;
     tx.tree(T::Checkpoints).remove(run_id.as_bytes())?;
     tx.tree(T::ThreadRuns)
@@ -187,6 +189,7 @@ fn delete_job(tx: &Tx<'_>, job_id: &str, cutoff: u64) -> R<u64> {
     if !is_final(job.status) || job.updated_at_ms > cutoff {
         return Ok(0);
     }
+    counts::job_moved(tx, Some(job.status), None)?;
     tx.tree(T::Jobs).remove(job_id.as_bytes())?;
     let mut key = codec::prefix(&job.mailbox_id);
     key.extend_from_slice(&codec::u64_key(job.order));

@@ -236,6 +236,7 @@ proptest! {
 fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), 8 << 20).unwrap();
+    let counted = store.clone();
     let clock = Arc::new(ManualClock::new(START_MS));
     let (mb, _) = SledMailbox::open(store, clock.clone(), cfg()).unwrap();
     let mut m = Model {
@@ -480,6 +481,16 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
             id
         );
     }
+    // The job counts `/metrics` reports moved with every transition: they equal the model's.
+    let stored = counted.counts().unwrap();
+    for (i, status) in arbor_runner_svc::store::counts::JOB_STATUSES
+        .iter()
+        .enumerate()
+    {
+        let want = m.jobs.values().filter(|j| j.status == *status).count() as u64;
+        prop_assert_eq!(stored.jobs[i], want, "jobs {:?}", status);
+    }
+    prop_assert_eq!(stored, counted.count_by_scan().unwrap());
     Ok(())
 }
 

@@ -15,7 +15,7 @@ use super::{
     MailboxInterrupt, MailboxStore, Reaped,
     state::{JobEvent, transition},
 };
-use crate::store::{Store, T, Tx, TxResult, abort, codec};
+use crate::store::{Store, T, Tx, TxResult, abort, codec, counts};
 
 /// Mailbox operations usable inside a larger runner transaction.
 pub mod tx {
@@ -55,7 +55,10 @@ pub mod tx {
         get_job(tx, job_id)?.map_or_else(|| abort(MailboxError::NotFound(job_id.into())), Ok)
     }
 
+    /// Writes a job and moves the job counts from the status it had to this one.
     fn put_job(tx: &Tx<'_>, job: &Job) -> TxResult<(), MailboxError> {
+        let old = get_job(tx, &job.job_id)?.map(|j| j.status);
+        counts::job_moved(tx, old, Some(job.status))?;
         tx.tree(T::Jobs)
             .insert(job.job_id.as_bytes(), codec::encode(job))?;
         if super::super::state::is_final(job.status) {

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     engine::{Checkpoint, Decision},
     error::RunnerError,
-    store::{T, Tx, TxResult, abort, codec},
+    store::{T, Tx, TxResult, abort, codec, counts},
 };
 
 /// A registered tree version.
@@ -74,7 +74,17 @@ pub fn must_get_run(tx: &Tx<'_>, run_id: &str) -> TxResult<RunRecord, RunnerErro
     )
 }
 
+/// Writes a run record and moves the state counts with it: the run's status, and the active
+/// suspensions of its checkpoint when the run starts or stops being unfinished.
 pub fn put_run(tx: &Tx<'_>, run: &RunRecord) -> TxResult<(), RunnerError> {
+    let old = get_run(tx, &run.run_id)?.map(|r| r.status);
+    counts::run_moved(tx, old, Some(run.status))?;
+    let was_open = old.is_some_and(|s| !s.is_terminal());
+    let is_open = !run.status.is_terminal();
+    if was_open != is_open {
+        let sign = if was_open { -1 } else { 1 };
+        counts::suspensions_moved(tx, stored_active(tx, &run.run_id)?, sign)?;
+    }
     tx.tree(T::Runs)
         .insert(run.run_id.as_bytes(), codec::encode(run))?;
     if run.status.is_terminal() {
@@ -105,8 +115,28 @@ pub fn get_checkpoint(tx: &Tx<'_>, run_id: &str) -> TxResult<Option<Checkpoint>,
     }
 }
 
-/// Writes a checkpoint; returns its size in bytes.
+/// Active suspensions of the run's stored checkpoint, by category. One that does not decode
+/// counts none (as in `Tally::scan`), so a damaged checkpoint never blocks a status write.
+fn stored_active(tx: &Tx<'_>, run_id: &str) -> TxResult<[i64; 3], RunnerError> {
+    Ok(tx
+        .tree(T::Checkpoints)
+        .get(run_id.as_bytes())?
+        .and_then(|b| Checkpoint::decode(&b).ok())
+        .map(|ck| counts::active(&ck))
+        .unwrap_or_default())
+}
+
+/// Writes a checkpoint; returns its size in bytes. While its run is unfinished, the active
+/// suspension counts move from the checkpoint it replaces to this one.
 pub fn put_checkpoint(tx: &Tx<'_>, run_id: &str, ck: &Checkpoint) -> TxResult<u64, RunnerError> {
+    if get_run(tx, run_id)?.is_some_and(|r| !r.status.is_terminal()) {
+        let before = stored_active(tx, run_id)?;
+        let after = counts::active(ck);
+        if before != after {
+            counts::suspensions_moved(tx, before, -1)?;
+            counts::suspensions_moved(tx, after, 1)?;
+        }
+    }
     let bytes = ck.encode();
     let len = bytes.len() as u64;
     tx.tree(T::Checkpoints).insert(run_id.as_bytes(), bytes)?;

@@ -3,6 +3,7 @@
 //! committed step durable before any RPC answers OK.
 
 pub mod codec;
+pub mod counts;
 
 use std::{path::Path, sync::Arc};
 
@@ -172,6 +173,14 @@ impl Store {
         let progress = crate::events::last_seq_in(&trees[T::Meta as usize]).map_err(err)?;
         let integrity = Arc::new(Integrity::check(dir, &db, PROGRESS, progress)?);
         integrity::guarded(dir, |place| check_references(&trees, place))?;
+        if let Some(tally) = counts::ensure(&trees).map_err(err)?
+            && tally.unreadable > 0
+        {
+            tracing::warn!(
+                unreadable = tally.unreadable,
+                "records that do not decode were left out of the state counts"
+            );
+        }
         let gc = GroupCommit::start(db.clone());
         let batches = BatchCommit::start(AllTrees(trees.clone()), gc.clone());
         Ok(Self {
@@ -219,6 +228,16 @@ impl Store {
     /// commits are queued and resolves once that transaction is durable, the way every write
     /// that answers an RPC commits; `apply(body)` resolves as soon as it has committed. A body
     /// may run more than once, so it must be free of side effects outside the transaction.
+    /// The state counts as stored (what `/metrics` reports).
+    pub fn counts(&self) -> Result<counts::Tally, sled::Error> {
+        counts::Tally::stored(self.tree(T::Meta))
+    }
+
+    /// The state counts by one pass over every record: what [`counts`](Self::counts) must equal.
+    pub fn count_by_scan(&self) -> Result<counts::Tally, sled::Error> {
+        counts::Tally::scan(&self.trees)
+    }
+
     pub fn batches(&self) -> &BatchCommit<AllTrees> {
         &self.batches
     }

@@ -1,0 +1,224 @@
+//! The state counts `/metrics` reports (runs by status, active suspensions by category, jobs by
+//! status) move in the same transactions as the records: after runs finish, suspend, resume,
+//! get cancelled and are compacted away they equal a pass over every record, and a database
+//! written before the counts existed gets them built when it opens.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{sync::Arc, time::Duration};
+
+use arbor_runner_svc::{
+    engine::{GuardConfig, LedgerTool, ToolRegistry, TreeFormat},
+    mailbox::{EnqueueRequest, MailboxConfig, MailboxStore, SledMailbox, SystemClock},
+    retention::RetentionConfig,
+    runs::{ResolveInput, Runner, RunnerOptions, SubmitInput, records},
+    store::{Store, T, counts::Tally},
+    worker,
+};
+use arbor_shared::domain::{DecisionSource, ResolveAction, RunStatus};
+use tokio_util::sync::CancellationToken;
+
+const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "name": "s", "key": "x", "value": 1}}"#;
+const GATED: &str = r#"{"id": "gated", "version": 1, "root":
+  {"type": "approval", "name": "ok", "title": "Continue?", "child": {"type": "succeed", "name": "go"}}}"#;
+
+/// Index of a run status in `Tally::runs`, of a job status in `Tally::jobs`.
+fn run(s: RunStatus) -> usize {
+    arbor_runner_svc::store::counts::RUN_STATUSES
+        .iter()
+        .position(|x| *x == s)
+        .unwrap()
+}
+
+async fn wait_status(runner: &Runner, run_id: &str, want: RunStatus) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let view = runner.get_run(run_id).unwrap();
+        let settled = match want {
+            // Suspended and its request is out.
+            RunStatus::Suspended => view.run.status == want && !view.suspensions.is_empty(),
+            _ => view.run.status == want,
+        };
+        if settled {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "run {run_id} did not become {want:?} (is {:?})",
+            view.run.status
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn stored_equals_scan(store: &Store) -> Tally {
+    let stored = store.counts().unwrap();
+    let scanned = store.count_by_scan().unwrap();
+    assert_eq!(
+        stored, scanned,
+        "stored counts differ from a pass over the records"
+    );
+    assert_eq!(scanned.unreadable, 0);
+    stored
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_follow_runs_through_suspension_resume_cancel_and_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), 16 << 20).unwrap();
+    let ledger = LedgerTool::new(store.db().open_tree("ledger").unwrap());
+    let tools = ToolRegistry::with_builtins(ledger, GuardConfig::default());
+    let runner = Runner::open(
+        store.clone(),
+        Arc::new(SystemClock::default()),
+        Arc::new(tools),
+        RunnerOptions::default(),
+    )
+    .await
+    .unwrap();
+    runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
+    runner.register_tree(GATED, TreeFormat::Json).await.unwrap();
+    let stop = CancellationToken::new();
+    let _workers = worker::spawn(runner.clone(), 2, stop.clone());
+    assert_eq!(stored_equals_scan(&store), Tally::default());
+
+    let submit = |tree: &str| SubmitInput {
+        tree_id: tree.into(),
+        submitted_by: "alice".into(),
+        ..Default::default()
+    };
+    let mut quick = Vec::new();
+    for _ in 0..3 {
+        quick.push(runner.submit(submit("quick")).await.unwrap().run.run_id);
+    }
+    let mut gated = Vec::new();
+    for _ in 0..4 {
+        gated.push(runner.submit(submit("gated")).await.unwrap().run.run_id);
+    }
+    for id in &quick {
+        wait_status(&runner, id, RunStatus::Succeeded).await;
+    }
+    for id in &gated {
+        wait_status(&runner, id, RunStatus::Suspended).await;
+    }
+    let c = stored_equals_scan(&store);
+    assert_eq!(c.runs[run(RunStatus::Succeeded)], 3);
+    assert_eq!(c.runs[run(RunStatus::Suspended)], 4);
+    assert_eq!(c.suspensions, [4, 0, 0]);
+
+    // One is approved and finishes; one is cancelled while suspended (its request withdrawn).
+    let request_id = runner.get_run(&gated[0]).unwrap().suspensions[0]
+        .request_id
+        .clone();
+    runner
+        .resolve(ResolveInput {
+            run_id: gated[0].clone(),
+            request_id,
+            decision_id: "d-1".into(),
+            action: ResolveAction::Resume,
+            result: serde_json::Value::Null,
+            reason: "fine".into(),
+            decided_by: "bob".into(),
+            source: DecisionSource::Person,
+            may_resolve_approvals: true,
+            trace: None,
+        })
+        .await
+        .unwrap();
+    runner.cancel_run(&gated[1], "not needed").await.unwrap();
+    wait_status(&runner, &gated[0], RunStatus::Succeeded).await;
+    wait_status(&runner, &gated[1], RunStatus::Cancelled).await;
+    let c = stored_equals_scan(&store);
+    assert_eq!(c.runs[run(RunStatus::Succeeded)], 4);
+    assert_eq!(c.runs[run(RunStatus::Cancelled)], 1);
+    assert_eq!(c.runs[run(RunStatus::Suspended)], 2);
+    assert_eq!(c.suspensions, [2, 0, 0]);
+
+    // A parked run that fails without a new checkpoint (its resume job dead-lettered) stops
+    // counting its suspension; revived by a requeue, it counts again. Both write only the run.
+    let set_status = |status: RunStatus| {
+        let id = gated[2].clone();
+        store
+            .transact(move |tx| {
+                let mut run = records::get_run(tx, &id)?.unwrap();
+                run.status = status;
+                records::put_run(tx, &run)
+            })
+            .unwrap();
+    };
+    set_status(RunStatus::Failed);
+    let c = stored_equals_scan(&store);
+    assert_eq!(c.runs[run(RunStatus::Failed)], 1);
+    assert_eq!(c.suspensions, [1, 0, 0]);
+    set_status(RunStatus::Suspended);
+    let c = stored_equals_scan(&store);
+    assert_eq!(c.runs[run(RunStatus::Failed)], 0);
+    assert_eq!(c.suspensions, [2, 0, 0]);
+
+    // Retention removes the finished runs and their final jobs; the parked ones stay counted.
+    let drop_finished = RetentionConfig {
+        events_acked: Duration::ZERO,
+        events_max: Duration::from_secs(3600),
+        finished: Duration::ZERO,
+        interval: Duration::from_secs(3600),
+    };
+    let compacted = runner
+        .compact(&drop_finished, arbor_shared::time::now_ms() + 1)
+        .await
+        .unwrap();
+    assert_eq!(compacted.runs, 5);
+    let c = stored_equals_scan(&store);
+    assert_eq!(c.runs.iter().sum::<u64>(), 2);
+    assert_eq!(c.runs[run(RunStatus::Suspended)], 2);
+    assert_eq!(c.suspensions, [2, 0, 0]);
+    stop.cancel();
+}
+
+#[test]
+fn a_database_from_before_the_counts_gets_them_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path(), 8 << 20).unwrap();
+        let (mailbox, _) = SledMailbox::open(
+            store.clone(),
+            Arc::new(SystemClock::default()),
+            MailboxConfig::default(),
+        )
+        .unwrap();
+        for i in 0..5 {
+            mailbox
+                .enqueue(EnqueueRequest {
+                    job_id: format!("j{i}"),
+                    mailbox_id: format!("m{i}"),
+                    run_id: format!("r{i}"),
+                    ..Default::default()
+                })
+                .unwrap();
+        }
+        for _ in 0..2 {
+            let claim = mailbox.claim("w").unwrap().unwrap();
+            mailbox.ack(&claim.job.job_id, &claim.token).unwrap();
+        }
+        // What an older release left behind: the records, no counts.
+        let meta = store.tree(T::Meta);
+        for key in meta.scan_prefix(b"count/").keys() {
+            meta.remove(key.unwrap()).unwrap();
+        }
+        meta.flush().unwrap();
+        assert_eq!(store.counts().unwrap().jobs, [0; 6]);
+    }
+    // The store's threads let go of the database shortly after the last handle is dropped.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let store = loop {
+        match Store::open(dir.path(), 8 << 20) {
+            Ok(store) => break store,
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "reopen: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    let c = stored_equals_scan(&store);
+    // Queued, claimed, accepted (acked), …
+    assert_eq!(c.jobs, [3, 0, 2, 0, 0, 0]);
+}
