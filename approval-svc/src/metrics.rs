@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arbor_shared::{
     domain::{DecisionKind, DecisionSource},
     metrics::ScrapeCollector,
-    time::now_ms,
 };
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -15,7 +14,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::{approvals::Approvals, lifecycle::ApprovalState, model::Filter, store::ApprovalStore};
+use crate::{approvals::Approvals, store::ApprovalStore};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabels {
@@ -215,22 +214,5 @@ pub fn registry<S: ApprovalStore>(approvals: Approvals<S>) -> Registry {
 }
 
 fn pending_count<S: ApprovalStore>(approvals: &Approvals<S>) -> Option<u64> {
-    let filter = Filter {
-        states: vec![ApprovalState::Pending],
-        ..Filter::default()
-    };
-    let now = now_ms();
-    let mut count = 0u64;
-    let mut token: Option<String> = None;
-    loop {
-        let page = approvals
-            .store()
-            .list(&filter, 1000, token.as_deref(), now)
-            .ok()?;
-        count += page.items.len() as u64;
-        match page.next {
-            Some(next) => token = Some(next),
-            None => return Some(count),
-        }
-    }
+    approvals.store().pending_count().ok()
 }

@@ -430,6 +430,75 @@ async fn everything_answered_survives_a_reopen() {
     assert_eq!(actions(&store, "r2").len(), 2);
 }
 
+/// PENDING approvals by a pass over every approval: what the stored count must equal.
+fn pending_by_scan(store: &SledStore) -> u64 {
+    let filter = Filter {
+        states: vec![ApprovalState::Pending],
+        ..Filter::default()
+    };
+    store
+        .list(&filter, 1000, None, now_ms())
+        .unwrap()
+        .items
+        .len() as u64
+}
+
+#[tokio::test]
+async fn the_pending_count_moves_with_every_transition_and_is_rebuilt_for_an_old_store() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = SledStore::open(dir.path()).unwrap();
+        assert_eq!(store.pending_count().unwrap(), 0);
+        for state in [
+            ApprovalState::Pending,
+            ApprovalState::Resolved,
+            ApprovalState::Expired,
+            ApprovalState::Acked,
+            ApprovalState::Pruned,
+            ApprovalState::Cancelled,
+        ] {
+            in_state(&store, &format!("{state:?}"), state).await;
+            in_state(&store, &format!("{state:?}-2"), state).await;
+        }
+        // A repeated request and a refused decision change nothing.
+        store
+            .put_request(tool("Pending", "run-1"), None)
+            .await
+            .unwrap();
+        store
+            .resolve_request("Resolved", NewDecision::person(DecisionKind::Reject, "bo"))
+            .await
+            .unwrap_err();
+        assert_eq!(store.pending_count().unwrap(), 2);
+        assert_eq!(pending_by_scan(&store), 2);
+        store
+            .cancel_run("run-1", "runner", "run cancelled")
+            .await
+            .unwrap();
+        assert_eq!(store.pending_count().unwrap(), 0);
+        assert_eq!(pending_by_scan(&store), 0);
+        store
+            .put_request(tool("late", "run-2"), None)
+            .await
+            .unwrap();
+    }
+    // What an older release left behind: the approvals, no count.
+    {
+        let db = support::eventually("the database to reopen", support::WAIT, || async {
+            arbor_shared::storage::sled_config(dir.path(), 8 << 20)
+                .open()
+                .ok()
+        })
+        .await;
+        let meta = db.open_tree("meta").unwrap();
+        assert!(meta.remove(b"count/pending").unwrap().is_some());
+        meta.flush().unwrap();
+    }
+    let store = reopen(dir.path()).await;
+    assert_eq!(store.pending_count().unwrap(), 1);
+    assert_eq!(pending_by_scan(&store), 1);
+}
+
 /// sled lets go of its lock from a background thread; wait for it like a restart would.
 async fn reopen(path: &std::path::Path) -> SledStore {
     support::eventually("the store to reopen", support::WAIT, || async {

@@ -151,6 +151,9 @@ pub trait ApprovalStore: Send + Sync + 'static {
     /// The earliest deadline among PENDING approvals.
     fn next_deadline(&self) -> Result<Option<(u64, String)>>;
 
+    /// How many approvals are PENDING: a count kept with the writes, not a scan.
+    fn pending_count(&self) -> Result<u64>;
+
     /// RESOLVED/EXPIRED approvals whose decision the runner has not accepted yet.
     fn undelivered(&self) -> Result<Vec<Approval>>;
 

@@ -29,6 +29,12 @@ use crate::{
 type TxResult<T> = std::result::Result<T, ConflictableTransactionError<Error>>;
 
 const CURSOR_KEY: &[u8] = b"subscriber_cursor";
+/// How many approvals are PENDING, moved in the same transaction as every approval write.
+const PENDING_KEY: &[u8] = b"count/pending";
+
+fn read_count(bytes: &[u8]) -> i64 {
+    bytes.try_into().map(i64::from_be_bytes).unwrap_or_default()
+}
 
 pub(super) fn trace_key(request_id: &str) -> Vec<u8> {
     let mut k = b"trace:".to_vec();
@@ -122,6 +128,13 @@ impl Tx<'_> {
 
     /// Writes the record and keeps every index in step with its state.
     fn save(&self, old: Option<&Approval>, new: &Approval) -> TxResult<()> {
+        let pending = |a: &Approval| i64::from(a.state == ApprovalState::Pending);
+        let moved = pending(new) - old.map_or(0, pending);
+        if moved != 0 {
+            let now = self.meta.get(PENDING_KEY)?.map_or(0, |b| read_count(&b));
+            self.meta
+                .insert(PENDING_KEY, &(now + moved).to_be_bytes())?;
+        }
         let id = new.id();
         self.approvals
             .insert(id.as_bytes(), lift(codec::encode(new))?)?;
@@ -283,6 +296,7 @@ impl SledStore {
             audit_by_run: db.open_tree("audit_by_run")?,
             meta: db.open_tree("meta")?,
         };
+        count_pending_once(&trees)?;
         let gc = GroupCommit::start(db.clone());
         let batches = BatchCommit::start(trees.clone(), gc.clone());
         Ok(Self {
@@ -365,6 +379,24 @@ impl TxSet for Trees {
     ) -> std::result::Result<(), TransactionError<usize>> {
         self.run(body)
     }
+}
+
+/// Gives a database written before the pending count existed its count, by one pass over the
+/// approvals (an approval that does not decode is not counted). Runs before anything writes.
+fn count_pending_once(trees: &Trees) -> Result<()> {
+    if trees.meta.contains_key(PENDING_KEY)? {
+        return Ok(());
+    }
+    let mut n: i64 = 0;
+    for item in trees.approvals.iter() {
+        let (_, bytes) = item?;
+        if codec::decode::<Approval>(&bytes).is_ok_and(|a| a.state == ApprovalState::Pending) {
+            n += 1;
+        }
+    }
+    trees.meta.insert(PENDING_KEY, &n.to_be_bytes())?;
+    trees.meta.flush()?;
+    Ok(())
 }
 
 impl ApprovalStore for SledStore {
@@ -604,6 +636,14 @@ impl ApprovalStore for SledStore {
             .deadlines
             .first()?
             .and_then(|(k, _)| codec::split_deadline_key(&k)))
+    }
+
+    fn pending_count(&self) -> Result<u64> {
+        Ok(self
+            .trees
+            .meta
+            .get(PENDING_KEY)?
+            .map_or(0, |b| read_count(&b).max(0) as u64))
     }
 
     fn undelivered(&self) -> Result<Vec<Approval>> {
