@@ -161,6 +161,11 @@ async fn every_acknowledged_submission_survives_a_kill_and_completes_once() {
         ..Default::default()
     };
     let opened = arbor_runner_svc::open_runner(&cfg).await.unwrap();
+    // The state counts `/metrics` reports came through the kill exactly: they equal a pass over
+    // every record.
+    let counts = opened.store().counts().unwrap();
+    assert_eq!(counts, opened.store().count_by_scan().unwrap());
+    assert_eq!(counts.runs.iter().sum::<u64>(), runs.len() as u64);
     let ledger = opened
         .store()
         .db()
