@@ -48,6 +48,9 @@ pub const TREE: &str = r#"{"id": "bench-cycle", "version": 1, "root": {"type": "
 struct Track {
     suspended: Option<Instant>,
     resumed: Option<Instant>,
+    /// The runner's own times of the two events (wall clock, ms).
+    suspended_ms: Option<i64>,
+    resumed_ms: Option<i64>,
     done: Option<Instant>,
     failed: bool,
     waiter: Option<oneshot::Sender<()>>,
@@ -68,6 +71,12 @@ pub struct CycleResult {
     pub approval_bytes: u64,
     pub failed: usize,
     pub fsyncs: Option<u64>,
+    /// Where suspended → resumed went, per run (wall-clock ms, whole milliseconds): the runner's
+    /// suspension event → the request stored at approval-svc → its decision → the runner's
+    /// resume event.
+    pub stages: [Vec<i64>; 3],
+    /// Mean time from a request's arrival at approval-svc to its decision (its own histogram).
+    pub decide_ms: Option<f64>,
 }
 
 impl CycleResult {
@@ -98,6 +107,7 @@ pub async fn run(decider: Decider, cycles: usize, concurrency: usize) -> CycleRe
     let runner_pid = cluster.runner.pid().unwrap_or(0);
     let approval_pid = cluster.approval.pid().unwrap_or(0);
     let fsyncs_before = super::fsyncs(&cluster).await;
+    let decided_before = super::decision_latency(&cluster, decider.label()).await;
     let (r_cpu0, a_cpu0) = (
         procstat::cpu_seconds(runner_pid),
         procstat::cpu_seconds(approval_pid),
@@ -159,10 +169,18 @@ pub async fn run(decider: Decider, cycles: usize, concurrency: usize) -> CycleRe
         (Some(a), Some(b)) => Some(b.saturating_sub(a)),
         _ => None,
     };
+    let decide_ms = match (
+        decided_before,
+        super::decision_latency(&cluster, decider.label()).await,
+    ) {
+        (Some((s0, n0)), Some((s1, n1))) if n1 > n0 => Some((s1 - s0) / (n1 - n0) * 1e3),
+        _ => None,
+    };
     follower.abort();
     if let Some(p) = person {
         p.abort();
     }
+    let stages = stages(&cluster, &tracks).await;
     let (mut suspend_to_resume, mut failed) = (Vec::new(), 0);
     for t in tracks.lock().expect("tracks").values() {
         if let (Some(s), Some(r)) = (t.suspended, t.resumed) {
@@ -187,12 +205,68 @@ pub async fn run(decider: Decider, cycles: usize, concurrency: usize) -> CycleRe
         approval_bytes: procstat::dir_bytes(&cluster.approval.data_dir),
         failed,
         fsyncs,
+        stages,
+        decide_ms,
     };
     cluster.stop().await;
     result
 }
 
 /// Follows the event stream and timestamps each run's suspension, resume and finish on arrival.
+fn wall_ms(t: &prost_types::Timestamp) -> i64 {
+    t.seconds * 1000 + i64::from(t.nanos) / 1_000_000
+}
+
+/// Splits each run's suspended → resumed by the approval's own timestamps (every approval is
+/// read back from approval-svc once the cycles are done).
+async fn stages(cluster: &BenchCluster, tracks: &Mutex<HashMap<String, Track>>) -> [Vec<i64>; 3] {
+    let mut approvals = cluster.approvals_as(APPROVER).await;
+    let mut out: [Vec<i64>; 3] = Default::default();
+    let mut token = String::new();
+    loop {
+        let Ok(page) = approvals
+            .list_approvals(apb::ListApprovalsRequest {
+                page_size: 1000,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await
+        else {
+            return out;
+        };
+        let page = page.into_inner();
+        let map = tracks.lock().expect("tracks");
+        for a in &page.approvals {
+            let Some(run_id) = a.request.as_ref().map(|r| r.run_id.as_str()) else {
+                continue;
+            };
+            let Some(t) = map.get(run_id) else { continue };
+            let arrived = a.created_at.as_ref().map(wall_ms);
+            let decided = a
+                .decision
+                .as_ref()
+                .and_then(|d| d.decided_at.as_ref())
+                .map(wall_ms);
+            if let (Some(s), Some(a), Some(d), Some(r)) =
+                (t.suspended_ms, arrived, decided, t.resumed_ms)
+            {
+                out[0].push(a - s);
+                out[1].push(d - a);
+                out[2].push(r - d);
+            }
+        }
+        drop(map);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    for v in &mut out {
+        v.sort_unstable();
+    }
+    out
+}
+
 async fn follow(mut runner: super::cluster::Runner, tracks: Arc<Mutex<HashMap<String, Track>>>) {
     use rpb::EventKind as K;
     let mut stream = runner
@@ -215,11 +289,12 @@ async fn follow(mut runner: super::cluster::Runner, tracks: Arc<Mutex<HashMap<St
     while let Ok(Some(item)) = stream.message().await {
         let Some(event) = item.event else { continue };
         let now = Instant::now();
+        let at = event.time.as_ref().map(wall_ms);
         let mut map = tracks.lock().expect("tracks");
         let t = map.entry(event.run_id).or_default();
         match K::try_from(event.kind) {
-            Ok(K::ExecutionSuspended) => t.suspended = Some(now),
-            Ok(K::ExecutionResumed) => t.resumed = Some(now),
+            Ok(K::ExecutionSuspended) => (t.suspended, t.suspended_ms) = (Some(now), at),
+            Ok(K::ExecutionResumed) => (t.resumed, t.resumed_ms) = (Some(now), at),
             Ok(K::RunSucceeded | K::RunFailed) => {
                 t.failed = event.kind == K::RunFailed as i32;
                 t.done = Some(now);

@@ -22,6 +22,16 @@ pub async fn fsyncs(cluster: &cluster::BenchCluster) -> Option<u64> {
     Some((r + a) as u64)
 }
 
+/// approval-svc's decision latency histogram for `source` so far: (sum of seconds, count).
+pub async fn decision_latency(cluster: &cluster::BenchCluster, source: &str) -> Option<(f64, f64)> {
+    let approval = crate::scrape::scrape(&cluster.approval.metrics_url()).await;
+    let labels = [("source", source)];
+    Some((
+        approval.get("arbor_approval_decision_latency_seconds_sum", &labels)?,
+        approval.get("arbor_approval_decision_latency_seconds_count", &labels)?,
+    ))
+}
+
 /// Options of one benchmark invocation.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -75,6 +85,23 @@ pub fn print_cycle_table(rows: &[CycleResult]) {
                 .map(|f| format!("{:.2}", f as f64 / r.cycles.max(1) as f64))
                 .unwrap_or_else(|| "n/a".into()),
         );
+        if let Some(ms) = r.decide_ms {
+            println!("        approval-svc: request arrival → decision, mean {ms:.2} ms");
+        }
+        if !r.stages[0].is_empty() {
+            let q = |v: &[i64], p: f64| v[((v.len() as f64 * p) as usize).min(v.len() - 1)];
+            let [a, b, c] = &r.stages;
+            println!(
+                "        suspended → resumed, p50 / p99 ms: runner → stored at approval-svc {} / {}, \
+                 → decided {} / {}, → resumed {} / {}",
+                q(a, 0.5),
+                q(a, 0.99),
+                q(b, 0.5),
+                q(b, 0.99),
+                q(c, 0.5),
+                q(c, 0.99)
+            );
+        }
         if r.failed > 0 {
             println!("        ({} runs FAILED)", r.failed);
         }
