@@ -55,10 +55,7 @@ pub mod tx {
         get_job(tx, job_id)?.map_or_else(|| abort(MailboxError::NotFound(job_id.into())), Ok)
     }
 
-    /// Writes a job and moves the job counts from the status it had to this one.
     fn put_job(tx: &Tx<'_>, job: &Job) -> TxResult<(), MailboxError> {
-        let old = get_job(tx, &job.job_id)?.map(|j| j.status);
-        counts::job_moved(tx, old, Some(job.status))?;
         tx.tree(T::Jobs)
             .insert(job.job_id.as_bytes(), codec::encode(job))?;
         if super::super::state::is_final(job.status) {
@@ -78,9 +75,16 @@ pub mod tx {
             .unwrap_or(0))
     }
 
-    fn move_to(job: &mut Job, event: JobEvent, now_ms: u64) -> TxResult<(), MailboxError> {
+    /// Moves a job through the state machine, and the job counts with it.
+    fn move_to(
+        tx: &Tx<'_>,
+        job: &mut Job,
+        event: JobEvent,
+        now_ms: u64,
+    ) -> TxResult<(), MailboxError> {
         match transition(job.status, event) {
             Ok(to) => {
+                counts::job_moved(tx, Some(job.status), Some(to))?;
                 job.status = to;
                 job.updated_at_ms = now_ms;
                 Ok(())
@@ -160,6 +164,7 @@ pub mod tx {
             dedupe_while_claimed: req.dedupe_while_claimed,
         };
         put_job(tx, &job)?;
+        counts::job_moved(tx, None, Some(job.status))?;
         tx.tree(T::Queue).insert(queue_key(&job), &[])?;
         tx.tree(T::MailboxJobs)
             .insert(mailbox_job_key(&job), job.job_id.as_bytes())?;
@@ -201,7 +206,7 @@ pub mod tx {
         }
         if job.generation < generation(tx, &job.mailbox_id)? {
             unindex(tx, &job, JobStatus::Queued)?;
-            move_to(&mut job, JobEvent::Supersede, now_ms)?;
+            move_to(tx, &mut job, JobEvent::Supersede, now_ms)?;
             put_job(tx, &job)?;
             return Ok(Err(ClaimMiss::Superseded(Box::new(job))));
         }
@@ -209,7 +214,7 @@ pub mod tx {
             return Ok(Err(ClaimMiss::ThreadBusy));
         }
         tx.tree(T::Queue).remove(queue_key(&job))?;
-        move_to(&mut job, JobEvent::Claim, now_ms)?;
+        move_to(tx, &mut job, JobEvent::Claim, now_ms)?;
         job.attempt_count += 1;
         job.claim_token = token.to_string();
         job.claimed_by = worker_id.to_string();
@@ -254,7 +259,7 @@ pub mod tx {
     pub fn ack(tx: &Tx<'_>, job_id: &str, token: &str, now_ms: u64) -> TxResult<Job, MailboxError> {
         let mut job = check_fence(tx, job_id, token)?;
         unindex(tx, &job, JobStatus::Claimed)?;
-        move_to(&mut job, JobEvent::Ack, now_ms)?;
+        move_to(tx, &mut job, JobEvent::Ack, now_ms)?;
         job.claim_token.clear();
         put_job(tx, &job)?;
         Ok(job)
@@ -276,7 +281,7 @@ pub mod tx {
         } else {
             event
         };
-        move_to(&mut job, event, now_ms)?;
+        move_to(tx, &mut job, event, now_ms)?;
         job.last_error = error.to_string();
         job.claim_token.clear();
         job.claimed_by.clear();
@@ -341,7 +346,7 @@ pub mod tx {
     pub fn cancel(tx: &Tx<'_>, job_id: &str, now_ms: u64) -> TxResult<Job, MailboxError> {
         let mut job = must_get_job(tx, job_id)?;
         let was = job.status;
-        move_to(&mut job, JobEvent::Cancel, now_ms)?;
+        move_to(tx, &mut job, JobEvent::Cancel, now_ms)?;
         unindex(tx, &job, was)?;
         job.claim_token.clear();
         put_job(tx, &job)?;
@@ -350,7 +355,7 @@ pub mod tx {
 
     pub fn supersede(tx: &Tx<'_>, job_id: &str, now_ms: u64) -> TxResult<Job, MailboxError> {
         let mut job = must_get_job(tx, job_id)?;
-        move_to(&mut job, JobEvent::Supersede, now_ms)?;
+        move_to(tx, &mut job, JobEvent::Supersede, now_ms)?;
         unindex(tx, &job, JobStatus::Queued)?;
         put_job(tx, &job)?;
         Ok(job)
@@ -390,7 +395,7 @@ pub mod tx {
 
     pub fn requeue(tx: &Tx<'_>, job_id: &str, now_ms: u64) -> TxResult<Job, MailboxError> {
         let mut job = must_get_job(tx, job_id)?;
-        move_to(&mut job, JobEvent::Requeue, now_ms)?;
+        move_to(tx, &mut job, JobEvent::Requeue, now_ms)?;
         job.attempt_count = 0;
         job.available_at_ms = now_ms;
         job.last_error.clear();

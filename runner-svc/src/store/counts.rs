@@ -1,6 +1,7 @@
 //! Counts of stored state: runs by status, mailbox jobs by status, and active suspensions of
 //! unfinished runs by category. They live in the `meta` tree and move in the same transaction as
-//! every write that changes them, so they are exact after any crash, and a `/metrics` scrape
+//! every write that changes them (job counts move in `move_to`, the mailbox state machine's one
+//! transition function), so they are exact after any crash, and a `/metrics` scrape
 //! reads sixteen keys instead of every record (which took ~0.9 s with 100,000 parked runs).
 //!
 //! Inside a batched commit the counter keys are written once per transaction however many
