@@ -9,16 +9,7 @@ use std::sync::Arc;
 use arbor_shared::metrics::{Samples, ScrapeCollector};
 use prometheus_client::registry::Registry;
 
-use crate::{
-    runs::Runner,
-    store::{
-        T,
-        counts::{
-            CATEGORIES, Counted, JOB_STATUSES, RUN_STATUSES, category_label, job_status_label,
-            read, run_status_label,
-        },
-    },
-};
+use crate::{runs::Runner, store::counts::Counted};
 
 /// A registry whose one collector reads `runner` on every scrape.
 pub fn registry(runner: Arc<Runner>) -> Registry {
@@ -29,43 +20,14 @@ pub fn registry(runner: Arc<Runner>) -> Registry {
 
 fn sample(runner: &Runner, s: &mut Samples) {
     let store = runner.store();
-    let meta = store.tree(T::Meta);
-    let count = |c| match read(meta, c) {
-        Ok(n) => Some(n as f64),
-        Err(e) => {
-            tracing::warn!("metrics: cannot read the state counts: {e}");
-            None
+    match store.counts() {
+        Ok(tally) => {
+            for c in Counted::all() {
+                let g = c.gauge();
+                s.gauge(g.family, g.help, &[g.label], tally.get(c) as f64);
+            }
         }
-    };
-    for status in RUN_STATUSES {
-        if let Some(n) = count(Counted::Run(status)) {
-            s.gauge(
-                "arbor_runner_runs",
-                "Runs by status.",
-                &[("status", run_status_label(status))],
-                n,
-            );
-        }
-    }
-    for category in CATEGORIES {
-        if let Some(n) = count(Counted::Suspensions(category)) {
-            s.gauge(
-                "arbor_runner_active_suspensions",
-                "Active suspensions of unfinished runs, by category.",
-                &[("category", category_label(category))],
-                n,
-            );
-        }
-    }
-    for status in JOB_STATUSES {
-        if let Some(n) = count(Counted::Job(status)) {
-            s.gauge(
-                "arbor_runner_mailbox_jobs",
-                "Mailbox jobs by status (queued is the mailbox depth).",
-                &[("status", job_status_label(status))],
-                n,
-            );
-        }
+        Err(e) => tracing::warn!("metrics: cannot read the state counts: {e}"),
     }
 
     let events = runner.events();

@@ -9,7 +9,10 @@ use crate::{
     error::RunnerError,
     mailbox::{Job, state::is_final},
     runs::{RunRecord, Runner},
-    store::{T, codec, counts},
+    store::{
+        T, codec,
+        counts::{self, Counted},
+    },
 };
 
 /// How long things are kept.
@@ -169,7 +172,7 @@ fn delete_run(tx: &Tx<'_>, run_id: &str, cutoff: u64) -> R<u64> {
         return Ok(0);
     }
     // A finished run has no suspensions counted; only its status count goes.
-    counts::run_moved(tx, Some(run.status), None)?;
+    counts::moved(tx, Some(Counted::Run(run.status)), None)?;
     tx.tree(T::Runs).remove(run_id.as_bytes())?;
     tx.tree(T::Checkpoints).remove(run_id.as_bytes())?;
     tx.tree(T::ThreadRuns)
@@ -189,7 +192,7 @@ fn delete_job(tx: &Tx<'_>, job_id: &str, cutoff: u64) -> R<u64> {
     if !is_final(job.status) || job.updated_at_ms > cutoff {
         return Ok(0);
     }
-    counts::job_moved(tx, Some(job.status), None)?;
+    counts::moved(tx, Some(Counted::Job(job.status)), None)?;
     tx.tree(T::Jobs).remove(job_id.as_bytes())?;
     let mut key = codec::prefix(&job.mailbox_id);
     key.extend_from_slice(&codec::u64_key(job.order));

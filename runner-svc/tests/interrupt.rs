@@ -173,5 +173,8 @@ async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
         0,
         "superseded runs never ran"
     );
+    // The state counts moved with every supersede, cancel and withdrawal.
+    let store = runner.store();
+    assert_eq!(store.counts().unwrap(), store.count_by_scan().unwrap());
     stop.cancel();
 }

@@ -15,7 +15,10 @@ use super::{
     MailboxInterrupt, MailboxStore, Reaped,
     state::{JobEvent, transition},
 };
-use crate::store::{Store, T, Tx, TxResult, abort, codec, counts};
+use crate::store::{
+    Store, T, Tx, TxResult, abort, codec,
+    counts::{self, Counted},
+};
 
 /// Mailbox operations usable inside a larger runner transaction.
 pub mod tx {
@@ -84,7 +87,7 @@ pub mod tx {
     ) -> TxResult<(), MailboxError> {
         match transition(job.status, event) {
             Ok(to) => {
-                counts::job_moved(tx, Some(job.status), Some(to))?;
+                counts::moved(tx, Some(Counted::Job(job.status)), Some(Counted::Job(to)))?;
                 job.status = to;
                 job.updated_at_ms = now_ms;
                 Ok(())
@@ -164,7 +167,7 @@ pub mod tx {
             dedupe_while_claimed: req.dedupe_while_claimed,
         };
         put_job(tx, &job)?;
-        counts::job_moved(tx, None, Some(job.status))?;
+        counts::moved(tx, None, Some(Counted::Job(job.status)))?;
         tx.tree(T::Queue).insert(queue_key(&job), &[])?;
         tx.tree(T::MailboxJobs)
             .insert(mailbox_job_key(&job), job.job_id.as_bytes())?;

@@ -6,7 +6,10 @@ use serde::{Deserialize, Serialize};
 use crate::{
     engine::{Checkpoint, Decision},
     error::RunnerError,
-    store::{T, Tx, TxResult, abort, codec, counts},
+    store::{
+        T, Tx, TxResult, abort, codec,
+        counts::{self, Counted},
+    },
 };
 
 /// A registered tree version.
@@ -78,12 +81,13 @@ pub fn must_get_run(tx: &Tx<'_>, run_id: &str) -> TxResult<RunRecord, RunnerErro
 /// suspensions of its checkpoint when the run starts or stops being unfinished.
 pub fn put_run(tx: &Tx<'_>, run: &RunRecord) -> TxResult<(), RunnerError> {
     let old = get_run(tx, &run.run_id)?.map(|r| r.status);
-    counts::run_moved(tx, old, Some(run.status))?;
+    counts::moved(tx, old.map(Counted::Run), Some(Counted::Run(run.status)))?;
     let was_open = old.is_some_and(|s| !s.is_terminal());
     let is_open = !run.status.is_terminal();
     if was_open != is_open {
         let sign = if was_open { -1 } else { 1 };
-        counts::suspensions_moved(tx, stored_active(tx, &run.run_id)?, sign)?;
+        let active = stored_active(tx, &run.run_id)?;
+        counts::suspensions_moved(tx, active.map(|n| sign * n))?;
     }
     tx.tree(T::Runs)
         .insert(run.run_id.as_bytes(), codec::encode(run))?;
@@ -126,20 +130,24 @@ fn stored_active(tx: &Tx<'_>, run_id: &str) -> TxResult<[i64; 3], RunnerError> {
         .unwrap_or_default())
 }
 
-/// Writes a checkpoint; returns its size in bytes. While its run is unfinished, the active
-/// suspension counts move from the checkpoint it replaces to this one.
-pub fn put_checkpoint(tx: &Tx<'_>, run_id: &str, ck: &Checkpoint) -> TxResult<u64, RunnerError> {
-    if get_run(tx, run_id)?.is_some_and(|r| !r.status.is_terminal()) {
-        let before = stored_active(tx, run_id)?;
+/// Writes `run`'s checkpoint; returns its size in bytes. While the run is unfinished, the active
+/// suspension counts move from `replaced` (`counts::active` of the checkpoint this one replaces,
+/// which the caller loaded under the claim this transaction's fence keeps current; zeros for a
+/// new run) to this one.
+pub fn put_checkpoint(
+    tx: &Tx<'_>,
+    run: &RunRecord,
+    ck: &Checkpoint,
+    replaced: [i64; 3],
+) -> TxResult<u64, RunnerError> {
+    if !run.status.is_terminal() {
         let after = counts::active(ck);
-        if before != after {
-            counts::suspensions_moved(tx, before, -1)?;
-            counts::suspensions_moved(tx, after, 1)?;
-        }
+        counts::suspensions_moved(tx, std::array::from_fn(|i| after[i] - replaced[i]))?;
     }
     let bytes = ck.encode();
     let len = bytes.len() as u64;
-    tx.tree(T::Checkpoints).insert(run_id.as_bytes(), bytes)?;
+    tx.tree(T::Checkpoints)
+        .insert(run.run_id.as_bytes(), bytes)?;
     Ok(len)
 }
 

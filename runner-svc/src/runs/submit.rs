@@ -196,7 +196,7 @@ impl Runner {
                         };
                         records::put_run(tx, &run)?;
                         records::index_run(tx, &run)?;
-                        records::put_checkpoint(tx, &run_id, &fresh)?;
+                        records::put_checkpoint(tx, &run, &fresh, [0; 3])?;
                         run
                     }
                 };

@@ -12,7 +12,7 @@ use crate::{
     error::RunnerError,
     events::{self, NewEvent},
     mailbox::{Claim, EnqueueRequest, MailboxStore, tx as mtx},
-    store::{T, abort, codec, lift},
+    store::{T, abort, codec, counts, lift},
 };
 
 /// Ticks one wake may take back to back before yielding the worker.
@@ -113,6 +113,8 @@ impl Runner {
                 what: "checkpoint",
                 message: e.to_string(),
             })?;
+        // Its active suspensions, for the state counts when the next checkpoint replaces it.
+        let replaced = counts::active(&ck);
         let decisions = self.inbox_of(&run.run_id)?;
 
         let mut new_events = Vec::new();
@@ -219,7 +221,7 @@ impl Runner {
                 },
             }
         };
-        self.commit_step(claim, step, now).await
+        self.commit_step(claim, step, replaced, now).await
     }
 
     /// Decisions delivered to a run and not yet taken into its checkpoint.
@@ -236,6 +238,7 @@ impl Runner {
         &self,
         claim: &Claim,
         step: Step,
+        replaced: [i64; 3],
         now: u64,
     ) -> Result<RunStatus, RunnerError> {
         let job = &claim.job;
@@ -259,7 +262,7 @@ impl Runner {
             let Some(mut run) = records::get_run(tx, &job.run_id)? else {
                 return abort(RunnerError::NotFound(job.run_id.clone()));
             };
-            let size = records::put_checkpoint(tx, &run.run_id, &step.ck)?;
+            let size = records::put_checkpoint(tx, &run, &step.ck, replaced)?;
             for request_id in &step.consumed_inbox {
                 records::inbox_remove(tx, &run.run_id, request_id)?;
             }

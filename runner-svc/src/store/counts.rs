@@ -40,7 +40,7 @@ pub const JOB_STATUSES: [JobStatus; 6] = [
     JobStatus::Superseded,
 ];
 
-pub fn run_status_label(s: RunStatus) -> &'static str {
+fn run_status_label(s: RunStatus) -> &'static str {
     match s {
         RunStatus::Queued => "queued",
         RunStatus::Running => "running",
@@ -52,7 +52,7 @@ pub fn run_status_label(s: RunStatus) -> &'static str {
     }
 }
 
-pub fn category_label(c: SuspensionCategory) -> &'static str {
+fn category_label(c: SuspensionCategory) -> &'static str {
     match c {
         SuspensionCategory::RequireApproval => "require_approval",
         SuspensionCategory::RequireUserInput => "require_user_input",
@@ -60,7 +60,7 @@ pub fn category_label(c: SuspensionCategory) -> &'static str {
     }
 }
 
-pub fn job_status_label(s: JobStatus) -> &'static str {
+fn job_status_label(s: JobStatus) -> &'static str {
     match s {
         JobStatus::Queued => "queued",
         JobStatus::Claimed => "claimed",
@@ -79,66 +79,82 @@ pub enum Counted {
     Suspensions(SuspensionCategory),
 }
 
+/// How a counter shows in `/metrics`: its gauge family, the family's help, its one label.
+pub struct Gauge {
+    pub family: &'static str,
+    pub help: &'static str,
+    pub label: (&'static str, &'static str),
+}
+
+impl Counted {
+    /// Every counter.
+    pub fn all() -> impl Iterator<Item = Counted> {
+        RUN_STATUSES
+            .into_iter()
+            .map(Counted::Run)
+            .chain(JOB_STATUSES.into_iter().map(Counted::Job))
+            .chain(CATEGORIES.into_iter().map(Counted::Suspensions))
+    }
+
+    pub fn gauge(self) -> Gauge {
+        match self {
+            Counted::Run(s) => Gauge {
+                family: "arbor_runner_runs",
+                help: "Runs by status.",
+                label: ("status", run_status_label(s)),
+            },
+            Counted::Job(s) => Gauge {
+                family: "arbor_runner_mailbox_jobs",
+                help: "Mailbox jobs by status (queued is the mailbox depth).",
+                label: ("status", job_status_label(s)),
+            },
+            Counted::Suspensions(c) => Gauge {
+                family: "arbor_runner_active_suspensions",
+                help: "Active suspensions of unfinished runs, by category.",
+                label: ("category", category_label(c)),
+            },
+        }
+    }
+
+    fn key(self) -> Vec<u8> {
+        let kind = match self {
+            Counted::Run(_) => "run",
+            Counted::Job(_) => "job",
+            Counted::Suspensions(_) => "suspensions",
+        };
+        format!("count/{kind}/{}", self.gauge().label.1).into_bytes()
+    }
+}
+
 /// Present once the counters of this database are complete.
 const READY: &[u8] = b"count/ready";
-
-fn key(c: Counted) -> Vec<u8> {
-    let name = match c {
-        Counted::Run(s) => format!("count/run/{}", run_status_label(s)),
-        Counted::Job(s) => format!("count/job/{}", job_status_label(s)),
-        Counted::Suspensions(c) => format!("count/suspensions/{}", category_label(c)),
-    };
-    name.into_bytes()
-}
 
 fn decode_count(bytes: &[u8]) -> i64 {
     bytes.try_into().map(i64::from_be_bytes).unwrap_or_default()
 }
 
 /// Moves one counter by `delta` inside the transaction.
-pub fn add<E>(tx: &Tx<'_>, c: Counted, delta: i64) -> TxResult<(), E> {
+fn add<E>(tx: &Tx<'_>, c: Counted, delta: i64) -> TxResult<(), E> {
     if delta == 0 {
         return Ok(());
     }
     let meta = tx.tree(T::Meta);
-    let k = key(c);
+    let k = c.key();
     let now = meta.get(&k)?.map(|b| decode_count(&b)).unwrap_or(0);
     meta.insert(k, &(now + delta).to_be_bytes())?;
     Ok(())
 }
 
-/// A run went from `old` to `new` (`None`: absent).
-pub fn run_moved<E>(
-    tx: &Tx<'_>,
-    old: Option<RunStatus>,
-    new: Option<RunStatus>,
-) -> TxResult<(), E> {
+/// A record went from being counted in `old` to `new` (`None`: absent).
+pub fn moved<E>(tx: &Tx<'_>, old: Option<Counted>, new: Option<Counted>) -> TxResult<(), E> {
     if old == new {
         return Ok(());
     }
-    if let Some(s) = old {
-        add(tx, Counted::Run(s), -1)?;
+    if let Some(c) = old {
+        add(tx, c, -1)?;
     }
-    if let Some(s) = new {
-        add(tx, Counted::Run(s), 1)?;
-    }
-    Ok(())
-}
-
-/// A job went from `old` to `new` (`None`: absent).
-pub fn job_moved<E>(
-    tx: &Tx<'_>,
-    old: Option<JobStatus>,
-    new: Option<JobStatus>,
-) -> TxResult<(), E> {
-    if old == new {
-        return Ok(());
-    }
-    if let Some(s) = old {
-        add(tx, Counted::Job(s), -1)?;
-    }
-    if let Some(s) = new {
-        add(tx, Counted::Job(s), 1)?;
+    if let Some(c) = new {
+        add(tx, c, 1)?;
     }
     Ok(())
 }
@@ -156,23 +172,20 @@ pub fn active(ck: &Checkpoint) -> [i64; 3] {
     n
 }
 
-/// Adds `sign` × `n` to the suspension counters.
-pub fn suspensions_moved<E>(tx: &Tx<'_>, n: [i64; 3], sign: i64) -> TxResult<(), E> {
-    for (c, k) in CATEGORIES.iter().zip(n) {
-        add(tx, Counted::Suspensions(*c), sign * k)?;
+/// Moves the suspension counters by `delta` (in [`CATEGORIES`] order).
+pub fn suspensions_moved<E>(tx: &Tx<'_>, delta: [i64; 3]) -> TxResult<(), E> {
+    for (c, d) in CATEGORIES.iter().zip(delta) {
+        add(tx, Counted::Suspensions(*c), d)?;
     }
     Ok(())
 }
 
-/// The counters as stored (0 for one never moved).
-pub fn read(meta: &sled::Tree, c: Counted) -> Result<u64, sled::Error> {
-    Ok(meta
-        .get(key(c))?
-        .map(|b| decode_count(&b).max(0) as u64)
-        .unwrap_or(0))
+/// Where `x` stands in `all` (every value of its enum is listed there).
+fn index<X: PartialEq>(all: &[X], x: X) -> usize {
+    all.iter().position(|y| *y == x).unwrap_or_default()
 }
 
-/// Every counter, by one pass over the records: what the stored counters must equal.
+/// Every counter: as stored, or by one pass over the records (what the stored ones must equal).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Tally {
     pub runs: [u64; 7],
@@ -183,6 +196,22 @@ pub struct Tally {
 }
 
 impl Tally {
+    fn slot(&mut self, c: Counted) -> &mut u64 {
+        match c {
+            Counted::Run(s) => &mut self.runs[index(&RUN_STATUSES, s)],
+            Counted::Job(s) => &mut self.jobs[index(&JOB_STATUSES, s)],
+            Counted::Suspensions(k) => &mut self.suspensions[index(&CATEGORIES, k)],
+        }
+    }
+
+    pub fn get(&self, c: Counted) -> u64 {
+        match c {
+            Counted::Run(s) => self.runs[index(&RUN_STATUSES, s)],
+            Counted::Job(s) => self.jobs[index(&JOB_STATUSES, s)],
+            Counted::Suspensions(k) => self.suspensions[index(&CATEGORIES, k)],
+        }
+    }
+
     /// Counts what `trees` hold now.
     pub fn scan(trees: &[sled::Tree]) -> Result<Self, sled::Error> {
         let tree = |t: T| &trees[t as usize];
@@ -193,9 +222,7 @@ impl Tally {
                 tally.unreadable += 1;
                 continue;
             };
-            if let Some(i) = RUN_STATUSES.iter().position(|s| *s == run.status) {
-                tally.runs[i] += 1;
-            }
+            *tally.slot(Counted::Run(run.status)) += 1;
             if run.status.is_terminal() {
                 continue;
             }
@@ -214,24 +241,18 @@ impl Tally {
                 tally.unreadable += 1;
                 continue;
             };
-            if let Some(i) = JOB_STATUSES.iter().position(|s| *s == job.status) {
-                tally.jobs[i] += 1;
-            }
+            *tally.slot(Counted::Job(job.status)) += 1;
         }
         Ok(tally)
     }
 
-    /// The stored counters, in the same shape.
+    /// The counters as stored (0 for one never moved).
     pub fn stored(meta: &sled::Tree) -> Result<Self, sled::Error> {
         let mut tally = Self::default();
-        for (i, s) in RUN_STATUSES.iter().enumerate() {
-            tally.runs[i] = read(meta, Counted::Run(*s))?;
-        }
-        for (i, s) in JOB_STATUSES.iter().enumerate() {
-            tally.jobs[i] = read(meta, Counted::Job(*s))?;
-        }
-        for (i, c) in CATEGORIES.iter().enumerate() {
-            tally.suspensions[i] = read(meta, Counted::Suspensions(*c))?;
+        for c in Counted::all() {
+            if let Some(b) = meta.get(c.key())? {
+                *tally.slot(c) = decode_count(&b).max(0) as u64;
+            }
         }
         Ok(tally)
     }
@@ -246,17 +267,8 @@ pub fn ensure(trees: &[sled::Tree]) -> Result<Option<Tally>, sled::Error> {
     }
     let tally = Tally::scan(trees)?;
     let mut batch = sled::Batch::default();
-    let put = |batch: &mut sled::Batch, c: Counted, n: u64| {
-        batch.insert(key(c), &(n as i64).to_be_bytes());
-    };
-    for (s, n) in RUN_STATUSES.iter().zip(tally.runs) {
-        put(&mut batch, Counted::Run(*s), n);
-    }
-    for (s, n) in JOB_STATUSES.iter().zip(tally.jobs) {
-        put(&mut batch, Counted::Job(*s), n);
-    }
-    for (c, n) in CATEGORIES.iter().zip(tally.suspensions) {
-        put(&mut batch, Counted::Suspensions(*c), n);
+    for c in Counted::all() {
+        batch.insert(c.key(), &(tally.get(c) as i64).to_be_bytes());
     }
     batch.insert(READY, &[]);
     meta.apply_batch(batch)?;

@@ -224,10 +224,6 @@ impl Store {
             .map_err(TxError::from)
     }
 
-    /// The batched commit: `commit(body)` runs `body` in one transaction with whatever other
-    /// commits are queued and resolves once that transaction is durable, the way every write
-    /// that answers an RPC commits; `apply(body)` resolves as soon as it has committed. A body
-    /// may run more than once, so it must be free of side effects outside the transaction.
     /// The state counts as stored (what `/metrics` reports).
     pub fn counts(&self) -> Result<counts::Tally, sled::Error> {
         counts::Tally::stored(self.tree(T::Meta))
@@ -238,6 +234,10 @@ impl Store {
         counts::Tally::scan(&self.trees)
     }
 
+    /// The batched commit: `commit(body)` runs `body` in one transaction with whatever other
+    /// commits are queued and resolves once that transaction is durable, the way every write
+    /// that answers an RPC commits; `apply(body)` resolves as soon as it has committed. A body
+    /// may run more than once, so it must be free of side effects outside the transaction.
     pub fn batches(&self) -> &BatchCommit<AllTrees> {
         &self.batches
     }
