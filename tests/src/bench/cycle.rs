@@ -106,8 +106,7 @@ pub async fn run(decider: Decider, cycles: usize, concurrency: usize) -> CycleRe
 
     let runner_pid = cluster.runner.pid().unwrap_or(0);
     let approval_pid = cluster.approval.pid().unwrap_or(0);
-    let fsyncs_before = super::fsyncs(&cluster).await;
-    let decided_before = super::decision_latency(&cluster, decider.label()).await;
+    let meters_before = super::Meters::read(&cluster, decider.label()).await;
     let (r_cpu0, a_cpu0) = (
         procstat::cpu_seconds(runner_pid),
         procstat::cpu_seconds(approval_pid),
@@ -165,17 +164,9 @@ pub async fn run(decider: Decider, cycles: usize, concurrency: usize) -> CycleRe
     let elapsed = start.elapsed();
     let runner_cpu = procstat::cpu_seconds(runner_pid) - r_cpu0;
     let approval_cpu = procstat::cpu_seconds(approval_pid) - a_cpu0;
-    let fsyncs = match (fsyncs_before, super::fsyncs(&cluster).await) {
-        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-        _ => None,
-    };
-    let decide_ms = match (
-        decided_before,
-        super::decision_latency(&cluster, decider.label()).await,
-    ) {
-        (Some((s0, n0)), Some((s1, n1))) if n1 > n0 => Some((s1 - s0) / (n1 - n0) * 1e3),
-        _ => None,
-    };
+    let meters = super::Meters::read(&cluster, decider.label()).await;
+    let fsyncs = meters.fsyncs_since(&meters_before);
+    let decide_ms = meters.decide_ms_since(&meters_before);
     follower.abort();
     if let Some(p) = person {
         p.abort();

@@ -13,23 +13,41 @@ use std::time::Duration;
 use cycle::{CycleResult, Decider};
 use procstat::pct_ms;
 
-/// fsyncs issued by both services so far, from their `/metrics`.
-pub async fn fsyncs(cluster: &cluster::BenchCluster) -> Option<u64> {
-    let runner = crate::scrape::scrape(&cluster.runner.metrics_url()).await;
-    let approval = crate::scrape::scrape(&cluster.approval.metrics_url()).await;
-    let r = runner.get("arbor_runner_fsyncs_total", &[])?;
-    let a = approval.get("arbor_approval_fsyncs_total", &[])?;
-    Some((r + a) as u64)
+/// What both services' `/metrics` say so far, from one scrape of each: fsyncs of both, and
+/// approval-svc's decision latency histogram for `source` (sum of seconds, count).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Meters {
+    pub fsyncs: Option<f64>,
+    pub decided: Option<(f64, f64)>,
 }
 
-/// approval-svc's decision latency histogram for `source` so far: (sum of seconds, count).
-pub async fn decision_latency(cluster: &cluster::BenchCluster, source: &str) -> Option<(f64, f64)> {
-    let approval = crate::scrape::scrape(&cluster.approval.metrics_url()).await;
-    let labels = [("source", source)];
-    Some((
-        approval.get("arbor_approval_decision_latency_seconds_sum", &labels)?,
-        approval.get("arbor_approval_decision_latency_seconds_count", &labels)?,
-    ))
+impl Meters {
+    pub async fn read(cluster: &cluster::BenchCluster, source: &str) -> Self {
+        let runner = crate::scrape::scrape(&cluster.runner.metrics_url()).await;
+        let approval = crate::scrape::scrape(&cluster.approval.metrics_url()).await;
+        let labels = [("source", source)];
+        Self {
+            fsyncs: runner
+                .get("arbor_runner_fsyncs_total", &[])
+                .zip(approval.get("arbor_approval_fsyncs_total", &[]))
+                .map(|(r, a)| r + a),
+            decided: approval
+                .get("arbor_approval_decision_latency_seconds_sum", &labels)
+                .zip(approval.get("arbor_approval_decision_latency_seconds_count", &labels)),
+        }
+    }
+
+    /// fsyncs since `before`.
+    pub fn fsyncs_since(&self, before: &Self) -> Option<u64> {
+        let (a, b) = before.fsyncs.zip(self.fsyncs)?;
+        Some((b - a).max(0.0) as u64)
+    }
+
+    /// Mean decision latency (ms) of the decisions taken since `before`.
+    pub fn decide_ms_since(&self, before: &Self) -> Option<f64> {
+        let ((s0, n0), (s1, n1)) = before.decided.zip(self.decided)?;
+        (n1 > n0).then(|| (s1 - s0) / (n1 - n0) * 1e3)
+    }
 }
 
 /// Options of one benchmark invocation.
