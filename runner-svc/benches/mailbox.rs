@@ -1,7 +1,7 @@
 //! Mailbox benchmark: the disk's raw serial fsync rate, then durable enqueue → claim → ack cycles
 //! per second through the sled mailbox with group commit, for 1 and 8 concurrent producers.
-//! Every enqueue and every ack waits for a flush that covers it before the next step, exactly as
-//! an RPC answering OK would. The load is a closed loop: each producer lane keeps one job in
+//! Every enqueue and every ack waits for the journal sync that covers it before the next step,
+//! exactly as an RPC answering OK would. The load is a closed loop: each producer lane keeps one job in
 //! flight and enqueues the next only once the last one's ack is durable, so "in-flight" is the
 //! number of jobs outstanding at any moment. Run: `cargo bench -p arbor-runner-svc --bench mailbox`.
 
@@ -50,16 +50,25 @@ struct Outcome {
     bytes_per_cycle: f64,
 }
 
-/// Bytes this process has handed to the block layer so far (`write_bytes` of /proc/self/io).
-fn written_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/io")
+/// Bytes the disk holding `dir` has written so far (sectors written, from its sysfs `stat`):
+/// what reached the device, whoever wrote it. (`write_bytes` of /proc/self/io counts a whole
+/// page range again for every sync of a page that is overwritten in place, which is how the
+/// journal writes, so it overstates this by orders of magnitude.)
+fn written_bytes(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(dir).map(|m| m.dev()).unwrap_or(0);
+    let (major, minor) = (
+        ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff),
+        (dev & 0xff) | ((dev >> 12) & !0xff),
+    );
+    std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/stat"))
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("write_bytes: "))
-                .and_then(|v| v.trim().parse().ok())
+            s.split_whitespace()
+                .nth(6)
+                .and_then(|v| v.parse::<u64>().ok())
         })
-        .unwrap_or(0)
+        .map_or(0, |sectors| sectors * 512)
 }
 
 async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
@@ -113,7 +122,7 @@ async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
     }
     let flushes_before = store.flush_count();
     let (tx_before, bodies_before) = batch_stats(&store);
-    let written_before = written_bytes();
+    let written_before = written_bytes(dir.path());
     let start = Instant::now();
     for p in 0..producers {
         for lane in 0..window {
@@ -156,7 +165,7 @@ async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
     let done = acked.load(Ordering::Relaxed);
     let flushes = store.flush_count() - flushes_before;
     let (tx_after, bodies_after) = batch_stats(&store);
-    let written = written_bytes() - written_before;
+    let written = written_bytes(dir.path()) - written_before;
     for t in tasks {
         t.await.unwrap();
     }
@@ -235,6 +244,13 @@ fn main() {
         (32, 8, 8),
         (32, 8, 32),
     ] {
+        // `ARBOR_MAILBOX_ROW=32,8,8` runs one row alone (workers, producers, window), for a
+        // profiler.
+        if let Ok(only) = std::env::var("ARBOR_MAILBOX_ROW")
+            && only != format!("{workers},{producers},{window}")
+        {
+            continue;
+        }
         let o = rt.block_on(cycles(workers, producers, window));
         println!(
             "{:>7} {:>9} {:>8} {:>14.0} {:>10.1}× {:>13.2} {:>12.2} {:>9.2} {:>9.2} {:>9.1}",

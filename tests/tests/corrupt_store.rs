@@ -3,6 +3,12 @@
 //! marker), must exit non-zero with an error that says what is wrong — never panic, and never
 //! serve an emptier database than the one it had. The undamaged copy must still start and hold
 //! every run, so the checks cost nothing on healthy data.
+//!
+//! runner-svc keeps a journal next to sled (every commit's writes, since the last checkpoint).
+//! With the journal intact, a damage to sled's files that the journal covers may instead be
+//! repaired at start-up: then the runner must serve every run exactly as it was. With the
+//! journal gone too, every damage must be refused, as for approval-svc. A damaged or missing
+//! journal next to intact sled files loses nothing and must start.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -179,6 +185,89 @@ fn damages() -> Vec<(&'static str, Damage)> {
     ]
 }
 
+/// Damage to the runner's journal alone, next to intact sled files.
+fn journal_damages() -> Vec<(&'static str, Damage)> {
+    vec![
+        ("journal deleted", |d| {
+            std::fs::remove_dir_all(d.join("journal")).unwrap()
+        }),
+        ("journal garbled", |d| {
+            for seg in std::fs::read_dir(d.join("journal")).unwrap() {
+                garble(&seg.unwrap().path(), 100, 4096);
+            }
+        }),
+    ]
+}
+
+/// What happens to the runner's journal along with the damage to sled's files.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Journal {
+    /// Left as it was: the damage may be repaired from it.
+    Kept,
+    /// Deleted too: nothing can repair the damage.
+    Lost,
+}
+
+/// The runs as `make_data` left them: the first approved and done, the others waiting.
+fn expected_status(i: usize) -> rpb::RunStatus {
+    if i == 0 {
+        rpb::RunStatus::Succeeded
+    } else {
+        rpb::RunStatus::Suspended
+    }
+}
+
+/// Starts a runner on a copy of `data` and checks that it holds every run as `make_data` left
+/// it, the 1.2 MB input of `corrupt-1` included.
+async fn holds_every_run(
+    binary: &Path,
+    data: &Path,
+    root: &Path,
+    runs: &[String],
+) -> Result<(), String> {
+    let mut runner = Service::new(ServiceKind::Runner, binary.to_path_buf(), root, Vec::new());
+    copy_dir(data, &runner.data_dir);
+    runner.start().await;
+    let mut client = runner_as(&runner.url(), None);
+    let mut problems = Vec::new();
+    for (i, run_id) in runs.iter().enumerate() {
+        match client
+            .get_run(rpb::GetRunRequest {
+                run_id: run_id.clone(),
+            })
+            .await
+        {
+            Err(e) => problems.push(format!("{run_id}: {e}")),
+            Ok(r) => {
+                let run = r.into_inner().run.unwrap_or_default();
+                if run.status != expected_status(i) as i32 {
+                    problems.push(format!("{run_id}: status {}", run.status));
+                }
+                let big = run
+                    .blackboard
+                    .as_ref()
+                    .and_then(|b| b.fields.get("big"))
+                    .and_then(|v| match &v.kind {
+                        Some(prost_types::value::Kind::StringValue(s)) => Some(s.len()),
+                        _ => None,
+                    });
+                let want = if i == 1 { 1_200_000 } else { 100 };
+                if big != Some(want) {
+                    problems.push(format!(
+                        "{run_id}: input 'big' is {big:?} bytes, not {want}"
+                    ));
+                }
+            }
+        }
+    }
+    assert_eq!(runner.stop().await, Some(0));
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
 fn serve_args(kind: ServiceKind, data_dir: &Path) -> Vec<String> {
     let mut args = vec![
         "serve".to_string(),
@@ -199,31 +288,55 @@ async fn each_damage_is_refused(
     binary: &Path,
     pristine: &Path,
     scratch: &Path,
+    journal: Journal,
+    runs: &[String],
 ) -> Vec<String> {
     let mut failures = Vec::new();
     for (i, (name, damage)) in damages().into_iter().enumerate() {
-        let dir = scratch.join(format!("{kind:?}-{i}"));
+        let dir = scratch.join(format!("{kind:?}-{journal:?}-{i}"));
         copy_dir(pristine, &dir);
         damage(&dir);
-        let exited = run_to_exit(binary, &serve_args(kind, &dir), Duration::from_secs(20)).await;
+        if journal == Journal::Lost && kind == ServiceKind::Runner {
+            std::fs::remove_dir_all(dir.join("journal")).unwrap();
+        }
+        // A refusal comes within a second or two; a runner that repaired the damage serves on.
+        let wait = Duration::from_secs(if journal == Journal::Kept { 10 } else { 20 });
+        let exited = run_to_exit(binary, &serve_args(kind, &dir), wait).await;
         let last_line = exited
             .stderr
             .lines()
             .rev()
             .find(|l| l.starts_with("error:"))
             .unwrap_or("");
-        let ok = !exited.timed_out
+        let refused = !exited.timed_out
             && exited.code.is_some_and(|c| c != 0)
             && !last_line.is_empty()
             && !exited.stderr.contains("panicked");
+        let repaired = if kind == ServiceKind::Runner
+            && journal == Journal::Kept
+            && exited.timed_out
+            && exited.stderr.contains("replayed journal records")
+        {
+            let root = scratch.join(format!("check-{i}"));
+            Some(holds_every_run(binary, &dir, &root, runs).await)
+        } else {
+            None
+        };
+        let ok = refused || matches!(repaired, Some(Ok(())));
         println!(
-            "{} {kind:?} {name:<32} exit {:?}{} {}",
+            "{} {kind:?} {name:<32}{}: exit {:?}{} {}",
             if ok { "ok  " } else { "FAIL" },
-            exited.code,
-            if exited.timed_out {
-                " (kept serving)"
+            if kind == ServiceKind::Runner {
+                format!(" journal {journal:?}")
             } else {
-                ""
+                String::new()
+            },
+            exited.code,
+            match &repaired {
+                Some(Ok(())) => " (repaired from the journal: every run as it was)".to_string(),
+                Some(Err(e)) => format!(" (kept serving, but {e})"),
+                None if exited.timed_out => " (kept serving)".to_string(),
+                None => String::new(),
             },
             last_line
         );
@@ -257,17 +370,46 @@ async fn damaged_databases_stop_start_up_with_a_clear_error() {
     let (dir, runner_dir, approval_dir, runs) = make_data().await;
     let bins = arbor_tests::Binaries::get(Profile::Release);
     let scratch = dir.path().join("damaged");
-    let mut failures =
-        each_damage_is_refused(ServiceKind::Runner, &bins.runner, &runner_dir, &scratch).await;
+    let mut failures = Vec::new();
+    for journal in [Journal::Kept, Journal::Lost] {
+        failures.extend(
+            each_damage_is_refused(
+                ServiceKind::Runner,
+                &bins.runner,
+                &runner_dir,
+                &scratch,
+                journal,
+                &runs,
+            )
+            .await,
+        );
+    }
     failures.extend(
         each_damage_is_refused(
             ServiceKind::Approval,
             &bins.approval,
             &approval_dir,
             &scratch,
+            Journal::Kept,
+            &runs,
         )
         .await,
     );
+    // Damage to the journal alone, after a clean stop: sled holds everything.
+    for (i, (name, damage)) in journal_damages().into_iter().enumerate() {
+        let data = scratch.join(format!("journal-{i}"));
+        copy_dir(&runner_dir, &data);
+        damage(&data);
+        let root = scratch.join(format!("journal-check-{i}"));
+        let held = holds_every_run(&bins.runner, &data, &root, &runs).await;
+        println!(
+            "{} Runner {name:<32} {held:?}",
+            if held.is_ok() { "ok  " } else { "FAIL" }
+        );
+        if let Err(e) = held {
+            failures.push(format!("Runner: {name}: {e}"));
+        }
+    }
 
     // The undamaged data still opens, with every run and approval.
     let mut runner = Service::new(

@@ -39,6 +39,36 @@ pub mod tx {
         k
     }
 
+    /// A queue entry's value: what the claim scan needs of a queued job (when it becomes
+    /// available, its generation and its thread), so choosing candidates reads no job record.
+    /// Stores from before this was kept have empty values: the scan reads the job then.
+    fn queue_value(job: &Job) -> Vec<u8> {
+        let mut v = Vec::with_capacity(16 + job.mailbox_id.len());
+        v.extend_from_slice(&codec::u64_key(job.available_at_ms));
+        v.extend_from_slice(&codec::u64_key(job.generation));
+        v.extend_from_slice(job.mailbox_id.as_bytes());
+        v
+    }
+
+    /// What a queue entry says of its job (see `queue_value`); `None` for an empty value.
+    pub fn queued_job(value: &[u8]) -> Option<QueuedJob> {
+        let (available, rest) = value.split_first_chunk::<8>()?;
+        let (generation, mailbox) = rest.split_first_chunk::<8>()?;
+        Some(QueuedJob {
+            available_at_ms: u64::from_be_bytes(*available),
+            generation: u64::from_be_bytes(*generation),
+            mailbox_id: String::from_utf8_lossy(mailbox).into_owned(),
+        })
+    }
+
+    /// A queued job as its queue entry describes it.
+    #[derive(Debug)]
+    pub struct QueuedJob {
+        pub available_at_ms: u64,
+        pub generation: u64,
+        pub mailbox_id: String,
+    }
+
     /// The job id inside a queue key.
     pub fn job_id_of_queue_key(key: &[u8]) -> Option<&str> {
         key.get(12..).and_then(|b| std::str::from_utf8(b).ok())
@@ -168,7 +198,8 @@ pub mod tx {
         };
         put_job(tx, &job)?;
         counts::moved(tx, None, Some(Counted::Job(job.status)))?;
-        tx.tree(T::Queue).insert(queue_key(&job), &[])?;
+        tx.tree(T::Queue)
+            .insert(queue_key(&job), queue_value(&job))?;
         tx.tree(T::MailboxJobs)
             .insert(mailbox_job_key(&job), job.job_id.as_bytes())?;
         if !job.dedupe_key.is_empty() {
@@ -291,7 +322,8 @@ pub mod tx {
         job.lease_until_ms = 0;
         if job.status == JobStatus::Queued {
             job.available_at_ms = now_ms + backoff.as_millis() as u64;
-            tx.tree(T::Queue).insert(queue_key(&job), &[])?;
+            tx.tree(T::Queue)
+                .insert(queue_key(&job), queue_value(&job))?;
             if !job.dedupe_key.is_empty()
                 && tx.tree(T::Dedupe).get(job.dedupe_key.as_bytes())?.is_none()
             {
@@ -402,7 +434,8 @@ pub mod tx {
         job.attempt_count = 0;
         job.available_at_ms = now_ms;
         job.last_error.clear();
-        tx.tree(T::Queue).insert(queue_key(&job), &[])?;
+        tx.tree(T::Queue)
+            .insert(queue_key(&job), queue_value(&job))?;
         put_job(tx, &job)?;
         Ok(job)
     }
@@ -712,11 +745,11 @@ impl MailboxStore for SledMailbox {
         let now = self.now();
         let mut next: Option<u64> = None;
         for entry in self.store.tree(T::Queue).iter() {
-            let (key, _) = entry?;
+            let (key, value) = entry?;
             let Some(id) = tx::job_id_of_queue_key(&key) else {
                 continue;
             };
-            if let Some(job) = self.get(id)?
+            if let Some(job) = self.queued(id, &value)?
                 && job.available_at_ms > now
             {
                 next = Some(next.map_or(job.available_at_ms, |n| n.min(job.available_at_ms)));
@@ -798,13 +831,11 @@ impl SledMailbox {
         let mut candidates = Vec::new();
         let mut next: Option<u64> = None;
         for entry in self.store.tree(T::Queue).iter() {
-            let (key, _) = entry?;
+            let (key, value) = entry?;
             let Some(job_id) = tx::job_id_of_queue_key(&key) else {
                 continue;
             };
-            if let Some(job) = self.get(job_id)?
-                && job.status == JobStatus::Queued
-            {
+            if let Some(job) = self.queued(job_id, &value)? {
                 if job.available_at_ms > now {
                     next = Some(next.map_or(job.available_at_ms, |n| n.min(job.available_at_ms)));
                     continue;
@@ -826,9 +857,25 @@ impl SledMailbox {
         Ok((candidates, next))
     }
 
+    /// A queue entry's job as the entry describes it, or as its record does for an entry from
+    /// an older store; `None` if the job is gone or no longer queued (a claim will find out).
+    fn queued(&self, job_id: &str, value: &[u8]) -> Result<Option<tx::QueuedJob>, MailboxError> {
+        if let Some(job) = tx::queued_job(value) {
+            return Ok(Some(job));
+        }
+        Ok(self
+            .get(job_id)?
+            .filter(|job| job.status == JobStatus::Queued)
+            .map(|job| tx::QueuedJob {
+                available_at_ms: job.available_at_ms,
+                generation: job.generation,
+                mailbox_id: job.mailbox_id,
+            }))
+    }
+
     /// Whether the job belongs to an older generation of its thread (the claim transaction
     /// supersedes it).
-    fn is_stale(&self, job: &Job) -> Result<bool, MailboxError> {
+    fn is_stale(&self, job: &tx::QueuedJob) -> Result<bool, MailboxError> {
         let generation = self
             .store
             .tree(T::Mailboxes)

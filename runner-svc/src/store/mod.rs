@@ -1,6 +1,11 @@
 //! The runner's sled database: one `Store` owns the named trees, runs multi-tree transactions
 //! (checkpoint + events + inbox + mailbox in one atomic step) and the group commit that makes a
 //! committed step durable before any RPC answers OK.
+//!
+//! Every transaction records what it writes and appends that record to the store's journal
+//! (`arbor_shared::journal`, in `journal/` next to sled's files); a commit is durable once its
+//! record is synced, and sled itself is flushed only in the background and at checkpoints. At
+//! open, records the database does not hold yet are replayed into it.
 
 pub mod codec;
 pub mod counts;
@@ -8,12 +13,16 @@ pub mod counts;
 use std::{path::Path, sync::Arc};
 
 use arbor_shared::{
-    durability::{BatchCommit, BatchResult, FlushError, GroupCommit, TxSet},
+    durability::{BatchCommit, BatchResult, FlushError, TxSet},
     integrity::{self, Integrity, IntegrityError},
+    journal::{self, Journal, JournalError, Recorder},
 };
 use sled::{
-    Transactional,
-    transaction::{ConflictableTransactionError, TransactionError, TransactionalTree},
+    IVec, Transactional,
+    transaction::{
+        ConflictableTransactionError, TransactionError, TransactionalTree,
+        UnabortableTransactionError,
+    },
 };
 
 /// The trees of the runner database, in the fixed order transactions see them.
@@ -68,12 +77,51 @@ const TREE_NAMES: [&str; 14] = [
     "finished",
 ];
 
-/// A view of every runner tree inside one sled transaction.
-pub struct Tx<'a>(&'a [TransactionalTree]);
+/// A view of every runner tree inside one sled transaction, recording what it writes for the
+/// journal.
+pub struct Tx<'a> {
+    trees: &'a [TransactionalTree],
+    rec: &'a Recorder,
+}
 
-impl Tx<'_> {
-    pub fn tree(&self, t: T) -> &TransactionalTree {
-        &self.0[t as usize]
+impl<'a> Tx<'a> {
+    pub fn tree(&self, t: T) -> TxTree<'a> {
+        TxTree {
+            inner: &self.trees[t as usize],
+            t,
+            rec: self.rec,
+        }
+    }
+}
+
+/// One tree inside a transaction: sled's transactional tree, with every write also recorded.
+#[derive(Clone, Copy)]
+pub struct TxTree<'a> {
+    inner: &'a TransactionalTree,
+    t: T,
+    rec: &'a Recorder,
+}
+
+type TreeResult<T> = Result<T, UnabortableTransactionError>;
+
+impl TxTree<'_> {
+    pub fn get(&self, key: impl AsRef<[u8]>) -> TreeResult<Option<IVec>> {
+        self.inner.get(key)
+    }
+
+    pub fn insert(
+        &self,
+        key: impl AsRef<[u8]> + Into<IVec>,
+        value: impl Into<IVec>,
+    ) -> TreeResult<Option<IVec>> {
+        let value: IVec = value.into();
+        self.rec.insert(self.t as u8, key.as_ref(), &value);
+        self.inner.insert(key, value)
+    }
+
+    pub fn remove(&self, key: impl AsRef<[u8]> + Into<IVec>) -> TreeResult<Option<IVec>> {
+        self.rec.remove(self.t as u8, key.as_ref());
+        self.inner.remove(key)
     }
 }
 
@@ -114,6 +162,8 @@ pub enum OpenError {
     Open { path: String, source: sled::Error },
     #[error(transparent)]
     Damaged(#[from] IntegrityError),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
 }
 
 /// Handle to the runner database. Cheap to clone.
@@ -121,13 +171,47 @@ pub enum OpenError {
 pub struct Store {
     db: sled::Db,
     trees: Vec<sled::Tree>,
-    gc: GroupCommit,
+    all: AllTrees,
     batches: BatchCommit<AllTrees>,
     integrity: Arc<Integrity>,
 }
 
-/// Every runner tree, as the committer thread runs batched transactions over them.
-pub struct AllTrees(Vec<sled::Tree>);
+/// Every runner tree with the journal their transactions append to.
+#[derive(Clone)]
+pub struct AllTrees {
+    trees: Vec<sled::Tree>,
+    journal: Journal,
+}
+
+/// Meta key of the LSN of the last journaled transaction the database holds, written by each
+/// transaction itself.
+const JOURNAL_LSN: &[u8] = b"journal:lsn";
+
+impl AllTrees {
+    /// Runs `body` as one transaction over every tree and appends what it wrote to the journal.
+    /// The journal's order lock is held across both, so records are in commit order.
+    fn run<R, E>(
+        &self,
+        body: impl Fn(&Tx<'_>) -> TxResult<R, E>,
+    ) -> Result<R, TransactionError<E>> {
+        let append = self.journal.begin();
+        let lsn = append.lsn().to_be_bytes();
+        let rec = Recorder::default();
+        let r = self.trees[..].transaction(|trees: &Vec<TransactionalTree>| {
+            rec.take();
+            let r = body(&Tx { trees, rec: &rec })?;
+            if !rec.is_empty() {
+                trees[T::Meta as usize].insert(JOURNAL_LSN, &lsn[..])?;
+            }
+            Ok(r)
+        })?;
+        let record = rec.take();
+        if !record.is_empty() {
+            append.commit(record);
+        }
+        Ok(r)
+    }
+}
 
 impl TxSet for AllTrees {
     type Tx<'a> = Tx<'a>;
@@ -136,8 +220,105 @@ impl TxSet for AllTrees {
         &self,
         body: &dyn Fn(&Tx<'_>) -> BatchResult,
     ) -> Result<(), TransactionError<usize>> {
-        self.0[..].transaction(|trees: &Vec<TransactionalTree>| body(&Tx(trees)))
+        self.run(body)
     }
+}
+
+/// Where the journal lives in the database directory.
+fn journal_dir(dir: &Path) -> std::path::PathBuf {
+    dir.join("journal")
+}
+
+/// Replays journal records the database does not hold yet, then starts the journal (which
+/// flushes sled first, so the replayed records may go).
+fn open_journal(dir: &Path, db: &sled::Db, trees: &[sled::Tree]) -> Result<Journal, JournalError> {
+    let meta = &trees[T::Meta as usize];
+    let storage = |e: sled::Error| JournalError::Replay {
+        lsn: 0,
+        reason: e.to_string(),
+    };
+    let applied = meta
+        .get(JOURNAL_LSN)
+        .map_err(storage)?
+        .map_or(0, |v| codec::read_u64(&v));
+    let recovered = journal::recover(&journal_dir(dir), applied, |lsn, payload| {
+        replay(trees, lsn, payload)
+    })?;
+    if recovered.replayed > 0 {
+        tracing::info!(
+            records = recovered.replayed,
+            last = recovered.last_lsn,
+            "replayed journal records the database did not hold (it stopped before writing them out, or its files lost them)"
+        );
+    }
+    let (db, dir_owned) = (db.clone(), dir.to_path_buf());
+    let since = std::sync::Mutex::new(std::time::SystemTime::UNIX_EPOCH);
+    Journal::start(&journal_dir(dir), recovered, move || {
+        checkpoint(&db, &dir_owned, &since)
+    })
+}
+
+/// Makes everything sled holds so far durable in its own files, so the journal before it may
+/// go. sled writes its log to the page cache only (`sync_log_writes(false)`: the journal is what
+/// makes commits durable), so after sled's `flush` the files are synced here: the log, and
+/// the blob files (values too big for the log) written since the last checkpoint.
+fn checkpoint(
+    db: &sled::Db,
+    dir: &Path,
+    since: &std::sync::Mutex<std::time::SystemTime>,
+) -> Result<(), String> {
+    let started = std::time::SystemTime::now();
+    let text = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
+    db.flush().map_err(|e| text("sled flush", &e))?;
+    std::fs::File::open(dir.join("db"))
+        .and_then(|f| f.sync_all())
+        .map_err(|e| text("sync of the sled log", &e))?;
+    let blobs = dir.join("blobs");
+    let after = since
+        .lock()
+        .map(|t| *t - std::time::Duration::from_secs(2))
+        .unwrap_or(std::time::SystemTime::UNIX_EPOCH);
+    if let Ok(entries) = std::fs::read_dir(&blobs) {
+        for entry in entries.flatten() {
+            let recent = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|m| m >= after);
+            if recent {
+                std::fs::File::open(entry.path())
+                    .and_then(|f| f.sync_all())
+                    .map_err(|e| text("sync of a blob file", &e))?;
+            }
+        }
+        std::fs::File::open(&blobs)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| text("sync of the blob directory", &e))?;
+    }
+    if let Ok(mut t) = since.lock() {
+        *t = started;
+    }
+    Ok(())
+}
+
+/// Applies one journal record and its LSN in one transaction.
+fn replay(trees: &[sled::Tree], lsn: u64, payload: &[u8]) -> Result<(), String> {
+    let writes = journal::writes(payload).collect::<Result<Vec<_>, _>>()?;
+    if let Some(w) = writes.iter().find(|w| w.tree as usize >= trees.len()) {
+        return Err(format!("record writes to unknown tree {}", w.tree));
+    }
+    trees
+        .transaction(|trees: &Vec<TransactionalTree>| {
+            for w in &writes {
+                let tree = &trees[w.tree as usize];
+                match w.value {
+                    Some(v) => tree.insert(w.key, v)?,
+                    None => tree.remove(w.key)?,
+                };
+            }
+            trees[T::Meta as usize].insert(JOURNAL_LSN, &lsn.to_be_bytes()[..])?;
+            Ok::<_, ConflictableTransactionError<()>>(())
+        })
+        .map_err(|e| format!("{e:?}"))
 }
 
 /// What the integrity marker measures the runner database's progress by: the last event seq
@@ -158,6 +339,8 @@ impl Store {
         };
         Integrity::precheck(dir)?;
         let db = arbor_shared::storage::sled_config(dir, cache_bytes)
+            // The journal makes commits durable; sled's log is synced at checkpoints.
+            .sync_log_writes(false)
             // Durability comes from the group commit; this background flusher is also the
             // thread that relocates live pages out of mostly-dead log segments so they can be
             // reused. Without it the `db` file grows with every write, deleted or not.
@@ -169,6 +352,7 @@ impl Store {
             .map(|name| db.open_tree(name))
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
+        let journal = open_journal(dir, &db, &trees)?;
         // Before anything writes: sled opens a damaged log as an older or empty database.
         let progress = crate::events::last_seq_in(&trees[T::Meta as usize]).map_err(err)?;
         let integrity = Arc::new(Integrity::check(dir, &db, PROGRESS, progress)?);
@@ -181,12 +365,15 @@ impl Store {
                 "records that do not decode were left out of the state counts"
             );
         }
-        let gc = GroupCommit::start(db.clone());
-        let batches = BatchCommit::start(AllTrees(trees.clone()), gc.clone());
+        let all = AllTrees {
+            trees: trees.clone(),
+            journal,
+        };
+        let batches = BatchCommit::start_journaled(all.clone(), all.journal.clone());
         Ok(Self {
             db,
             trees,
-            gc,
+            all,
             batches,
             integrity,
         })
@@ -213,15 +400,15 @@ impl Store {
         &self.db
     }
 
-    /// Runs `body` as one serialisable transaction over every runner tree. The body may run more
-    /// than once (sled retries on conflict), so it must be free of side effects.
+    /// Runs `body` as one serialisable transaction over every runner tree, on the calling
+    /// thread and outside the batched commit. It returns once committed, before its journal
+    /// record is synced: await [`durable`](Self::durable) for that. The body may run more than
+    /// once (sled retries on conflict), so it must be free of side effects.
     pub fn transact<R, E>(
         &self,
         body: impl Fn(&Tx<'_>) -> TxResult<R, E>,
     ) -> Result<R, TxError<E>> {
-        self.trees[..]
-            .transaction(|trees: &Vec<TransactionalTree>| body(&Tx(trees)))
-            .map_err(TxError::from)
+        self.all.run(body).map_err(TxError::from)
     }
 
     /// The state counts as stored (what `/metrics` reports).
@@ -242,14 +429,16 @@ impl Store {
         &self.batches
     }
 
-    /// Waits until everything committed so far is on disk (shared fsync).
+    /// Waits until everything committed so far is on disk (one journal sync shared with every
+    /// other waiter).
     pub async fn durable(&self) -> Result<(), FlushError> {
-        self.gc.flush().await
+        self.all.journal.durable().await
     }
 
-    /// fsyncs issued so far.
+    /// Syncs issued so far to make commits durable (journal syncs; sled's background and
+    /// checkpoint flushes are not counted).
     pub fn flush_count(&self) -> u64 {
-        self.gc.flush_count()
+        self.all.journal.sync_count()
     }
 
     /// A fresh unique, increasing id (survives restarts).

@@ -208,6 +208,8 @@ pub struct Inner {
     #[doc(hidden)]
     pub print_profile_on_drop: bool,
     #[doc(hidden)]
+    pub sync_log_writes: bool,
+    #[doc(hidden)]
     pub idgen_persist_interval: u64,
     #[doc(hidden)]
     pub version: (usize, usize),
@@ -235,6 +237,7 @@ impl Default for Inner {
             // useful in testing
             segment_size: 512 * 1024, // 512kb in bytes
             print_profile_on_drop: false,
+            sync_log_writes: true,
             flush_every_ms: Some(500),
             idgen_persist_interval: 1_000_000,
             global_error: Arc::new(Atomic::default()),
@@ -515,6 +518,13 @@ impl Config {
             print_profile_on_drop,
             bool,
             "print a performance profile when the Config is dropped"
+        ),
+        (
+            sync_log_writes,
+            bool,
+            "write every log buffer out to the disk and wait for it (sync_file_range) as it is \
+             written (the default). With false, log buffers go to the OS page cache only, and \
+             `flush` no longer makes anything durable: the caller must fsync the files itself."
         )
     );
 

@@ -728,7 +728,7 @@ impl IoBufs {
         {
             let f = &self.config.file;
             pwrite_all(f, data, log_offset)?;
-            if !self.config.temporary {
+            if !self.config.temporary && self.config.sync_log_writes {
                 #[cfg(target_os = "linux")]
                 {
                     use std::os::unix::io::AsRawFd;

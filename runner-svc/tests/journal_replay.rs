@@ -1,0 +1,212 @@
+//! The journal is what makes a runner commit durable; sled's own files are synced only at
+//! checkpoints. So a database whose sled files lost everything written after some point (what a
+//! power cut does to log writes sled had not synced yet) must get all of it back from the
+//! journal when it opens: every tree byte for byte as the database that never lost anything.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
+
+use arbor_runner_svc::{
+    engine::{GuardConfig, LedgerTool, ToolRegistry, TreeFormat},
+    mailbox::SystemClock,
+    runs::{ResolveInput, Runner, RunnerOptions, SubmitInput},
+    store::{Store, T},
+    worker,
+};
+use arbor_shared::domain::{DecisionSource, ResolveAction, RunStatus};
+use tokio_util::sync::CancellationToken;
+
+const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "name": "s", "key": "x", "value": 1}}"#;
+const GATED: &str = r#"{"id": "gated", "version": 1, "root":
+  {"type": "approval", "name": "ok", "title": "Continue?", "child": {"type": "succeed", "name": "go"}}}"#;
+
+const TREES: [T; 14] = [
+    T::Trees,
+    T::Runs,
+    T::ThreadRuns,
+    T::Checkpoints,
+    T::Inbox,
+    T::Events,
+    T::Meta,
+    T::Jobs,
+    T::Queue,
+    T::Active,
+    T::Dedupe,
+    T::Mailboxes,
+    T::MailboxJobs,
+    T::Finished,
+];
+
+/// Opens the store, waiting for the threads of a dropped one to let go of the files.
+fn open(dir: &Path) -> Store {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match Store::open(dir, 16 << 20) {
+            Ok(store) => return store,
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "open: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+type Contents = Vec<BTreeMap<Vec<u8>, Vec<u8>>>;
+
+fn contents(store: &Store) -> Contents {
+    TREES
+        .iter()
+        .map(|t| {
+            store
+                .tree(*t)
+                .iter()
+                .map(|kv| {
+                    let (k, v) = kv.unwrap();
+                    (k.to_vec(), v.to_vec())
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+async fn runner_on(store: &Store) -> Arc<Runner> {
+    let ledger = LedgerTool::new(store.db().open_tree("ledger").unwrap());
+    let tools = ToolRegistry::with_builtins(ledger, GuardConfig::default());
+    Runner::open(
+        store.clone(),
+        Arc::new(SystemClock::default()),
+        Arc::new(tools),
+        RunnerOptions::default(),
+    )
+    .await
+    .unwrap()
+}
+
+async fn wait_status(runner: &Runner, run_id: &str, want: RunStatus) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let view = runner.get_run(run_id).unwrap();
+        if view.run.status == want && (want != RunStatus::Suspended || !view.suspensions.is_empty())
+        {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "run {run_id} did not become {want:?} (is {:?})",
+            view.run.status
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn submit(tree: &str) -> SubmitInput {
+    SubmitInput {
+        tree_id: tree.into(),
+        submitted_by: "alice".into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_files_that_lost_the_last_commits_get_them_back_from_the_journal() {
+    let live = tempfile::tempdir().unwrap();
+    let crashed = tempfile::tempdir().unwrap();
+
+    // Before the "power cut": trees registered, three runs done.
+    {
+        let store = open(live.path());
+        let runner = runner_on(&store).await;
+        runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
+        runner.register_tree(GATED, TreeFormat::Json).await.unwrap();
+        let stop = CancellationToken::new();
+        let _workers = worker::spawn(runner.clone(), 2, stop.clone());
+        for _ in 0..3 {
+            let id = runner.submit(submit("quick")).await.unwrap().run.run_id;
+            wait_status(&runner, &id, RunStatus::Succeeded).await;
+        }
+        stop.cancel();
+    }
+    // The sled files as they were then.
+    let before = {
+        let store = open(live.path());
+        contents(&store)
+    };
+    copy_dir(live.path(), crashed.path());
+
+    // After it: more runs, suspensions, a decision, a resume, a cancel.
+    {
+        let store = open(live.path());
+        let runner = runner_on(&store).await;
+        let stop = CancellationToken::new();
+        let _workers = worker::spawn(runner.clone(), 2, stop.clone());
+        let mut gated = Vec::new();
+        for _ in 0..3 {
+            gated.push(runner.submit(submit("gated")).await.unwrap().run.run_id);
+        }
+        for _ in 0..5 {
+            let id = runner.submit(submit("quick")).await.unwrap().run.run_id;
+            wait_status(&runner, &id, RunStatus::Succeeded).await;
+        }
+        for id in &gated {
+            wait_status(&runner, id, RunStatus::Suspended).await;
+        }
+        let request_id = runner.get_run(&gated[0]).unwrap().suspensions[0]
+            .request_id
+            .clone();
+        runner
+            .resolve(ResolveInput {
+                run_id: gated[0].clone(),
+                request_id,
+                decision_id: "d-1".into(),
+                action: ResolveAction::Resume,
+                result: serde_json::Value::Null,
+                reason: "fine".into(),
+                decided_by: "bob".into(),
+                source: DecisionSource::Person,
+                may_resolve_approvals: true,
+                trace: None,
+            })
+            .await
+            .unwrap();
+        wait_status(&runner, &gated[0], RunStatus::Succeeded).await;
+        runner.cancel_run(&gated[1], "not needed").await.unwrap();
+        wait_status(&runner, &gated[1], RunStatus::Cancelled).await;
+        stop.cancel();
+    }
+    // What a power cut leaves: sled's files from before, the journal that was synced after.
+    std::fs::remove_dir_all(crashed.path().join("journal")).unwrap();
+    copy_dir(
+        &live.path().join("journal"),
+        &crashed.path().join("journal"),
+    );
+
+    let want = contents(&open(live.path()));
+    assert_ne!(want, before, "the second phase changed nothing");
+    let got = contents(&open(crashed.path()));
+    for (i, t) in TREES.iter().enumerate() {
+        assert_eq!(
+            got[i].len(),
+            want[i].len(),
+            "{t:?}: {} keys after replay, {} in the database that lost nothing",
+            got[i].len(),
+            want[i].len()
+        );
+        assert!(got[i] == want[i], "{t:?} differs after replay");
+    }
+    let store = open(crashed.path());
+    assert_eq!(store.counts().unwrap(), store.count_by_scan().unwrap());
+}
