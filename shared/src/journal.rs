@@ -42,6 +42,10 @@ use std::{
     },
 };
 
+use sled::{
+    IVec,
+    transaction::{TransactionalTree, UnabortableTransactionError},
+};
 use tokio::sync::oneshot;
 
 use crate::durability::FlushError;
@@ -128,6 +132,42 @@ impl Recorder {
 fn put_bytes(b: &mut Vec<u8>, bytes: &[u8]) {
     b.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
     b.extend_from_slice(bytes);
+}
+
+/// One tree inside a sled transaction: its transactional tree, with every write also recorded.
+#[derive(Clone, Copy)]
+pub struct TxTree<'a> {
+    inner: &'a TransactionalTree,
+    tree: u8,
+    rec: &'a Recorder,
+}
+
+type TreeResult<T> = Result<T, UnabortableTransactionError>;
+
+impl<'a> TxTree<'a> {
+    /// `tree` is the number replay maps back to the same tree.
+    pub fn new(inner: &'a TransactionalTree, tree: u8, rec: &'a Recorder) -> Self {
+        Self { inner, tree, rec }
+    }
+
+    pub fn get(&self, key: impl AsRef<[u8]>) -> TreeResult<Option<IVec>> {
+        self.inner.get(key)
+    }
+
+    pub fn insert(
+        &self,
+        key: impl AsRef<[u8]> + Into<IVec>,
+        value: impl Into<IVec>,
+    ) -> TreeResult<Option<IVec>> {
+        let value: IVec = value.into();
+        self.rec.insert(self.tree, key.as_ref(), &value);
+        self.inner.insert(key, value)
+    }
+
+    pub fn remove(&self, key: impl AsRef<[u8]> + Into<IVec>) -> TreeResult<Option<IVec>> {
+        self.rec.remove(self.tree, key.as_ref());
+        self.inner.remove(key)
+    }
 }
 
 /// A finished record, ready to be numbered and appended.

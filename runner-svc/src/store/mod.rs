@@ -15,14 +15,11 @@ use std::{path::Path, sync::Arc};
 use arbor_shared::{
     durability::{BatchCommit, BatchResult, FlushError, TxSet},
     integrity::{self, Integrity, IntegrityError},
-    journal::{self, Journal, JournalError, Recorder},
+    journal::{self, Journal, JournalError, Recorder, TxTree},
 };
 use sled::{
-    IVec, Transactional,
-    transaction::{
-        ConflictableTransactionError, TransactionError, TransactionalTree,
-        UnabortableTransactionError,
-    },
+    Transactional,
+    transaction::{ConflictableTransactionError, TransactionError, TransactionalTree},
 };
 
 /// The trees of the runner database, in the fixed order transactions see them.
@@ -86,42 +83,7 @@ pub struct Tx<'a> {
 
 impl<'a> Tx<'a> {
     pub fn tree(&self, t: T) -> TxTree<'a> {
-        TxTree {
-            inner: &self.trees[t as usize],
-            t,
-            rec: self.rec,
-        }
-    }
-}
-
-/// One tree inside a transaction: sled's transactional tree, with every write also recorded.
-#[derive(Clone, Copy)]
-pub struct TxTree<'a> {
-    inner: &'a TransactionalTree,
-    t: T,
-    rec: &'a Recorder,
-}
-
-type TreeResult<T> = Result<T, UnabortableTransactionError>;
-
-impl TxTree<'_> {
-    pub fn get(&self, key: impl AsRef<[u8]>) -> TreeResult<Option<IVec>> {
-        self.inner.get(key)
-    }
-
-    pub fn insert(
-        &self,
-        key: impl AsRef<[u8]> + Into<IVec>,
-        value: impl Into<IVec>,
-    ) -> TreeResult<Option<IVec>> {
-        let value: IVec = value.into();
-        self.rec.insert(self.t as u8, key.as_ref(), &value);
-        self.inner.insert(key, value)
-    }
-
-    pub fn remove(&self, key: impl AsRef<[u8]> + Into<IVec>) -> TreeResult<Option<IVec>> {
-        self.rec.remove(self.t as u8, key.as_ref());
-        self.inner.remove(key)
+        TxTree::new(&self.trees[t as usize], t as u8, self.rec)
     }
 }
 
