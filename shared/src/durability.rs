@@ -10,6 +10,10 @@
 //! multi-key transaction (it seals a buffer around the batch manifest), so N small transactions
 //! cost 2N disk writes where one batch of N costs two. A body that aborts is taken out and the
 //! rest of the batch runs again without it, so one writer's domain error never fails another's.
+//!
+//! A batched commit ends in one of two ways: a sled flush ([`BatchCommit::start`], approval-svc),
+//! or, for a set whose transactions append themselves to a [`Journal`]
+//! ([`BatchCommit::start_journaled`], runner-svc), the journal's sync of the batch's records.
 
 use std::sync::{
     Arc,
