@@ -29,7 +29,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic_health::ServingStatus;
 
 use crate::{
-    engine::{GuardConfig, LedgerTool, ToolRegistry},
+    engine::{GuardConfig, ToolRegistry},
     mailbox::{MailboxConfig, SystemClock},
     runs::{Runner, RunnerOptions},
     store::Store,
@@ -104,16 +104,7 @@ pub const LEDGER_TREE: &str = "ledger";
 /// inspect a stopped runner's data).
 pub async fn open_runner(cfg: &ServeConfig) -> Result<Arc<Runner>, ServeError> {
     let store = open_store(cfg).await?;
-    let ledger =
-        LedgerTool::new(
-            store
-                .db()
-                .open_tree(LEDGER_TREE)
-                .map_err(|e| store::OpenError::Open {
-                    path: cfg.data_dir.display().to_string(),
-                    source: e,
-                })?,
-        );
+    let ledger = store.ledger();
     let tools = Arc::new(ToolRegistry::with_builtins(ledger, cfg.guards.clone()));
     let opts = RunnerOptions {
         mailbox: MailboxConfig {

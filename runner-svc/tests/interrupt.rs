@@ -10,7 +10,7 @@ use std::{
 };
 
 use arbor_runner_svc::{
-    engine::{GuardConfig, LedgerTool, Tool, ToolCall, ToolError, ToolRegistry, TreeFormat},
+    engine::{GuardConfig, Tool, ToolCall, ToolError, ToolRegistry, TreeFormat},
     mailbox::{JobFilter, MailboxStore, SystemClock},
     runs::{Runner, RunnerOptions, SubmitInput},
     store::Store,
@@ -62,7 +62,7 @@ async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
 async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), 16 << 20).unwrap();
-    let ledger = LedgerTool::new(store.db().open_tree("ledger").unwrap());
+    let ledger = store.ledger();
     let (entered_tx, entered_rx) = mpsc::channel();
     let (release_tx, release_rx) = mpsc::channel();
     let mut tools = ToolRegistry::with_builtins(ledger, GuardConfig::default());

@@ -1,14 +1,15 @@
 //! The journal is what makes a runner commit durable; sled's own files are synced only at
 //! checkpoints. So a database whose sled files lost everything written after some point (what a
 //! power cut does to log writes sled had not synced yet) must get all of it back from the
-//! journal when it opens: every tree byte for byte as the database that never lost anything.
+//! journal when it opens: every tree byte for byte as the database that never lost anything,
+//! the `ledger.append` tool's records included.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
 use arbor_runner_svc::{
-    engine::{GuardConfig, LedgerTool, ToolRegistry, TreeFormat},
+    engine::{GuardConfig, ToolRegistry, TreeFormat},
     mailbox::SystemClock,
     runs::{ResolveInput, Runner, RunnerOptions, SubmitInput},
     store::{Store, T},
@@ -21,7 +22,11 @@ const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "na
 const GATED: &str = r#"{"id": "gated", "version": 1, "root":
   {"type": "approval", "name": "ok", "title": "Continue?", "child": {"type": "succeed", "name": "go"}}}"#;
 
-const TREES: [T; 14] = [
+/// A tool call: its `ledger.append` record is written outside the run's own commits.
+const TOOLED: &str = r#"{"id": "tooled", "version": 1, "root":
+  {"type": "tool", "name": "book", "tool": "ledger.append", "args": {"entry": "booked"}, "output": "receipt"}}"#;
+
+const TREES: [T; 15] = [
     T::Trees,
     T::Runs,
     T::ThreadRuns,
@@ -36,6 +41,7 @@ const TREES: [T; 14] = [
     T::Mailboxes,
     T::MailboxJobs,
     T::Finished,
+    T::Ledger,
 ];
 
 /// Opens the store, waiting for the threads of a dropped one to let go of the files.
@@ -84,7 +90,7 @@ fn copy_dir(from: &Path, to: &Path) {
 }
 
 async fn runner_on(store: &Store) -> Arc<Runner> {
-    let ledger = LedgerTool::new(store.db().open_tree("ledger").unwrap());
+    let ledger = store.ledger();
     let tools = ToolRegistry::with_builtins(ledger, GuardConfig::default());
     Runner::open(
         store.clone(),
@@ -132,6 +138,10 @@ async fn sled_files_that_lost_the_last_commits_get_them_back_from_the_journal() 
         let runner = runner_on(&store).await;
         runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
         runner.register_tree(GATED, TreeFormat::Json).await.unwrap();
+        runner
+            .register_tree(TOOLED, TreeFormat::Json)
+            .await
+            .unwrap();
         let stop = CancellationToken::new();
         let _workers = worker::spawn(runner.clone(), 2, stop.clone());
         for _ in 0..3 {
@@ -157,8 +167,8 @@ async fn sled_files_that_lost_the_last_commits_get_them_back_from_the_journal() 
         for _ in 0..3 {
             gated.push(runner.submit(submit("gated")).await.unwrap().run.run_id);
         }
-        for _ in 0..5 {
-            let id = runner.submit(submit("quick")).await.unwrap().run.run_id;
+        for tree in ["quick", "tooled", "quick", "tooled", "quick"] {
+            let id = runner.submit(submit(tree)).await.unwrap().run.run_id;
             wait_status(&runner, &id, RunStatus::Succeeded).await;
         }
         for id in &gated {
@@ -209,4 +219,9 @@ async fn sled_files_that_lost_the_last_commits_get_them_back_from_the_journal() 
     }
     let store = open(crashed.path());
     assert_eq!(store.counts().unwrap(), store.count_by_scan().unwrap());
+    assert_eq!(
+        store.tree(T::Ledger).len(),
+        2,
+        "each tool call's ledger record is back"
+    );
 }

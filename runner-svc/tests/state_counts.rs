@@ -8,7 +8,7 @@
 use std::{sync::Arc, time::Duration};
 
 use arbor_runner_svc::{
-    engine::{GuardConfig, LedgerTool, ToolRegistry, TreeFormat},
+    engine::{GuardConfig, ToolRegistry, TreeFormat},
     mailbox::{EnqueueRequest, MailboxConfig, MailboxStore, SledMailbox, SystemClock},
     retention::RetentionConfig,
     runs::{ResolveInput, Runner, RunnerOptions, SubmitInput, records},
@@ -66,7 +66,7 @@ fn stored_equals_scan(store: &Store) -> Tally {
 async fn counts_follow_runs_through_suspension_resume_cancel_and_retention() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), 16 << 20).unwrap();
-    let ledger = LedgerTool::new(store.db().open_tree("ledger").unwrap());
+    let ledger = store.ledger();
     let tools = ToolRegistry::with_builtins(ledger, GuardConfig::default());
     let runner = Runner::open(
         store.clone(),

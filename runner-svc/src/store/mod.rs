@@ -55,9 +55,11 @@ pub enum T {
     /// `{kind}{finished_at BE}{id}` → () for finished runs (`r`) and jobs (`j`), oldest first,
     /// so retention walks only what it may delete.
     Finished,
+    /// idempotency key → receipt of the `ledger.append` tool (`crate::LEDGER_TREE`).
+    Ledger,
 }
 
-const TREE_NAMES: [&str; 14] = [
+const TREE_NAMES: [&str; 15] = [
     "trees",
     "runs",
     "thread_runs",
@@ -72,6 +74,7 @@ const TREE_NAMES: [&str; 14] = [
     "mailboxes",
     "mailbox_jobs",
     "finished",
+    "ledger",
 ];
 
 /// A view of every runner tree inside one sled transaction, recording what it writes for the
@@ -220,6 +223,15 @@ fn open_journal(dir: &Path, db: &sled::Db, trees: &[sled::Tree]) -> Result<Journ
     })
 }
 
+/// Writes out sled's log buffers and syncs its log file: what sled's `flush` did before the
+/// runner turned off its synced log writes.
+fn sync_sled_log(db: &sled::Db, dir: &Path) -> Result<(), String> {
+    db.flush().map_err(|e| format!("sled flush: {e}"))?;
+    std::fs::File::open(dir.join("db"))
+        .and_then(|f| f.sync_all())
+        .map_err(|e| format!("sync of the sled log: {e}"))
+}
+
 /// Makes everything sled holds so far durable in its own files, so the journal before it may
 /// go. sled writes its log to the page cache only (`sync_log_writes(false)`: the journal is what
 /// makes commits durable), so after sled's `flush` the files are synced here: the log, and
@@ -231,14 +243,13 @@ fn checkpoint(
 ) -> Result<(), String> {
     let started = std::time::SystemTime::now();
     let text = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
-    db.flush().map_err(|e| text("sled flush", &e))?;
-    std::fs::File::open(dir.join("db"))
-        .and_then(|f| f.sync_all())
-        .map_err(|e| text("sync of the sled log", &e))?;
+    sync_sled_log(db, dir)?;
     let blobs = dir.join("blobs");
+    // Two seconds of slack for coarse file timestamps.
     let after = since
         .lock()
-        .map(|t| *t - std::time::Duration::from_secs(2))
+        .ok()
+        .and_then(|t| t.checked_sub(std::time::Duration::from_secs(2)))
         .unwrap_or(std::time::SystemTime::UNIX_EPOCH);
     if let Ok(entries) = std::fs::read_dir(&blobs) {
         for entry in entries.flatten() {
@@ -247,9 +258,12 @@ fn checkpoint(
                 .and_then(|m| m.modified())
                 .is_ok_and(|m| m >= after);
             if recent {
-                std::fs::File::open(entry.path())
-                    .and_then(|f| f.sync_all())
-                    .map_err(|e| text("sync of a blob file", &e))?;
+                match std::fs::File::open(entry.path()).and_then(|f| f.sync_all()) {
+                    Ok(()) => {}
+                    // sled removed it meanwhile (its value was replaced or deleted).
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(text("sync of a blob file", &e)),
+                }
             }
         }
         std::fs::File::open(&blobs)
@@ -319,13 +333,15 @@ impl Store {
         let progress = crate::events::last_seq_in(&trees[T::Meta as usize]).map_err(err)?;
         let integrity = Arc::new(Integrity::check(dir, &db, PROGRESS, progress)?);
         integrity::guarded(dir, |place| check_references(&trees, place))?;
-        if let Some(tally) = counts::ensure(&trees).map_err(err)?
-            && tally.unreadable > 0
-        {
-            tracing::warn!(
-                unreadable = tally.unreadable,
-                "records that do not decode were left out of the state counts"
-            );
+        if let Some(tally) = counts::ensure(&trees).map_err(err)? {
+            // Written outside the journal: synced before anything journaled builds on them.
+            sync_sled_log(&db, dir).map_err(|e| err(sled::Error::Io(std::io::Error::other(e))))?;
+            if tally.unreadable > 0 {
+                tracing::warn!(
+                    unreadable = tally.unreadable,
+                    "records that do not decode were left out of the state counts"
+                );
+            }
         }
         let all = AllTrees {
             trees: trees.clone(),
@@ -406,6 +422,30 @@ impl Store {
     /// A fresh unique, increasing id (survives restarts).
     pub fn next_id(&self) -> Result<u64, sled::Error> {
         self.db.generate_id()
+    }
+
+    /// The `ledger.append` tool writing through this store: each record is a journaled
+    /// transaction of its own, so it is durable no later than the checkpoint that holds its
+    /// receipt (whose sync covers every record before it), and replayed with it.
+    pub fn ledger(&self) -> crate::engine::LedgerTool {
+        let store = self.clone();
+        crate::engine::LedgerTool::with_writer(
+            self.tree(T::Ledger).clone(),
+            Arc::new(move |key: &[u8], value: Vec<u8>| {
+                store
+                    .transact(|t| {
+                        let ledger = t.tree(T::Ledger);
+                        match ledger.get(key)? {
+                            Some(first) => Ok(Some(first)),
+                            None => {
+                                ledger.insert(key, value.clone())?;
+                                Ok(None)
+                            }
+                        }
+                    })
+                    .map_err(|e: TxError<std::convert::Infallible>| e.to_string())
+            }),
+        )
     }
 
     /// Bytes the database occupies on disk.
