@@ -6,16 +6,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+use common::{approve_first, wait_status};
+
 use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
 use arbor_runner_svc::{
     engine::{GuardConfig, ToolRegistry, TreeFormat},
     mailbox::SystemClock,
-    runs::{ResolveInput, Runner, RunnerOptions, SubmitInput},
+    runs::{Runner, RunnerOptions, SubmitInput},
     store::{Store, T},
     worker,
 };
-use arbor_shared::domain::{DecisionSource, ResolveAction, RunStatus};
+use arbor_shared::domain::RunStatus;
 use tokio_util::sync::CancellationToken;
 
 const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "name": "s", "key": "x", "value": 1}}"#;
@@ -102,23 +105,6 @@ async fn runner_on(store: &Store) -> Arc<Runner> {
     .unwrap()
 }
 
-async fn wait_status(runner: &Runner, run_id: &str, want: RunStatus) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let view = runner.get_run(run_id).unwrap();
-        if view.run.status == want && (want != RunStatus::Suspended || !view.suspensions.is_empty())
-        {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "run {run_id} did not become {want:?} (is {:?})",
-            view.run.status
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn submit(tree: &str) -> SubmitInput {
     SubmitInput {
         tree_id: tree.into(),
@@ -174,24 +160,7 @@ async fn sled_files_that_lost_the_last_commits_get_them_back_from_the_journal() 
         for id in &gated {
             wait_status(&runner, id, RunStatus::Suspended).await;
         }
-        let request_id = runner.get_run(&gated[0]).unwrap().suspensions[0]
-            .request_id
-            .clone();
-        runner
-            .resolve(ResolveInput {
-                run_id: gated[0].clone(),
-                request_id,
-                decision_id: "d-1".into(),
-                action: ResolveAction::Resume,
-                result: serde_json::Value::Null,
-                reason: "fine".into(),
-                decided_by: "bob".into(),
-                source: DecisionSource::Person,
-                may_resolve_approvals: true,
-                trace: None,
-            })
-            .await
-            .unwrap();
+        approve_first(&runner, &gated[0], "d-1").await;
         wait_status(&runner, &gated[0], RunStatus::Succeeded).await;
         runner.cancel_run(&gated[1], "not needed").await.unwrap();
         wait_status(&runner, &gated[1], RunStatus::Cancelled).await;

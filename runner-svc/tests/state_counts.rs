@@ -5,17 +5,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+use common::{approve_first, wait_status};
+
 use std::{sync::Arc, time::Duration};
 
 use arbor_runner_svc::{
     engine::{GuardConfig, ToolRegistry, TreeFormat},
     mailbox::{EnqueueRequest, MailboxConfig, MailboxStore, SledMailbox, SystemClock},
     retention::RetentionConfig,
-    runs::{ResolveInput, Runner, RunnerOptions, SubmitInput, records},
+    runs::{Runner, RunnerOptions, SubmitInput, records},
     store::{Store, T, counts::Tally},
     worker,
 };
-use arbor_shared::domain::{DecisionSource, ResolveAction, RunStatus};
+use arbor_shared::domain::RunStatus;
 use tokio_util::sync::CancellationToken;
 
 const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "name": "s", "key": "x", "value": 1}}"#;
@@ -28,27 +31,6 @@ fn run(s: RunStatus) -> usize {
         .iter()
         .position(|x| *x == s)
         .unwrap()
-}
-
-async fn wait_status(runner: &Runner, run_id: &str, want: RunStatus) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let view = runner.get_run(run_id).unwrap();
-        let settled = match want {
-            // Suspended and its request is out.
-            RunStatus::Suspended => view.run.status == want && !view.suspensions.is_empty(),
-            _ => view.run.status == want,
-        };
-        if settled {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "run {run_id} did not become {want:?} (is {:?})",
-            view.run.status
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 fn stored_equals_scan(store: &Store) -> Tally {
@@ -107,24 +89,7 @@ async fn counts_follow_runs_through_suspension_resume_cancel_and_retention() {
     assert_eq!(c.suspensions, [4, 0, 0]);
 
     // One is approved and finishes; one is cancelled while suspended (its request withdrawn).
-    let request_id = runner.get_run(&gated[0]).unwrap().suspensions[0]
-        .request_id
-        .clone();
-    runner
-        .resolve(ResolveInput {
-            run_id: gated[0].clone(),
-            request_id,
-            decision_id: "d-1".into(),
-            action: ResolveAction::Resume,
-            result: serde_json::Value::Null,
-            reason: "fine".into(),
-            decided_by: "bob".into(),
-            source: DecisionSource::Person,
-            may_resolve_approvals: true,
-            trace: None,
-        })
-        .await
-        .unwrap();
+    approve_first(&runner, &gated[0], "d-1").await;
     runner.cancel_run(&gated[1], "not needed").await.unwrap();
     wait_status(&runner, &gated[0], RunStatus::Succeeded).await;
     wait_status(&runner, &gated[1], RunStatus::Cancelled).await;

@@ -672,6 +672,19 @@ mod tests {
         (db, seen, rec)
     }
 
+    /// Recovers the journal in `dir` and starts it with a checkpoint that only counts its calls.
+    fn start_counting_checkpoints(dir: &Path) -> (Journal, Arc<AtomicU64>) {
+        let rec = recover(dir, 0, |_, _| Ok(())).unwrap();
+        let flushed = Arc::new(AtomicU64::new(0));
+        let f = flushed.clone();
+        let j = Journal::start(dir, rec, move || {
+            f.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+        .unwrap();
+        (j, flushed)
+    }
+
     async fn write_records(dir: &Path, n: u64) -> Journal {
         let rec = recover(dir, 0, |_, _| Ok(())).unwrap();
         let j = Journal::start(dir, rec, || Ok(())).unwrap();
@@ -797,14 +810,7 @@ mod tests {
     async fn start_after_recovery_continues_the_numbering_and_drops_old_segments() {
         let dir = tempfile::tempdir().unwrap();
         drop(write_records(dir.path(), 3).await);
-        let rec = recover(dir.path(), 0, |_, _| Ok(())).unwrap();
-        let flushed = Arc::new(AtomicU64::new(0));
-        let f = flushed.clone();
-        let j = Journal::start(dir.path(), rec, move || {
-            f.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        })
-        .unwrap();
+        let (j, flushed) = start_counting_checkpoints(dir.path());
         assert_eq!(flushed.load(Ordering::SeqCst), 1);
         assert_eq!(
             segments_in(dir.path()).unwrap(),
@@ -823,14 +829,7 @@ mod tests {
     #[tokio::test]
     async fn a_full_segment_is_checkpointed_and_deleted() {
         let dir = tempfile::tempdir().unwrap();
-        let rec = recover(dir.path(), 0, |_, _| Ok(())).unwrap();
-        let flushed = Arc::new(AtomicU64::new(0));
-        let f = flushed.clone();
-        let j = Journal::start(dir.path(), rec, move || {
-            f.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        })
-        .unwrap();
+        let (j, flushed) = start_counting_checkpoints(dir.path());
         let big = vec![7u8; 1 << 20];
         let n = SEGMENT_BYTES / (1 << 20) + 2;
         for i in 0..n {

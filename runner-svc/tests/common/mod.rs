@@ -1,0 +1,51 @@
+//! Helpers the runner's integration tests share.
+
+#![allow(clippy::unwrap_used, clippy::panic, dead_code)]
+
+use std::time::Duration;
+
+use arbor_runner_svc::runs::{ResolveInput, Runner};
+use arbor_shared::domain::{DecisionSource, ResolveAction, RunStatus};
+
+/// Waits (20 s at most) until the run has `want`; for `Suspended`, also until its request is out.
+pub async fn wait_status(runner: &Runner, run_id: &str, want: RunStatus) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let view = runner.get_run(run_id).unwrap();
+        let settled = match want {
+            RunStatus::Suspended => view.run.status == want && !view.suspensions.is_empty(),
+            _ => view.run.status == want,
+        };
+        if settled {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "run {run_id} did not become {want:?} (is {:?})",
+            view.run.status
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A person approves the run's first active suspension.
+pub async fn approve_first(runner: &Runner, run_id: &str, decision_id: &str) {
+    let request_id = runner.get_run(run_id).unwrap().suspensions[0]
+        .request_id
+        .clone();
+    runner
+        .resolve(ResolveInput {
+            run_id: run_id.to_string(),
+            request_id,
+            decision_id: decision_id.into(),
+            action: ResolveAction::Resume,
+            result: serde_json::Value::Null,
+            reason: "fine".into(),
+            decided_by: "bob".into(),
+            source: DecisionSource::Person,
+            may_resolve_approvals: true,
+            trace: None,
+        })
+        .await
+        .unwrap();
+}
