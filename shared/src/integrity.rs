@@ -204,12 +204,8 @@ impl Integrity {
             (None, None) => {
                 let id = new_store_id(dir);
                 db.insert(STORE_ID_KEY, id.as_bytes()).map_err(storage)?;
-                db.flush().map_err(storage)?;
-                // The id is on disk before the marker names it (a database opened with
-                // `sync_log_writes(false)` is not synced by its flush).
-                std::fs::File::open(dir.join("db"))
-                    .and_then(|f| f.sync_all())
-                    .map_err(|e| storage(sled::Error::Io(e)))?;
+                // The id is on disk before the marker names it.
+                crate::storage::flush_and_sync(db, dir).map_err(storage)?;
                 id
             }
         };

@@ -36,6 +36,16 @@ pub fn sled_config(dir: &Path, cache_bytes: u64) -> sled::Config {
         .segment_size(segment_size(dir))
 }
 
+/// Writes out sled's log buffers and `fsync`s its log file. sled's `flush` alone does not put
+/// anything on the device when the database was opened with `sync_log_writes(false)` (and only
+/// `sync_file_range`s otherwise).
+pub fn flush_and_sync(db: &sled::Db, dir: &Path) -> Result<(), sled::Error> {
+    db.flush()?;
+    std::fs::File::open(dir.join("db"))
+        .and_then(|f| f.sync_all())
+        .map_err(sled::Error::Io)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -223,15 +223,6 @@ fn open_journal(dir: &Path, db: &sled::Db, trees: &[sled::Tree]) -> Result<Journ
     })
 }
 
-/// Writes out sled's log buffers and syncs its log file: what sled's `flush` did before the
-/// runner turned off its synced log writes.
-fn sync_sled_log(db: &sled::Db, dir: &Path) -> Result<(), String> {
-    db.flush().map_err(|e| format!("sled flush: {e}"))?;
-    std::fs::File::open(dir.join("db"))
-        .and_then(|f| f.sync_all())
-        .map_err(|e| format!("sync of the sled log: {e}"))
-}
-
 /// Makes everything sled holds so far durable in its own files, so the journal before it may
 /// go. sled writes its log to the page cache only (`sync_log_writes(false)`: the journal is what
 /// makes commits durable), so after sled's `flush` the files are synced here: the log, and
@@ -243,7 +234,7 @@ fn checkpoint(
 ) -> Result<(), String> {
     let started = std::time::SystemTime::now();
     let text = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
-    sync_sled_log(db, dir)?;
+    arbor_shared::storage::flush_and_sync(db, dir).map_err(|e| text("sync of the sled log", &e))?;
     let blobs = dir.join("blobs");
     // Two seconds of slack for coarse file timestamps.
     let after = since
@@ -335,7 +326,7 @@ impl Store {
         integrity::guarded(dir, |place| check_references(&trees, place))?;
         if let Some(tally) = counts::ensure(&trees).map_err(err)? {
             // Written outside the journal: synced before anything journaled builds on them.
-            sync_sled_log(&db, dir).map_err(|e| err(sled::Error::Io(std::io::Error::other(e))))?;
+            arbor_shared::storage::flush_and_sync(&db, dir).map_err(err)?;
             if tally.unreadable > 0 {
                 tracing::warn!(
                     unreadable = tally.unreadable,
