@@ -265,8 +265,8 @@ impl<S: TxSet> BatchCommit<S> {
     }
 
     /// Starts the committer thread for a set whose transactions append themselves to
-    /// `journal` (see [`crate::journal`]): a committed batch waits for the journal's sync, and
-    /// the committer goes on with the next batch meanwhile.
+    /// `journal` (see [`crate::journal`]): a committed batch answers once the journal has
+    /// synced its records, and the next batch starts after that.
     pub fn start_journaled(set: S, journal: Journal) -> Self {
         Self::start_with(set, Durable::Journal(journal))
     }

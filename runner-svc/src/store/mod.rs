@@ -74,7 +74,7 @@ const TREE_NAMES: [&str; 15] = [
     "mailboxes",
     "mailbox_jobs",
     "finished",
-    "ledger",
+    crate::LEDGER_TREE,
 ];
 
 /// A view of every runner tree inside one sled transaction, recording what it writes for the
