@@ -1161,7 +1161,12 @@ pub(in crate::pagecache) fn maybe_seal_and_write_iobuf(
 
     let old_arc = unsafe { Arc::from_raw(old_ptr) };
 
-    pin().defer(move || drop(old_arc));
+    // Arbor change 4: push the deferred drop to the global queue now. Left in the local bag
+    // of a thread that seals rarely (the periodic flusher), each full segment's buffer stayed
+    // allocated until 64 more deferred items came along on that thread.
+    let guard = pin();
+    guard.defer(move || drop(old_arc));
+    guard.flush();
 
     // having held the mutex makes this linearized
     // with the notify below.
