@@ -138,7 +138,7 @@ pub struct ServeArgs {
     pub listen: SocketAddr,
     #[arg(long, env = "ARBOR_DATA_DIR", default_value = "data/runner")]
     pub data_dir: PathBuf,
-    #[arg(long, env = "ARBOR_WORKERS", default_value_t = 16)]
+    #[arg(long, env = "ARBOR_WORKERS", default_value_t = crate::worker::DEFAULT_WORKERS)]
     pub workers: usize,
     #[arg(long, env = "ARBOR_LEASE_MS", default_value_t = 30_000)]
     pub lease_ms: u64,

@@ -41,6 +41,12 @@ impl InFlight {
     }
 }
 
+/// The pool's size unless configured. A worker is a task, and each has at most one claim or
+/// ack in a commit batch, so the pool bounds how many commits share one transaction and one
+/// journal sync: 32 measured ~1.3× the durable mailbox cycles of 16 on this project's 2-core
+/// machine (BENCHMARKS.md), with the full suspend/resume cycle no slower.
+pub const DEFAULT_WORKERS: usize = 32;
+
 /// Starts `workers` workers, the lease heartbeat and the reaper; they stop when `shutdown` is
 /// cancelled.
 pub fn spawn(runner: Arc<Runner>, workers: usize, shutdown: CancellationToken) -> JoinSet<()> {
