@@ -134,8 +134,12 @@ fn run(
                 && before.elapsed() < flush_every / 2
         } {}
 
+        // Arbor change 5: what was written before the fsync is on the device after it.
+        let written = pagecache.log.iobufs.max_header_stable_lsn.load(Acquire);
         if let Err(e) = pagecache.config.file.sync_all() {
             error!("failed to fsync from periodic flush thread: {}", e);
+        } else if let Err(e) = pagecache.log.iobufs.mark_synced(written) {
+            error!("failed to free segments after an fsync: {}", e);
         }
 
         let sleep_duration = flush_every

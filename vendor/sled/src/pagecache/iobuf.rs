@@ -311,6 +311,12 @@ pub(crate) struct IoBufs {
     pub stable_lsn: AtomicLsn,
     pub max_reserved_lsn: AtomicLsn,
     pub max_header_stable_lsn: Arc<AtomicLsn>,
+    // Arbor change 5: with `sync_log_writes(false)` a written buffer is only in the page cache,
+    // so "stable" no longer means "on the device". Segments are freed for reuse (overwritten)
+    // only up to this LSN: what the periodic flusher's `fsync` has covered. Otherwise a segment
+    // whose live pages were relocated could be overwritten, and the overwrite reach the device,
+    // before the relocated copies did: a power loss would lose pages older than any journal.
+    pub synced_lsn: AtomicLsn,
     pub segment_accountant: Mutex<SegmentAccountant>,
     pub segment_cleaner: SegmentCleaner,
     deferred_segment_ops: stack::Stack<SegmentOp>,
@@ -414,6 +420,7 @@ impl IoBufs {
             stable_lsn: AtomicLsn::new(stable),
             max_reserved_lsn: AtomicLsn::new(stable),
             max_header_stable_lsn: Arc::new(AtomicLsn::new(next_lsn)),
+            synced_lsn: AtomicLsn::new(next_lsn),
             segment_accountant: Mutex::new(segment_accountant),
             segment_cleaner,
             deferred_segment_ops: stack::Stack::default(),
@@ -797,7 +804,27 @@ impl IoBufs {
         let current_max_header_stable_lsn =
             self.max_header_stable_lsn.load(Acquire);
 
-        self.sa_stabilize(current_max_header_stable_lsn, &guard)
+        self.sa_stabilize(self.reusable_up_to(current_max_header_stable_lsn), &guard)
+    }
+
+    /// Arbor change 5: the LSN up to which segments may be freed, given the highest one
+    /// written: all of it when writes are synced as they go, only what an `fsync` covered
+    /// otherwise.
+    fn reusable_up_to(&self, written: Lsn) -> Lsn {
+        if self.config.sync_log_writes {
+            written
+        } else {
+            written.min(self.synced_lsn.load(Acquire))
+        }
+    }
+
+    /// Arbor change 5: the file was `fsync`ed after everything up to `lsn` had been written;
+    /// segments freed by what it covers may now be reused.
+    pub(crate) fn mark_synced(&self, lsn: Lsn) -> Result<()> {
+        bump_atomic_lsn(&self.synced_lsn, lsn);
+        let guard = pin();
+        let written = self.max_header_stable_lsn.load(Acquire);
+        self.sa_stabilize(self.reusable_up_to(written), &guard)
     }
 
     // It's possible that IO buffers are written out of order!
