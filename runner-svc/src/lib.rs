@@ -103,7 +103,7 @@ pub const LEDGER_TREE: &str = "ledger";
 /// Opens the runner's database and core without serving (also used by tests and tools that
 /// inspect a stopped runner's data).
 pub async fn open_runner(cfg: &ServeConfig) -> Result<Arc<Runner>, ServeError> {
-    let store = open_store(cfg).await?;
+    let store = Store::open_waiting(&cfg.data_dir, cfg.cache_bytes, LOCK_WAIT).await?;
     let ledger = store.ledger();
     let tools = Arc::new(ToolRegistry::with_builtins(ledger, cfg.guards.clone()));
     let opts = RunnerOptions {
@@ -120,26 +120,6 @@ pub async fn open_runner(cfg: &ServeConfig) -> Result<Arc<Runner>, ServeError> {
 /// How long start-up waits for another process (a previous instance still flushing) to release
 /// the database lock before giving up.
 const LOCK_WAIT: Duration = Duration::from_secs(10);
-
-async fn open_store(cfg: &ServeConfig) -> Result<Store, ServeError> {
-    let deadline = tokio::time::Instant::now() + LOCK_WAIT;
-    let mut told = false;
-    loop {
-        match Store::open(&cfg.data_dir, cfg.cache_bytes) {
-            Err(store::OpenError::Open { source, .. })
-                if source.to_string().contains("could not acquire lock")
-                    && tokio::time::Instant::now() < deadline =>
-            {
-                if !told {
-                    tracing::warn!(data_dir = %cfg.data_dir.display(), "database is locked by another process; waiting for it");
-                    told = true;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            other => return Ok(other?),
-        }
-    }
-}
 
 /// Serves runner-svc on `listener` until `shutdown` resolves. The health service answers from
 /// the start: NOT_SERVING while the database is opened and the previous process's claims are

@@ -48,17 +48,10 @@ const TREES: [T; 15] = [
 ];
 
 /// Opens the store, waiting for the threads of a dropped one to let go of the files.
-fn open(dir: &Path) -> Store {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match Store::open(dir, 16 << 20) {
-            Ok(store) => return store,
-            Err(e) => {
-                assert!(std::time::Instant::now() < deadline, "open: {e}");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
+async fn open(dir: &Path) -> Store {
+    Store::open_waiting(dir, 16 << 20, Duration::from_secs(10))
+        .await
+        .unwrap()
 }
 
 type Contents = Vec<BTreeMap<Vec<u8>, Vec<u8>>>;
@@ -120,7 +113,7 @@ async fn sled_files_that_lost_the_last_commits_get_them_back_from_the_journal() 
 
     // Before the "power cut": trees registered, three runs done.
     {
-        let store = open(live.path());
+        let store = open(live.path()).await;
         let runner = runner_on(&store).await;
         runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
         runner.register_tree(GATED, TreeFormat::Json).await.unwrap();
@@ -138,14 +131,14 @@ async fn sled_files_that_lost_the_last_commits_get_them_back_from_the_journal() 
     }
     // The sled files as they were then.
     let before = {
-        let store = open(live.path());
+        let store = open(live.path()).await;
         contents(&store)
     };
     copy_dir(live.path(), crashed.path());
 
     // After it: more runs, suspensions, a decision, a resume, a cancel.
     {
-        let store = open(live.path());
+        let store = open(live.path()).await;
         let runner = runner_on(&store).await;
         let stop = CancellationToken::new();
         let _workers = worker::spawn(runner.clone(), 2, stop.clone());
@@ -173,9 +166,9 @@ async fn sled_files_that_lost_the_last_commits_get_them_back_from_the_journal() 
         &crashed.path().join("journal"),
     );
 
-    let want = contents(&open(live.path()));
+    let want = contents(&open(live.path()).await);
     assert_ne!(want, before, "the second phase changed nothing");
-    let got = contents(&open(crashed.path()));
+    let got = contents(&open(crashed.path()).await);
     for (i, t) in TREES.iter().enumerate() {
         assert_eq!(
             got[i].len(),
@@ -186,7 +179,7 @@ async fn sled_files_that_lost_the_last_commits_get_them_back_from_the_journal() 
         );
         assert!(got[i] == want[i], "{t:?} differs after replay");
     }
-    let store = open(crashed.path());
+    let store = open(crashed.path()).await;
     assert_eq!(store.counts().unwrap(), store.count_by_scan().unwrap());
     assert_eq!(
         store.tree(T::Ledger).len(),

@@ -3,7 +3,7 @@
 //! checks the other half of that bargain: segments do get reused, so a store that keeps
 //! overwriting the same records keeps a bounded file, and everything reads back after a reopen.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
@@ -59,17 +59,9 @@ async fn overwritten_records_keep_the_sled_file_bounded() {
     );
     drop(store);
     // The store's threads let go of sled's file lock a moment after the last handle is dropped.
-    let mut tries = 0;
-    let store = loop {
-        match Store::open(dir.path(), 16 << 20) {
-            Ok(store) => break store,
-            Err(e) if tries < 200 && e.to_string().contains("could not acquire lock") => {
-                tries += 1;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("reopening: {e}"),
-        }
-    };
+    let store = Store::open_waiting(dir.path(), 16 << 20, Duration::from_secs(10))
+        .await
+        .unwrap();
     for key in 0..KEYS {
         let got = store
             .tree(T::Ledger)

@@ -139,8 +139,8 @@ async fn counts_follow_runs_through_suspension_resume_cancel_and_retention() {
     stop.cancel();
 }
 
-#[test]
-fn a_database_from_before_the_counts_gets_them_at_open() {
+#[tokio::test]
+async fn a_database_from_before_the_counts_gets_them_at_open() {
     let dir = tempfile::tempdir().unwrap();
     {
         let store = Store::open(dir.path(), 8 << 20).unwrap();
@@ -173,16 +173,9 @@ fn a_database_from_before_the_counts_gets_them_at_open() {
         assert_eq!(store.counts().unwrap().jobs, [0; 6]);
     }
     // The store's threads let go of the database shortly after the last handle is dropped.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let store = loop {
-        match Store::open(dir.path(), 8 << 20) {
-            Ok(store) => break store,
-            Err(e) => {
-                assert!(std::time::Instant::now() < deadline, "reopen: {e}");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    };
+    let store = Store::open_waiting(dir.path(), 8 << 20, Duration::from_secs(10))
+        .await
+        .unwrap();
     let c = stored_equals_scan(&store);
     // Queued, claimed, accepted (acked), …
     assert_eq!(c.jobs, [3, 0, 2, 0, 0, 0]);

@@ -380,6 +380,33 @@ impl Store {
         self.all.run(body).map_err(TxError::from)
     }
 
+    /// [`open`](Self::open), waiting up to `wait` for whoever holds the database's lock (a
+    /// previous process still flushing, or this process's own store whose threads are still
+    /// letting go of it) to release it.
+    pub async fn open_waiting(
+        dir: &Path,
+        cache_bytes: u64,
+        wait: std::time::Duration,
+    ) -> Result<Self, OpenError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut told = false;
+        loop {
+            match Self::open(dir, cache_bytes) {
+                Err(OpenError::Open { source, .. })
+                    if source.to_string().contains("could not acquire lock")
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    if !told {
+                        tracing::warn!(data_dir = %dir.display(), "database is locked by another process; waiting for it");
+                        told = true;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// The state counts as stored (what `/metrics` reports).
     pub fn counts(&self) -> Result<counts::Tally, sled::Error> {
         counts::Tally::stored(self.tree(T::Meta))
