@@ -41,6 +41,24 @@ fn raw_fsync_rate(dir: &std::path::Path, window: Duration) -> f64 {
     n as f64 / start.elapsed().as_secs_f64()
 }
 
+/// CPU time this process has used so far (user + system, from /proc/self/stat), in seconds.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name; 100 ticks/s.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 /// Transactions the committer thread has run, and the commits they carried.
 fn batch_stats(store: &Store) -> (u64, u64) {
     (store.batches().batch_count(), store.batches().body_count())
@@ -53,6 +71,7 @@ struct Outcome {
     p50_ms: f64,
     p99_ms: f64,
     bytes_per_cycle: f64,
+    cores_busy: f64,
 }
 
 /// Bytes the disk holding `dir` has written so far (sectors written, from its sysfs `stat`):
@@ -128,6 +147,7 @@ async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
     let flushes_before = store.flush_count();
     let (tx_before, bodies_before) = batch_stats(&store);
     let written_before = written_bytes(dir.path());
+    let cpu_before = cpu_seconds();
     let start = Instant::now();
     for p in 0..producers {
         for lane in 0..window {
@@ -167,6 +187,7 @@ async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
     tokio::time::sleep(RUN_FOR).await;
     stop.store(true, Ordering::Relaxed);
     let elapsed = start.elapsed();
+    let cpu = cpu_seconds() - cpu_before;
     let done = acked.load(Ordering::Relaxed);
     let flushes = store.flush_count() - flushes_before;
     let (tx_after, bodies_after) = batch_stats(&store);
@@ -189,6 +210,7 @@ async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
         p50_ms: pct(0.50),
         p99_ms: pct(0.99),
         bytes_per_cycle: written as f64 / done.max(1) as f64,
+        cores_busy: cpu / elapsed.as_secs_f64(),
     }
 }
 
@@ -223,7 +245,7 @@ fn row(
     let o = rt.block_on(cycles(workers, producers, window));
     let ratio = o.cycles_per_s / fsync;
     println!(
-        "{:>7} {:>9} {:>8} {:>10.0} {:>10.0} {:>9.2}× {:>13.2} {:>12.2} {:>9.2} {:>9.2} {:>9.1}",
+        "{:>7} {:>9} {:>8} {:>10.0} {:>10.0} {:>9.2}× {:>13.2} {:>12.2} {:>9.2} {:>9.2} {:>9.1} {:>6.2} {:>8.0}",
         workers,
         producers,
         producers * window,
@@ -234,7 +256,9 @@ fn row(
         o.commits_per_tx,
         o.p50_ms,
         o.p99_ms,
-        o.bytes_per_cycle / 1024.0
+        o.bytes_per_cycle / 1024.0,
+        o.cores_busy,
+        o.cores_busy * 1e6 / o.cycles_per_s.max(1.0)
     );
     ratio
 }
@@ -255,7 +279,7 @@ fn main() {
         raw_fsync_rate(dir.path(), Duration::from_secs(2))
     );
     println!(
-        "{:>7} {:>9} {:>8} {:>10} {:>10} {:>10} {:>13} {:>12} {:>9} {:>9} {:>9}",
+        "{:>7} {:>9} {:>8} {:>10} {:>10} {:>10} {:>13} {:>12} {:>9} {:>9} {:>9} {:>6} {:>8}",
         "workers",
         "producers",
         "in-flight",
@@ -266,7 +290,9 @@ fn main() {
         "commits/tx",
         "p50 ms",
         "p99 ms",
-        "KB/cycle"
+        "KB/cycle",
+        "cores",
+        "µs/cycle"
     );
     // Each worker has at most one claim or ack in a batch, so the pool bounds how large a batch
     // gets: the 16-worker rows show what the smaller pool gives.
@@ -283,11 +309,17 @@ fn main() {
     // `ARBOR_MAILBOX_ROW=32,8,8` runs one row alone (workers, producers, lanes per producer),
     // for a profiler.
     if let Ok(only) = std::env::var("ARBOR_MAILBOX_ROW") {
-        for r in rows
-            .iter()
-            .filter(|r| only == format!("{},{},{}", r.0, r.1, r.2))
-        {
-            row(&rt, dir.path(), *r);
+        let n: Vec<usize> = only
+            .split(',')
+            .filter_map(|v| v.trim().parse().ok())
+            .collect();
+        match n[..] {
+            [w, p, l] if w > 0 && p > 0 && l > 0 => {
+                row(&rt, dir.path(), (w, p, l));
+            }
+            _ => eprintln!(
+                "ARBOR_MAILBOX_ROW wants workers,producers,lanes (three positive numbers)"
+            ),
         }
         return;
     }

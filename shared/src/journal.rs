@@ -179,6 +179,11 @@ impl Recorded {
     pub fn is_empty(&self) -> bool {
         self.0.len() <= HEADER
     }
+
+    /// The recorded writes, in the order they were made.
+    pub fn writes(&self) -> impl Iterator<Item = Result<Write<'_>, String>> {
+        writes(self.0.get(HEADER..).unwrap_or_default())
+    }
 }
 
 /// One write of a replayed record.

@@ -42,7 +42,7 @@ pub mod tx {
     /// A queue entry's value: what the claim scan needs of a queued job (when it becomes
     /// available, its generation and its thread), so choosing candidates reads no job record.
     /// Stores from before this was kept have empty values: the scan reads the job then.
-    fn queue_value(job: &Job) -> Vec<u8> {
+    pub fn queue_value(job: &Job) -> Vec<u8> {
         let mut v = Vec::with_capacity(16 + job.mailbox_id.len());
         v.extend_from_slice(&codec::u64_key(job.available_at_ms));
         v.extend_from_slice(&codec::u64_key(job.generation));
@@ -50,28 +50,46 @@ pub mod tx {
         v
     }
 
-    /// What a queue entry says of its job (see `queue_value`); `None` for an empty value.
-    pub fn queued_job(value: &[u8]) -> Option<QueuedJob> {
+    /// What a queue entry says of its job (see `queue_value`): when it becomes available, its
+    /// generation and its thread; `None` for an empty value.
+    pub fn queued_head(value: &[u8]) -> Option<(u64, u64, &[u8])> {
         let (available, rest) = value.split_first_chunk::<8>()?;
         let (generation, mailbox) = rest.split_first_chunk::<8>()?;
-        Some(QueuedJob {
-            available_at_ms: u64::from_be_bytes(*available),
-            generation: u64::from_be_bytes(*generation),
-            mailbox_id: String::from_utf8_lossy(mailbox).into_owned(),
-        })
-    }
-
-    /// A queued job as its queue entry describes it.
-    #[derive(Debug)]
-    pub struct QueuedJob {
-        pub available_at_ms: u64,
-        pub generation: u64,
-        pub mailbox_id: String,
+        Some((
+            u64::from_be_bytes(*available),
+            u64::from_be_bytes(*generation),
+            mailbox,
+        ))
     }
 
     /// The job id inside a queue key.
     pub fn job_id_of_queue_key(key: &[u8]) -> Option<&str> {
         key.get(12..).and_then(|b| std::str::from_utf8(b).ok())
+    }
+
+    /// A stored job's leading fields, read in place: what a claim needs to see that another
+    /// claim took the job first, without decoding the whole record. The fields are [`Job`]'s
+    /// first ten, in order (postcard is positional); a test checks it.
+    #[derive(serde::Deserialize)]
+    struct JobHead<'a> {
+        _job_id: &'a str,
+        _mailbox_id: &'a str,
+        _run_id: &'a str,
+        _origin: arbor_shared::domain::JobOrigin,
+        _kind: JobKind,
+        _priority: i32,
+        _dedupe_key: &'a str,
+        _generation: u64,
+        status: JobStatus,
+        available_at_ms: u64,
+    }
+
+    /// Whether the stored job may be claimable now; `true` when its head does not decode, so
+    /// the full decode reports the damage.
+    pub(super) fn may_claim(bytes: &[u8], now_ms: u64) -> bool {
+        postcard::take_from_bytes::<JobHead<'_>>(bytes).map_or(true, |(head, _)| {
+            head.status == JobStatus::Queued && head.available_at_ms <= now_ms
+        })
     }
 
     pub fn get_job(tx: &Tx<'_>, job_id: &str) -> TxResult<Option<Job>, MailboxError> {
@@ -232,6 +250,12 @@ pub mod tx {
         now_ms: u64,
         lease: Duration,
     ) -> TxResult<Result<Job, ClaimMiss>, MailboxError> {
+        // Concurrent claimers try the same head of the queue, so most candidates a claim sees
+        // in a shared transaction were just taken by the claim before it.
+        match tx.tree(T::Jobs).get(job_id.as_bytes())? {
+            Some(bytes) if may_claim(&bytes, now_ms) => {}
+            _ => return Ok(Err(ClaimMiss::Lost)),
+        }
         let Some(mut job) = get_job(tx, job_id)? else {
             return Ok(Err(ClaimMiss::Lost));
         };
@@ -454,6 +478,8 @@ pub struct SledMailbox {
     clock: Arc<dyn Clock>,
     cfg: MailboxConfig,
     leases: Mutex<HashMap<String, Lease>>,
+    /// Jobs that pool claims on their way to the committer try first (see `aim`).
+    aimed: Mutex<std::collections::HashSet<String>>,
 }
 
 impl SledMailbox {
@@ -469,6 +495,7 @@ impl SledMailbox {
             clock,
             cfg,
             leases: Mutex::new(HashMap::new()),
+            aimed: Mutex::default(),
         };
         let mut recovered = Vec::new();
         for entry in mailbox.store.tree(T::Active).iter() {
@@ -743,19 +770,14 @@ impl MailboxStore for SledMailbox {
 
     fn next_available_at(&self) -> Result<Option<u64>, MailboxError> {
         let now = self.now();
-        let mut next: Option<u64> = None;
-        for entry in self.store.tree(T::Queue).iter() {
-            let (key, value) = entry?;
-            let Some(id) = tx::job_id_of_queue_key(&key) else {
-                continue;
-            };
-            if let Some(job) = self.queued(id, &value)?
-                && job.available_at_ms > now
-            {
-                next = Some(next.map_or(job.available_at_ms, |n| n.min(job.available_at_ms)));
-            }
-        }
-        Ok(next)
+        let maps = self.store.mirror().read();
+        Ok(maps
+            .queue
+            .values()
+            .filter_map(|v| tx::queued_head(v))
+            .map(|(available_at, _, _)| available_at)
+            .filter(|at| *at > now)
+            .min())
     }
 }
 
@@ -790,19 +812,37 @@ impl SledMailbox {
         worker_id: &str,
     ) -> Result<(Option<Claim>, Option<u64>), MailboxError> {
         let now = self.now();
-        let (candidates, next) = self.claim_candidates(now)?;
+        let (mut candidates, next) = self.claim_candidates(now)?;
         if candidates.is_empty() {
             return Ok((None, next));
         }
         let token = self.claim_token(worker_id)?;
         let lease = self.cfg.lease;
         let (worker, token_in) = (worker_id.to_string(), token.clone());
+        let aimed = self.aim(&mut candidates);
         let won = self
             .store
             .batches()
             .apply(move |t| tx::claim_first(t, &candidates, &worker, &token_in, now, lease))
-            .await?;
-        Ok(self.claimed(won, token, now))
+            .await;
+        if let (Some(job_id), Ok(mut aimed)) = (aimed, self.aimed.lock()) {
+            aimed.remove(&job_id);
+        }
+        Ok(self.claimed(won?, token, now))
+    }
+
+    /// Moves to the front of `candidates` the first one no other pool claim in flight is
+    /// trying first, and marks it as this claim's. Claims that share a transaction then take
+    /// different jobs on their first try, instead of each trying every job the claims before
+    /// it took. Order is kept: a claim passes over a job only while another claim is about to
+    /// take it, and tries it again after its own.
+    fn aim(&self, candidates: &mut Vec<String>) -> Option<String> {
+        let mut aimed = self.aimed.lock().ok()?;
+        let at = candidates.iter().position(|c| !aimed.contains(c))?;
+        let job_id = candidates.remove(at);
+        candidates.insert(0, job_id.clone());
+        aimed.insert(job_id.clone());
+        Some(job_id)
     }
 
     /// What a claim transaction's outcome means to the worker: the claim, with its lease
@@ -830,21 +870,22 @@ impl SledMailbox {
         const MAX_CANDIDATES: usize = 16;
         let mut candidates = Vec::new();
         let mut next: Option<u64> = None;
-        for entry in self.store.tree(T::Queue).iter() {
-            let (key, value) = entry?;
-            let Some(job_id) = tx::job_id_of_queue_key(&key) else {
+        // The mirror, not sled: no page reads and none of sled's locks (see `store::mirror`).
+        let maps = self.store.mirror().read();
+        for (key, value) in &maps.queue {
+            let Some(job_id) = tx::job_id_of_queue_key(key) else {
                 continue;
             };
-            if let Some(job) = self.queued(job_id, &value)? {
-                if job.available_at_ms > now {
-                    next = Some(next.map_or(job.available_at_ms, |n| n.min(job.available_at_ms)));
+            // An entry without a value (an old store's, whose job did not read back) is tried
+            // as it is: the claim transaction finds out.
+            if let Some((available_at, generation, mailbox_id)) = tx::queued_head(value) {
+                if available_at > now {
+                    next = Some(next.map_or(available_at, |n| n.min(available_at)));
                     continue;
                 }
-                if !self.is_stale(&job)?
-                    && self
-                        .store
-                        .tree(T::Active)
-                        .contains_key(job.mailbox_id.as_bytes())?
+                // A job of an older generation is a candidate even on a busy thread: the claim
+                // transaction supersedes it.
+                if generation >= maps.generation(mailbox_id) && maps.active.contains_key(mailbox_id)
                 {
                     continue;
                 }
@@ -855,34 +896,6 @@ impl SledMailbox {
             }
         }
         Ok((candidates, next))
-    }
-
-    /// A queue entry's job as the entry describes it, or as its record does for an entry from
-    /// an older store; `None` if the job is gone or no longer queued (a claim will find out).
-    fn queued(&self, job_id: &str, value: &[u8]) -> Result<Option<tx::QueuedJob>, MailboxError> {
-        if let Some(job) = tx::queued_job(value) {
-            return Ok(Some(job));
-        }
-        Ok(self
-            .get(job_id)?
-            .filter(|job| job.status == JobStatus::Queued)
-            .map(|job| tx::QueuedJob {
-                available_at_ms: job.available_at_ms,
-                generation: job.generation,
-                mailbox_id: job.mailbox_id,
-            }))
-    }
-
-    /// Whether the job belongs to an older generation of its thread (the claim transaction
-    /// supersedes it).
-    fn is_stale(&self, job: &tx::QueuedJob) -> Result<bool, MailboxError> {
-        let generation = self
-            .store
-            .tree(T::Mailboxes)
-            .get(job.mailbox_id.as_bytes())?
-            .map(|b| codec::read_u64(&b))
-            .unwrap_or(0);
-        Ok(job.generation < generation)
     }
 
     /// Ids of the thread's queued jobs (candidates for an interrupt).
@@ -903,5 +916,52 @@ impl SledMailbox {
             }
         }
         Ok(ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `JobHead` must read a stored job's status and available-at time exactly as `Job` does:
+    /// postcard is positional, so a field added to `Job` before them breaks it.
+    #[test]
+    fn a_jobs_head_reads_its_status_and_available_time() {
+        for (status, available_at_ms, now, claimable) in [
+            (JobStatus::Queued, 1_000, 1_000, true),
+            (JobStatus::Queued, 1_001, 1_000, false),
+            (JobStatus::Claimed, 0, 1_000, false),
+            (JobStatus::Accepted, 0, 1_000, false),
+        ] {
+            let job = Job {
+                job_id: "job-1".into(),
+                mailbox_id: "thread-1".into(),
+                run_id: "run-1".into(),
+                origin: Default::default(),
+                kind: JobKind::Start,
+                priority: -3,
+                dedupe_key: "key".into(),
+                generation: 7,
+                status,
+                available_at_ms,
+                attempt_count: 2,
+                max_attempts: 5,
+                last_error: String::new(),
+                claim_token: "token".into(),
+                claimed_by: "worker".into(),
+                lease_until_ms: 9,
+                created_at_ms: 1,
+                updated_at_ms: 2,
+                order: 3,
+                dedupe_while_claimed: true,
+            };
+            assert_eq!(
+                tx::may_claim(&codec::encode(&job), now),
+                claimable,
+                "{status:?} available at {available_at_ms}, now {now}"
+            );
+        }
+        // A record that does not decode is left to the full decode, which reports it.
+        assert!(tx::may_claim(&[0xff, 0xff], 0));
     }
 }

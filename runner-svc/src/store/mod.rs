@@ -9,6 +9,7 @@
 
 pub mod codec;
 pub mod counts;
+pub mod mirror;
 
 use std::{path::Path, sync::Arc};
 
@@ -146,6 +147,7 @@ pub struct Store {
 pub struct AllTrees {
     trees: Vec<sled::Tree>,
     journal: Journal,
+    mirror: Arc<mirror::Mirror>,
 }
 
 /// Meta key of the LSN of the last journaled transaction the database holds, written by each
@@ -172,6 +174,8 @@ impl AllTrees {
         })?;
         let record = rec.take();
         if !record.is_empty() {
+            // Still in commit order: the journal's order lock is held until `commit`.
+            self.mirror.apply(&record);
             append.commit(record);
         }
         Ok(r)
@@ -334,9 +338,17 @@ impl Store {
                 );
             }
         }
+        let mirror = mirror::Mirror::load(&trees, |queue_key| {
+            let job_id = crate::mailbox::tx::job_id_of_queue_key(queue_key)?;
+            let job = trees[T::Jobs as usize].get(job_id).ok().flatten()?;
+            let job = codec::decode("job", &job).ok()?;
+            Some(crate::mailbox::tx::queue_value(&job))
+        })
+        .map_err(err)?;
         let all = AllTrees {
             trees: trees.clone(),
             journal,
+            mirror: Arc::new(mirror),
         };
         let batches = BatchCommit::start_journaled(all.clone(), all.journal.clone());
         Ok(Self {
@@ -359,6 +371,25 @@ impl Store {
             .record_blocking(progress)
             .await
             .map_err(|e| e.to_string())
+    }
+
+    /// The in-memory copy of the queue, active and mailboxes trees (see [`mirror`]).
+    pub fn mirror(&self) -> &mirror::Mirror {
+        &self.all.mirror
+    }
+
+    /// Whether the mirror holds exactly what sled holds in the mirrored trees: what a test of
+    /// the mirror checks. (Queue entries of old stores with empty values count as equal.)
+    pub fn mirror_matches(&self) -> Result<bool, sled::Error> {
+        let fresh = mirror::Mirror::load(&self.trees, |_| None)?;
+        let (fresh, held) = (fresh.read(), self.mirror().read());
+        let queue_matches = fresh.queue.len() == held.queue.len()
+            && fresh
+                .queue
+                .iter()
+                .zip(held.queue.iter())
+                .all(|((k1, v1), (k2, v2))| k1 == k2 && (v1 == v2 || v1.is_empty()));
+        Ok(queue_matches && fresh.active == held.active && fresh.mailboxes == held.mailboxes)
     }
 
     pub fn tree(&self, t: T) -> &sled::Tree {
