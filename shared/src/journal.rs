@@ -154,19 +154,25 @@ impl<'a> TxTree<'a> {
         self.inner.get(key)
     }
 
+    /// Sets `key` to `value`. Unlike sled's `insert` it does not return the value replaced:
+    /// reading it costs a tree lookup for a key the transaction has not read, which is most
+    /// of the keys a transaction writes (read it first with [`get`](Self::get) when needed).
     pub fn insert(
         &self,
         key: impl AsRef<[u8]> + Into<IVec>,
         value: impl Into<IVec>,
-    ) -> TreeResult<Option<IVec>> {
+    ) -> TreeResult<()> {
         let value: IVec = value.into();
         self.rec.insert(self.tree, key.as_ref(), &value);
-        self.inner.insert(key, value)
+        self.inner.set(key, value);
+        Ok(())
     }
 
-    pub fn remove(&self, key: impl AsRef<[u8]> + Into<IVec>) -> TreeResult<Option<IVec>> {
+    /// Removes `key`, without reading the value it had (see [`insert`](Self::insert)).
+    pub fn remove(&self, key: impl AsRef<[u8]> + Into<IVec>) -> TreeResult<()> {
         self.rec.remove(self.tree, key.as_ref());
-        self.inner.remove(key)
+        self.inner.unset(key);
+        Ok(())
     }
 }
 

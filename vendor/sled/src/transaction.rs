@@ -287,6 +287,26 @@ impl TransactionalTree {
         old
     }
 
+    /// Set a key to a new value without reading the value it replaces
+    /// (Arbor change 6: `insert` reads it from the tree, to return it,
+    /// unless this transaction already read or wrote the key).
+    pub fn set<K, V>(&self, key: K, value: V)
+    where
+        K: Into<IVec>,
+        V: Into<IVec>,
+    {
+        let _last_write =
+            self.writes.borrow_mut().insert(key.into(), Some(value.into()));
+    }
+
+    /// Remove a key without reading the value it had (Arbor change 6).
+    pub fn unset<K>(&self, key: K)
+    where
+        K: Into<IVec>,
+    {
+        let _last_write = self.writes.borrow_mut().insert(key.into(), None);
+    }
+
     /// Get the value associated with a key
     pub fn get<K: AsRef<[u8]>>(
         &self,
