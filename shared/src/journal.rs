@@ -154,6 +154,12 @@ impl<'a> TxTree<'a> {
         self.inner.get(key)
     }
 
+    /// What this transaction has written to `key` so far: `Some(None)` if it removed it,
+    /// `None` if it has not written it.
+    pub fn written(&self, key: &[u8]) -> Option<Option<IVec>> {
+        self.inner.written(key)
+    }
+
     /// Sets `key` to `value`. Unlike sled's `insert` it does not return the value replaced:
     /// reading it costs a tree lookup for a key the transaction has not read, which is most
     /// of the keys a transaction writes (read it first with [`get`](Self::get) when needed).

@@ -120,8 +120,7 @@ pub mod tx {
 
     pub fn generation(tx: &Tx<'_>, mailbox_id: &str) -> TxResult<u64, MailboxError> {
         Ok(tx
-            .tree(T::Mailboxes)
-            .get(mailbox_id.as_bytes())?
+            .get(T::Mailboxes, mailbox_id.as_bytes())?
             .map(|b| codec::read_u64(&b))
             .unwrap_or(0))
     }
@@ -150,7 +149,7 @@ pub mod tx {
             tx.tree(T::Queue).remove(queue_key(job))?;
         }
         if was == JobStatus::Claimed {
-            let active = tx.tree(T::Active).get(job.mailbox_id.as_bytes())?;
+            let active = tx.get(T::Active, job.mailbox_id.as_bytes())?;
             if active.as_deref() == Some(job.job_id.as_bytes()) {
                 tx.tree(T::Active).remove(job.mailbox_id.as_bytes())?;
             }
@@ -268,7 +267,7 @@ pub mod tx {
             put_job(tx, &job)?;
             return Ok(Err(ClaimMiss::Superseded(Box::new(job))));
         }
-        if tx.tree(T::Active).get(job.mailbox_id.as_bytes())?.is_some() {
+        if tx.get(T::Active, job.mailbox_id.as_bytes())?.is_some() {
             return Ok(Err(ClaimMiss::ThreadBusy));
         }
         tx.tree(T::Queue).remove(queue_key(&job))?;
@@ -440,7 +439,7 @@ pub mod tx {
                 superseded.push(supersede(tx, id, now_ms)?);
             }
         }
-        let active_job = match tx.tree(T::Active).get(mailbox_id.as_bytes())? {
+        let active_job = match tx.get(T::Active, mailbox_id.as_bytes())? {
             Some(id) => get_job(tx, &String::from_utf8_lossy(&id))?,
             None => None,
         };

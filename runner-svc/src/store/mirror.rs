@@ -55,6 +55,17 @@ impl Maps {
         }
     }
 
+    /// The value of `key` in mirrored tree `tree`; `None` if that tree is not mirrored.
+    pub fn get(&self, tree: T, key: &[u8]) -> Option<Option<&[u8]>> {
+        let value = match tree {
+            T::Queue => self.queue.get(key),
+            T::Active => self.active.get(key),
+            T::Mailboxes => self.mailboxes.get(key),
+            _ => return None,
+        };
+        Some(value.map(Vec::as_slice))
+    }
+
     /// A thread's generation (0 until its first interrupt).
     pub fn generation(&self, mailbox_id: &[u8]) -> u64 {
         self.mailboxes

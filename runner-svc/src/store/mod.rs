@@ -83,11 +83,36 @@ const TREE_NAMES: [&str; 15] = [
 pub struct Tx<'a> {
     trees: &'a [TransactionalTree],
     rec: &'a Recorder,
+    mirror: &'a mirror::Mirror,
 }
 
 impl<'a> Tx<'a> {
     pub fn tree(&self, t: T) -> TxTree<'a> {
         TxTree::new(&self.trees[t as usize], t as u8, self.rec)
+    }
+
+    /// `tree(t).get(key)`, answered for a mirrored tree (queue, active, mailboxes) from this
+    /// transaction's own writes and then the mirror, without a sled lookup. The answer is the
+    /// same: every transaction holds the journal's order lock from before it starts until the
+    /// mirror has its writes, so the mirror holds exactly the committed state it builds on.
+    pub fn get(
+        &self,
+        t: T,
+        key: &[u8],
+    ) -> Result<Option<sled::IVec>, sled::transaction::UnabortableTransactionError> {
+        let tree = self.tree(t);
+        if let Some(written) = tree.written(key) {
+            return Ok(written);
+        }
+        let mirrored = self
+            .mirror
+            .read()
+            .get(t, key)
+            .map(|v| v.map(sled::IVec::from));
+        match mirrored {
+            Some(value) => Ok(value),
+            None => tree.get(key),
+        }
     }
 }
 
@@ -166,7 +191,11 @@ impl AllTrees {
         let rec = Recorder::default();
         let r = self.trees[..].transaction(|trees: &Vec<TransactionalTree>| {
             rec.take();
-            let r = body(&Tx { trees, rec: &rec })?;
+            let r = body(&Tx {
+                trees,
+                rec: &rec,
+                mirror: &self.mirror,
+            })?;
             if !rec.is_empty() {
                 trees[T::Meta as usize].insert(JOURNAL_LSN, &lsn[..])?;
             }

@@ -307,6 +307,12 @@ impl TransactionalTree {
         let _last_write = self.writes.borrow_mut().insert(key.into(), None);
     }
 
+    /// What this transaction has written to `key` so far: `Some(None)`
+    /// if it removed it, `None` if it has not written it (Arbor change 6).
+    pub fn written(&self, key: &[u8]) -> Option<Option<IVec>> {
+        self.writes.borrow().get(key).cloned()
+    }
+
     /// Get the value associated with a key
     pub fn get<K: AsRef<[u8]>>(
         &self,
