@@ -9,13 +9,14 @@ use std::{
 };
 
 use arbor_runner_svc::{
-    mailbox::{EnqueueRequest, MailboxConfig, MailboxStore, SledMailbox, SystemClock},
+    mailbox::{Claim, EnqueueRequest, MailboxConfig, MailboxStore, SledMailbox, SystemClock},
     store::Store,
 };
 use arbor_shared::domain::JobStatus;
 
-#[test]
-fn sixteen_claimers_take_ten_thousand_jobs_exactly_once() {
+/// A mailbox holding `jobs` queued jobs spread over 64 threads (whose jobs must never be claimed
+/// at the same time) and three priorities.
+fn mailbox_with_jobs(jobs: usize) -> (tempfile::TempDir, Arc<SledMailbox>) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), 64 << 20).unwrap();
     let cfg = MailboxConfig {
@@ -23,13 +24,10 @@ fn sixteen_claimers_take_ten_thousand_jobs_exactly_once() {
         ..MailboxConfig::default()
     };
     let (mailbox, _) = SledMailbox::open(store, Arc::new(SystemClock::default()), cfg).unwrap();
-    let mailbox = Arc::new(mailbox);
-    const JOBS: usize = 10_000;
-    for i in 0..JOBS {
+    for i in 0..jobs {
         mailbox
             .enqueue(EnqueueRequest {
                 job_id: format!("job-{i:05}"),
-                // 64 threads: jobs of one thread must never be claimed at the same time.
                 mailbox_id: format!("thread-{}", i % 64),
                 run_id: format!("run-{i}"),
                 priority: (i % 3) as i32,
@@ -37,37 +35,76 @@ fn sixteen_claimers_take_ten_thousand_jobs_exactly_once() {
             })
             .unwrap();
     }
+    (dir, Arc::new(mailbox))
+}
 
-    let claims: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
-    let in_flight: Arc<Mutex<HashMap<String, String>>> = Arc::default();
+/// What the claimers saw: how often each job was claimed, and the claimed job of each thread.
+#[derive(Default)]
+struct Seen {
+    claims: Mutex<HashMap<String, usize>>,
+    in_flight: Mutex<HashMap<String, String>>,
+}
+
+impl Seen {
+    /// Records a claim while it is held; panics if its thread already had a claimed job.
+    fn claimed(&self, claim: &Claim) {
+        let thread = claim.job.mailbox_id.clone();
+        let clash = self
+            .in_flight
+            .lock()
+            .unwrap()
+            .insert(thread.clone(), claim.job.job_id.clone());
+        assert!(clash.is_none(), "two claimed jobs on {thread}");
+        *self
+            .claims
+            .lock()
+            .unwrap()
+            .entry(claim.job.job_id.clone())
+            .or_default() += 1;
+    }
+
+    /// The claim is about to be acked: its thread is free again.
+    fn released(&self, claim: &Claim) {
+        self.in_flight.lock().unwrap().remove(&claim.job.mailbox_id);
+    }
+
+    fn claimed_jobs(&self) -> usize {
+        self.claims.lock().unwrap().len()
+    }
+
+    /// Every one of `jobs` jobs was claimed exactly once and is Accepted after one attempt.
+    fn check_every_job_once(&self, mailbox: &SledMailbox, jobs: usize) {
+        let claims = self.claims.lock().unwrap();
+        assert_eq!(claims.len(), jobs, "every job claimed");
+        assert!(claims.values().all(|n| *n == 1), "no job claimed twice");
+        for i in (0..jobs).step_by(499) {
+            let job = mailbox.get(&format!("job-{i:05}")).unwrap().unwrap();
+            assert_eq!((job.status, job.attempt_count), (JobStatus::Accepted, 1));
+        }
+    }
+}
+
+#[test]
+fn sixteen_claimers_take_ten_thousand_jobs_exactly_once() {
+    const JOBS: usize = 10_000;
+    let (_dir, mailbox) = mailbox_with_jobs(JOBS);
+    let seen = Arc::new(Seen::default());
     let workers: Vec<_> = (0..16)
         .map(|w| {
-            let mailbox = mailbox.clone();
-            let claims = claims.clone();
-            let in_flight = in_flight.clone();
+            let (mailbox, seen) = (mailbox.clone(), seen.clone());
             std::thread::spawn(move || {
                 let worker = format!("worker-{w}");
                 loop {
                     let Some(claim) = mailbox.claim(&worker).unwrap() else {
                         // Another worker may still hold the last jobs of a thread.
-                        if claims.lock().unwrap().len() == JOBS {
+                        if seen.claimed_jobs() == JOBS {
                             return;
                         }
                         std::thread::yield_now();
                         continue;
                     };
-                    let thread = claim.job.mailbox_id.clone();
-                    let clash = in_flight
-                        .lock()
-                        .unwrap()
-                        .insert(thread.clone(), claim.job.job_id.clone());
-                    assert!(clash.is_none(), "two claimed jobs on {thread}");
-                    *claims
-                        .lock()
-                        .unwrap()
-                        .entry(claim.job.job_id.clone())
-                        .or_default() += 1;
-                    in_flight.lock().unwrap().remove(&thread);
+                    seen.claimed(&claim);
+                    seen.released(&claim);
                     let acked = mailbox.ack(&claim.job.job_id, &claim.token).unwrap();
                     assert_eq!(acked.status, JobStatus::Accepted);
                 }
@@ -77,27 +114,13 @@ fn sixteen_claimers_take_ten_thousand_jobs_exactly_once() {
     for w in workers {
         w.join().unwrap();
     }
-
-    let claims = claims.lock().unwrap();
-    assert_eq!(claims.len(), JOBS, "every job claimed");
-    assert!(claims.values().all(|n| *n == 1), "no job claimed twice");
+    seen.check_every_job_once(&mailbox, JOBS);
     assert!(mailbox.claim("late").unwrap().is_none());
-    for i in (0..JOBS).step_by(997) {
-        let job = mailbox.get(&format!("job-{i:05}")).unwrap().unwrap();
-        assert_eq!((job.status, job.attempt_count), (JobStatus::Accepted, 1));
-    }
 }
 
 #[test]
 fn a_second_ack_with_the_same_token_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), 8 << 20).unwrap();
-    let (mailbox, _) = SledMailbox::open(
-        store,
-        Arc::new(SystemClock::default()),
-        MailboxConfig::default(),
-    )
-    .unwrap();
+    let (_dir, mailbox) = mailbox_with_jobs(0);
     mailbox
         .enqueue(EnqueueRequest {
             job_id: "j".into(),
@@ -119,55 +142,24 @@ fn a_second_ack_with_the_same_token_is_refused() {
 /// every job is still claimed exactly once and a thread never has two claimed jobs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_claims_sharing_batches_take_every_job_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), 64 << 20).unwrap();
-    let cfg = MailboxConfig {
-        lease: Duration::from_secs(60),
-        ..MailboxConfig::default()
-    };
-    let (mailbox, _) = SledMailbox::open(store, Arc::new(SystemClock::default()), cfg).unwrap();
-    let mailbox = Arc::new(mailbox);
     const JOBS: usize = 5_000;
-    for i in 0..JOBS {
-        mailbox
-            .enqueue_durable(EnqueueRequest {
-                job_id: format!("job-{i:05}"),
-                mailbox_id: format!("thread-{}", i % 64),
-                run_id: format!("run-{i}"),
-                priority: (i % 3) as i32,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
-
-    let claims: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
-    let in_flight: Arc<Mutex<HashMap<String, String>>> = Arc::default();
+    let (_dir, mailbox) = mailbox_with_jobs(JOBS);
+    let seen = Arc::new(Seen::default());
     let mut workers = tokio::task::JoinSet::new();
     for w in 0..32 {
-        let (mailbox, claims, in_flight) = (mailbox.clone(), claims.clone(), in_flight.clone());
+        let (mailbox, seen) = (mailbox.clone(), seen.clone());
         workers.spawn(async move {
             let worker = format!("worker-{w}");
             loop {
                 let Some(claim) = mailbox.claim_next(&worker).await.unwrap().0 else {
-                    if claims.lock().unwrap().len() == JOBS {
+                    if seen.claimed_jobs() == JOBS {
                         return;
                     }
                     tokio::task::yield_now().await;
                     continue;
                 };
-                let thread = claim.job.mailbox_id.clone();
-                let clash = in_flight
-                    .lock()
-                    .unwrap()
-                    .insert(thread.clone(), claim.job.job_id.clone());
-                assert!(clash.is_none(), "two claimed jobs on {thread}");
-                *claims
-                    .lock()
-                    .unwrap()
-                    .entry(claim.job.job_id.clone())
-                    .or_default() += 1;
-                in_flight.lock().unwrap().remove(&thread);
+                seen.claimed(&claim);
+                seen.released(&claim);
                 let acked = mailbox
                     .ack_durable(&claim.job.job_id, &claim.token)
                     .await
@@ -179,29 +171,15 @@ async fn pool_claims_sharing_batches_take_every_job_once() {
     while let Some(done) = workers.join_next().await {
         done.unwrap();
     }
-
-    let claims = std::mem::take(&mut *claims.lock().unwrap());
-    assert_eq!(claims.len(), JOBS, "every job claimed");
-    assert!(claims.values().all(|n| *n == 1), "no job claimed twice");
+    seen.check_every_job_once(&mailbox, JOBS);
     assert!(mailbox.claim_next("late").await.unwrap().0.is_none());
-    for i in (0..JOBS).step_by(499) {
-        let job = mailbox.get(&format!("job-{i:05}")).unwrap().unwrap();
-        assert_eq!((job.status, job.attempt_count), (JobStatus::Accepted, 1));
-    }
 }
 
 /// A lone pool claimer takes jobs highest priority first, then oldest: aiming at different
 /// jobs only reorders claims that are in flight together.
 #[tokio::test]
 async fn a_lone_pool_claimer_takes_jobs_in_claim_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), 8 << 20).unwrap();
-    let (mailbox, _) = SledMailbox::open(
-        store,
-        Arc::new(SystemClock::default()),
-        MailboxConfig::default(),
-    )
-    .unwrap();
+    let (_dir, mailbox) = mailbox_with_jobs(0);
     let jobs = [("a", 0), ("b", 5), ("c", 0), ("d", 5), ("e", -1), ("f", 9)];
     for (i, (id, priority)) in jobs.iter().enumerate() {
         mailbox
