@@ -20,6 +20,7 @@ use arbor_runner_svc::{
     mailbox::{EnqueueRequest, MailboxConfig, SledMailbox, SystemClock},
     store::Store,
 };
+use arbor_shared::procstat::cpu_seconds;
 use tokio::sync::Notify;
 
 const RUN_FOR: Duration = Duration::from_secs(3);
@@ -39,24 +40,6 @@ fn raw_fsync_rate(dir: &std::path::Path, window: Duration) -> f64 {
         n += 1;
     }
     n as f64 / start.elapsed().as_secs_f64()
-}
-
-/// CPU time this process has used so far (user + system, from /proc/self/stat), in seconds.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name; 100 ticks/s.
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// Transactions the committer thread has run, and the commits they carried.
@@ -147,7 +130,7 @@ async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
     let flushes_before = store.flush_count();
     let (tx_before, bodies_before) = batch_stats(&store);
     let written_before = written_bytes(dir.path());
-    let cpu_before = cpu_seconds();
+    let cpu_before = cpu_seconds(std::process::id());
     let start = Instant::now();
     for p in 0..producers {
         for lane in 0..window {
@@ -187,7 +170,7 @@ async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
     tokio::time::sleep(RUN_FOR).await;
     stop.store(true, Ordering::Relaxed);
     let elapsed = start.elapsed();
-    let cpu = cpu_seconds() - cpu_before;
+    let cpu = cpu_seconds(std::process::id()) - cpu_before;
     let done = acked.load(Ordering::Relaxed);
     let flushes = store.flush_count() - flushes_before;
     let (tx_after, bodies_after) = batch_stats(&store);

@@ -95,11 +95,12 @@ pub mod tx {
     pub fn get_job(tx: &Tx<'_>, job_id: &str) -> TxResult<Option<Job>, MailboxError> {
         match tx.tree(T::Jobs).get(job_id.as_bytes())? {
             None => Ok(None),
-            Some(bytes) => match codec::decode("job", &bytes) {
-                Ok(job) => Ok(Some(job)),
-                Err(e) => abort(e),
-            },
+            Some(bytes) => decode_job(&bytes).map(Some),
         }
+    }
+
+    fn decode_job(bytes: &[u8]) -> TxResult<Job, MailboxError> {
+        codec::decode("job", bytes).or_else(abort)
     }
 
     pub fn must_get_job(tx: &Tx<'_>, job_id: &str) -> TxResult<Job, MailboxError> {
@@ -251,12 +252,9 @@ pub mod tx {
     ) -> TxResult<Result<Job, ClaimMiss>, MailboxError> {
         // Concurrent claimers try the same head of the queue, so most candidates a claim sees
         // in a shared transaction were just taken by the claim before it.
-        match tx.tree(T::Jobs).get(job_id.as_bytes())? {
-            Some(bytes) if may_claim(&bytes, now_ms) => {}
+        let mut job = match tx.tree(T::Jobs).get(job_id.as_bytes())? {
+            Some(bytes) if may_claim(&bytes, now_ms) => decode_job(&bytes)?,
             _ => return Ok(Err(ClaimMiss::Lost)),
-        }
-        let Some(mut job) = get_job(tx, job_id)? else {
-            return Ok(Err(ClaimMiss::Lost));
         };
         if job.status != JobStatus::Queued || job.available_at_ms > now_ms {
             return Ok(Err(ClaimMiss::Lost));
@@ -818,30 +816,31 @@ impl SledMailbox {
         let token = self.claim_token(worker_id)?;
         let lease = self.cfg.lease;
         let (worker, token_in) = (worker_id.to_string(), token.clone());
-        let aimed = self.aim(&mut candidates);
+        let _aim = self.aim(&mut candidates);
         let won = self
             .store
             .batches()
             .apply(move |t| tx::claim_first(t, &candidates, &worker, &token_in, now, lease))
-            .await;
-        if let (Some(job_id), Ok(mut aimed)) = (aimed, self.aimed.lock()) {
-            aimed.remove(&job_id);
-        }
-        Ok(self.claimed(won?, token, now))
+            .await?;
+        Ok(self.claimed(won, token, now))
     }
 
     /// Moves to the front of `candidates` the first one no other pool claim in flight is
-    /// trying first, and marks it as this claim's. Claims that share a transaction then take
-    /// different jobs on their first try, instead of each trying every job the claims before
-    /// it took. Order is kept: a claim passes over a job only while another claim is about to
-    /// take it, and tries it again after its own.
-    fn aim(&self, candidates: &mut Vec<String>) -> Option<String> {
+    /// trying first, and marks it as this claim's until the returned guard drops (the claim
+    /// finished, failed or was dropped). Claims that share a transaction then take different
+    /// jobs on their first try, instead of each trying every job the claims before it took.
+    /// Order is kept: a claim passes over a job only while another claim is about to take it,
+    /// and tries it again after its own.
+    fn aim(&self, candidates: &mut Vec<String>) -> Option<Aim<'_>> {
         let mut aimed = self.aimed.lock().ok()?;
         let at = candidates.iter().position(|c| !aimed.contains(c))?;
         let job_id = candidates.remove(at);
         candidates.insert(0, job_id.clone());
         aimed.insert(job_id.clone());
-        Some(job_id)
+        Some(Aim {
+            aimed: &self.aimed,
+            job_id,
+        })
     }
 
     /// What a claim transaction's outcome means to the worker: the claim, with its lease
@@ -915,6 +914,20 @@ impl SledMailbox {
             }
         }
         Ok(ids)
+    }
+}
+
+/// A pool claim's mark on the job it tries first (see `SledMailbox::aim`).
+struct Aim<'a> {
+    aimed: &'a Mutex<std::collections::HashSet<String>>,
+    job_id: String,
+}
+
+impl Drop for Aim<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut aimed) = self.aimed.lock() {
+            aimed.remove(&self.job_id);
+        }
     }
 }
 

@@ -22,7 +22,7 @@
 //! overhead), per thread with a claimed job and per interrupted thread.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     sync::{RwLock, RwLockReadGuard},
 };
 
@@ -30,40 +30,44 @@ use arbor_shared::journal::Recorded;
 
 use super::{T, codec};
 
-const QUEUE: u8 = T::Queue as u8;
-const ACTIVE: u8 = T::Active as u8;
-const MAILBOXES: u8 = T::Mailboxes as u8;
+/// The trees mirrored.
+const MIRRORED: [T; 3] = [T::Queue, T::Active, T::Mailboxes];
+
+type Map = BTreeMap<Vec<u8>, Vec<u8>>;
 
 /// The mirrored trees, as plain maps.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Maps {
     /// `queue`: claim-ordered key → what the claim scan needs of the job.
-    pub queue: BTreeMap<Vec<u8>, Vec<u8>>,
+    pub queue: Map,
     /// `active`: thread → its claimed job.
-    pub active: HashMap<Vec<u8>, Vec<u8>>,
+    pub active: Map,
     /// `mailboxes`: thread → its generation.
-    pub mailboxes: HashMap<Vec<u8>, Vec<u8>>,
+    pub mailboxes: Map,
 }
 
 impl Maps {
-    fn map(&mut self, tree: u8) -> Option<&mut dyn MapLike> {
+    fn map(&self, tree: u8) -> Option<&Map> {
         match tree {
-            QUEUE => Some(&mut self.queue),
-            ACTIVE => Some(&mut self.active),
-            MAILBOXES => Some(&mut self.mailboxes),
+            t if t == T::Queue as u8 => Some(&self.queue),
+            t if t == T::Active as u8 => Some(&self.active),
+            t if t == T::Mailboxes as u8 => Some(&self.mailboxes),
+            _ => None,
+        }
+    }
+
+    fn map_mut(&mut self, tree: u8) -> Option<&mut Map> {
+        match tree {
+            t if t == T::Queue as u8 => Some(&mut self.queue),
+            t if t == T::Active as u8 => Some(&mut self.active),
+            t if t == T::Mailboxes as u8 => Some(&mut self.mailboxes),
             _ => None,
         }
     }
 
     /// The value of `key` in mirrored tree `tree`; `None` if that tree is not mirrored.
     pub fn get(&self, tree: T, key: &[u8]) -> Option<Option<&[u8]>> {
-        let value = match tree {
-            T::Queue => self.queue.get(key),
-            T::Active => self.active.get(key),
-            T::Mailboxes => self.mailboxes.get(key),
-            _ => return None,
-        };
-        Some(value.map(Vec::as_slice))
+        self.map(tree as u8).map(|m| m.get(key).map(Vec::as_slice))
     }
 
     /// A thread's generation (0 until its first interrupt).
@@ -71,28 +75,6 @@ impl Maps {
         self.mailboxes
             .get(mailbox_id)
             .map_or(0, |v| codec::read_u64(v))
-    }
-}
-
-trait MapLike {
-    fn put(&mut self, key: &[u8], value: Option<&[u8]>);
-}
-
-impl MapLike for BTreeMap<Vec<u8>, Vec<u8>> {
-    fn put(&mut self, key: &[u8], value: Option<&[u8]>) {
-        match value {
-            Some(v) => self.insert(key.to_vec(), v.to_vec()),
-            None => self.remove(key),
-        };
-    }
-}
-
-impl MapLike for HashMap<Vec<u8>, Vec<u8>> {
-    fn put(&mut self, key: &[u8], value: Option<&[u8]>) {
-        match value {
-            Some(v) => self.insert(key.to_vec(), v.to_vec()),
-            None => self.remove(key),
-        };
     }
 }
 
@@ -108,21 +90,18 @@ impl Mirror {
         fill: impl Fn(&[u8]) -> Option<Vec<u8>>,
     ) -> Result<Self, sled::Error> {
         let mut maps = Maps::default();
-        for entry in trees[T::Queue as usize].iter() {
-            let (k, v) = entry?;
-            let v = match v.is_empty() {
-                true => fill(&k).unwrap_or_default(),
-                false => v.to_vec(),
+        for tree in MIRRORED {
+            let Some(map) = maps.map_mut(tree as u8) else {
+                continue;
             };
-            maps.queue.insert(k.to_vec(), v);
-        }
-        for entry in trees[T::Active as usize].iter() {
-            let (k, v) = entry?;
-            maps.active.insert(k.to_vec(), v.to_vec());
-        }
-        for entry in trees[T::Mailboxes as usize].iter() {
-            let (k, v) = entry?;
-            maps.mailboxes.insert(k.to_vec(), v.to_vec());
+            for entry in trees[tree as usize].iter() {
+                let (k, v) = entry?;
+                let v = match tree == T::Queue && v.is_empty() {
+                    true => fill(&k).unwrap_or_default(),
+                    false => v.to_vec(),
+                };
+                map.insert(k.to_vec(), v);
+            }
         }
         Ok(Self(RwLock::new(maps)))
     }
@@ -131,7 +110,7 @@ impl Mirror {
     pub fn apply(&self, record: &Recorded) {
         let mut maps = None;
         for w in record.writes().flatten() {
-            if !matches!(w.tree, QUEUE | ACTIVE | MAILBOXES) {
+            if !MIRRORED.iter().any(|t| *t as u8 == w.tree) {
                 continue;
             }
             let maps = maps.get_or_insert_with(|| {
@@ -139,8 +118,11 @@ impl Mirror {
                     .write()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
             });
-            if let Some(map) = maps.map(w.tree) {
-                map.put(w.key, w.value);
+            if let Some(map) = maps.map_mut(w.tree) {
+                match w.value {
+                    Some(v) => map.insert(w.key.to_vec(), v.to_vec()),
+                    None => map.remove(w.key),
+                };
             }
         }
     }

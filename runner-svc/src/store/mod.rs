@@ -222,6 +222,17 @@ impl TxSet for AllTrees {
     }
 }
 
+/// Loads the mirror of the claim trees. A queue entry of a store from before entries had values
+/// gets the value its job record gives.
+fn load_mirror(trees: &[sled::Tree]) -> Result<mirror::Mirror, sled::Error> {
+    mirror::Mirror::load(trees, |queue_key| {
+        let job_id = crate::mailbox::tx::job_id_of_queue_key(queue_key)?;
+        let job = trees[T::Jobs as usize].get(job_id).ok().flatten()?;
+        let job = codec::decode("job", &job).ok()?;
+        Some(crate::mailbox::tx::queue_value(&job))
+    })
+}
+
 /// Where the journal lives in the database directory.
 fn journal_dir(dir: &Path) -> std::path::PathBuf {
     dir.join("journal")
@@ -367,13 +378,7 @@ impl Store {
                 );
             }
         }
-        let mirror = mirror::Mirror::load(&trees, |queue_key| {
-            let job_id = crate::mailbox::tx::job_id_of_queue_key(queue_key)?;
-            let job = trees[T::Jobs as usize].get(job_id).ok().flatten()?;
-            let job = codec::decode("job", &job).ok()?;
-            Some(crate::mailbox::tx::queue_value(&job))
-        })
-        .map_err(err)?;
+        let mirror = load_mirror(&trees).map_err(err)?;
         let all = AllTrees {
             trees: trees.clone(),
             journal,
@@ -407,18 +412,10 @@ impl Store {
         &self.all.mirror
     }
 
-    /// Whether the mirror holds exactly what sled holds in the mirrored trees: what a test of
-    /// the mirror checks. (Queue entries of old stores with empty values count as equal.)
+    /// Whether the mirror holds exactly what loading it from sled now gives: what a test of the
+    /// mirror checks.
     pub fn mirror_matches(&self) -> Result<bool, sled::Error> {
-        let fresh = mirror::Mirror::load(&self.trees, |_| None)?;
-        let (fresh, held) = (fresh.read(), self.mirror().read());
-        let queue_matches = fresh.queue.len() == held.queue.len()
-            && fresh
-                .queue
-                .iter()
-                .zip(held.queue.iter())
-                .all(|((k1, v1), (k2, v2))| k1 == k2 && (v1 == v2 || v1.is_empty()));
-        Ok(queue_matches && fresh.active == held.active && fresh.mailboxes == held.mailboxes)
+        Ok(*load_mirror(&self.trees)?.read() == *self.mirror().read())
     }
 
     pub fn tree(&self, t: T) -> &sled::Tree {
