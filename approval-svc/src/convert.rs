@@ -188,6 +188,7 @@ pub fn runner_resolve(a: &Approval, d: &Decision) -> runner_pb::ResolveRequest {
         request_id: a.request.request_id.clone(),
         decision_id: d.decision_id.clone(),
         action: d.kind.action().into(),
+        decision_kind: d.kind.into(),
         result: opt_value(&d.runner_result()),
         reason: d.reason.clone(),
         decided_by: d.decided_by.clone(),

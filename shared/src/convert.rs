@@ -21,12 +21,19 @@ pub enum ConvertError {
     },
     #[error("{0}: required field is missing")]
     Missing(&'static str),
+    #[error("{field}: {description}")]
+    Conflict {
+        field: &'static str,
+        description: &'static str,
+    },
 }
 
 impl ConvertError {
     pub fn field(&self) -> &'static str {
         match self {
-            Self::BadEnum { field, .. } | Self::Missing(field) => field,
+            Self::BadEnum { field, .. } | Self::Missing(field) | Self::Conflict { field, .. } => {
+                field
+            }
         }
     }
 }
@@ -91,6 +98,37 @@ enum_map!(DecisionKind <=> DecisionKind {
     Approve = Approve, Reject = Reject, Edit = Edit, Respond = Respond,
 });
 enum_map!(ResolveAction <=> ResolveAction { Resume = Resume, Cancel = Cancel });
+
+impl Verdict {
+    /// Reads a wire `(action, decision_kind)` pair; `prefix` names the message in errors. With a
+    /// kind the action may be left out; given both, they must agree.
+    pub fn from_wire(
+        action: i32,
+        kind: i32,
+        fields: (&'static str, &'static str),
+    ) -> Result<Self, ConvertError> {
+        let (action_field, kind_field) = fields;
+        let kind = DecisionKind::from_wire_opt(kind, kind_field)?;
+        let action = ResolveAction::from_wire_opt(action, action_field)?;
+        match (kind, action) {
+            (None, None) => Err(ConvertError::Missing(action_field)),
+            (None, Some(ResolveAction::Resume)) => Ok(Self::Resume),
+            (None, Some(ResolveAction::Cancel)) => Ok(Self::Cancel),
+            (Some(kind), None) => Ok(Self::of(kind)),
+            (Some(kind), Some(action)) if kind.action() == action => Ok(Self::of(kind)),
+            (Some(_), Some(_)) => Err(ConvertError::Conflict {
+                field: action_field,
+                description: "contradicts decision_kind (REJECT cancels; APPROVE, EDIT and \
+                              RESPOND resume)",
+            }),
+        }
+    }
+
+    /// The wire `decision_kind` (UNSPECIFIED for a plain resume or cancel).
+    pub fn wire_kind(self) -> i32 {
+        self.kind().map_or(0, i32::from)
+    }
+}
 enum_map!(DecisionSource <=> DecisionSource { Person = Person, Policy = Policy, Timeout = Timeout });
 enum_map!(JobStatus <=> JobStatus {
     Queued = Queued, Claimed = Claimed, Accepted = Accepted, DeadLetter = DeadLetter,
@@ -235,11 +273,12 @@ impl From<&Event> for pb::Event {
             } => D::ApprovalResolved(pb::ApprovalResolved {
                 request_id: request_id.clone(),
                 decision_id: decision_id.clone(),
-                action: (*action).into(),
+                action: action.action().into(),
                 reason: reason.clone(),
                 decided_by: decided_by.clone(),
                 category: (*category).into(),
                 source: (*source).into(),
+                decision_kind: action.wire_kind(),
             }),
             EventDetail::ExecutionResumed {
                 request_ids,
@@ -340,7 +379,14 @@ impl TryFrom<&pb::Event> for Event {
             D::ApprovalResolved(d) => EventDetail::ApprovalResolved {
                 request_id: d.request_id.clone(),
                 decision_id: d.decision_id.clone(),
-                action: ResolveAction::from_wire(d.action, "approval_resolved.action")?,
+                action: Verdict::from_wire(
+                    d.action,
+                    d.decision_kind,
+                    (
+                        "approval_resolved.action",
+                        "approval_resolved.decision_kind",
+                    ),
+                )?,
                 reason: d.reason.clone(),
                 decided_by: d.decided_by.clone(),
                 category: SuspensionCategory::from_wire(d.category, "approval_resolved.category")?,
@@ -440,6 +486,58 @@ mod tests {
         assert_eq!(Event::try_from(&wire).unwrap(), event);
         let bytes = postcard::to_allocvec(&event).unwrap();
         assert_eq!(postcard::from_bytes::<Event>(&bytes).unwrap(), event);
+    }
+
+    #[test]
+    fn verdicts_read_from_action_and_kind() {
+        let f = ("action", "decision_kind");
+        let (resume, cancel) = (
+            pb::ResolveAction::Resume as i32,
+            pb::ResolveAction::Cancel as i32,
+        );
+        let kind = |k: DecisionKind| i32::from(k);
+        assert_eq!(Verdict::from_wire(resume, 0, f), Ok(Verdict::Resume));
+        assert_eq!(Verdict::from_wire(cancel, 0, f), Ok(Verdict::Cancel));
+        assert_eq!(
+            Verdict::from_wire(0, kind(DecisionKind::Edit), f),
+            Ok(Verdict::Edit)
+        );
+        assert_eq!(
+            Verdict::from_wire(cancel, kind(DecisionKind::Reject), f),
+            Ok(Verdict::Reject)
+        );
+        assert!(matches!(
+            Verdict::from_wire(cancel, kind(DecisionKind::Respond), f),
+            Err(ConvertError::Conflict { .. })
+        ));
+        assert_eq!(
+            Verdict::from_wire(0, 0, f),
+            Err(ConvertError::Missing("action"))
+        );
+        assert!(Verdict::from_wire(resume, 99, f).is_err());
+        for v in [
+            Verdict::Approve,
+            Verdict::Reject,
+            Verdict::Edit,
+            Verdict::Respond,
+        ] {
+            assert_eq!(
+                Verdict::from_wire(v.action().into(), v.wire_kind(), f),
+                Ok(v)
+            );
+        }
+    }
+
+    #[test]
+    fn verdicts_read_records_written_with_resolve_actions() {
+        // Records stored before decisions carried their kind hold a `ResolveAction` index.
+        for (old, new) in [
+            (ResolveAction::Resume, Verdict::Resume),
+            (ResolveAction::Cancel, Verdict::Cancel),
+        ] {
+            let bytes = postcard::to_allocvec(&old).unwrap();
+            assert_eq!(postcard::from_bytes::<Verdict>(&bytes).unwrap(), new);
+        }
     }
 
     #[test]

@@ -130,6 +130,61 @@ pub enum ResolveAction {
     Cancel,
 }
 
+/// What a delivered decision does, as the runner stores and applies it: user input and external
+/// results are resumed or cancelled, an approval is decided by its kind. Stored records keep the
+/// variant's index, so variants are only ever appended (`Resume` and `Cancel` came first, and
+/// records written before the kinds existed still read as them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Verdict {
+    Resume,
+    Cancel,
+    Approve,
+    Reject,
+    Edit,
+    Respond,
+}
+
+impl Verdict {
+    pub fn of(kind: DecisionKind) -> Self {
+        match kind {
+            DecisionKind::Approve => Self::Approve,
+            DecisionKind::Reject => Self::Reject,
+            DecisionKind::Edit => Self::Edit,
+            DecisionKind::Respond => Self::Respond,
+        }
+    }
+
+    /// The approval decision's kind; `None` for a plain resume or cancel.
+    pub fn kind(self) -> Option<DecisionKind> {
+        match self {
+            Self::Resume | Self::Cancel => None,
+            Self::Approve => Some(DecisionKind::Approve),
+            Self::Reject => Some(DecisionKind::Reject),
+            Self::Edit => Some(DecisionKind::Edit),
+            Self::Respond => Some(DecisionKind::Respond),
+        }
+    }
+
+    pub fn action(self) -> ResolveAction {
+        match self {
+            Self::Cancel | Self::Reject => ResolveAction::Cancel,
+            Self::Resume | Self::Approve | Self::Edit | Self::Respond => ResolveAction::Resume,
+        }
+    }
+
+    pub fn is_cancel(self) -> bool {
+        self.action() == ResolveAction::Cancel
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self.kind() {
+            Some(kind) => kind.as_str(),
+            None if self.is_cancel() => "cancel",
+            None => "resume",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub enum DecisionSource {
     #[default]
@@ -268,7 +323,7 @@ pub enum EventDetail {
     ApprovalResolved {
         request_id: String,
         decision_id: String,
-        action: ResolveAction,
+        action: Verdict,
         reason: String,
         decided_by: String,
         category: SuspensionCategory,

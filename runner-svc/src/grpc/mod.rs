@@ -7,7 +7,7 @@ use std::{pin::Pin, sync::Arc, time::Duration};
 
 use arbor_shared::{
     auth::{Role, principal_of},
-    domain::{DecisionSource, EventKind, JobStatus, ResolveAction},
+    domain::{DecisionSource, EventKind, JobStatus, Verdict},
     json::from_optional_value,
     proto::runner::v1::{self as pb, runner_service_server::RunnerService},
     trace::TraceContext,
@@ -373,7 +373,8 @@ impl RunnerService for RunnerGrpc {
         )?;
         let trace = TraceContext::from_metadata(req.metadata());
         let r = req.into_inner();
-        let action = ResolveAction::from_wire(r.action, "action").map_err(RunnerError::from)?;
+        let action = Verdict::from_wire(r.action, r.decision_kind, ("action", "decision_kind"))
+            .map_err(RunnerError::from)?;
         let source = DecisionSource::from_wire_opt(r.source, "source")
             .map_err(RunnerError::from)?
             .unwrap_or_default();

@@ -2,8 +2,7 @@
 //! `decision_id`.
 
 use arbor_shared::domain::{
-    DecisionSource, EventDetail, JobKind, JobOrigin, ResolveAction, SuspensionCategory,
-    SuspensionState,
+    DecisionSource, EventDetail, JobKind, JobOrigin, SuspensionCategory, SuspensionState, Verdict,
 };
 use serde_json::Value as Json;
 
@@ -22,7 +21,9 @@ pub struct ResolveInput {
     pub run_id: String,
     pub request_id: String,
     pub decision_id: String,
-    pub action: ResolveAction,
+    /// Approvals: the decision's kind (a plain resume or cancel from older callers is read as
+    /// approve or reject); user input and external results: resume or cancel.
+    pub action: Verdict,
     pub result: Json,
     pub reason: String,
     pub decided_by: String,
@@ -127,6 +128,12 @@ impl Runner {
                 }
                 let normalised = match validate_decision(record, decision.clone()) {
                     Ok(d) => d,
+                    Err(e) if e.not_allowed => {
+                        return abort(RunnerError::FailedPrecondition(format!(
+                            "decision refused for request '{}': {}",
+                            input.request_id, e.description
+                        )));
+                    }
                     Err(e) => {
                         return abort(RunnerError::InvalidArgument {
                             summary: format!(
@@ -170,7 +177,7 @@ impl Runner {
                         detail: EventDetail::ApprovalResolved {
                             request_id: input.request_id.clone(),
                             decision_id: input.decision_id.clone(),
-                            action: input.action,
+                            action: normalised.action,
                             reason: input.reason.clone(),
                             decided_by: input.decided_by.clone(),
                             category: record.category,

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use arbor_runner_svc::runs::{ResolveInput, Runner};
-use arbor_shared::domain::{DecisionSource, ResolveAction, RunStatus};
+use arbor_shared::domain::{DecisionSource, RunStatus, Verdict};
 
 /// Waits (20 s at most) until the run has `want`; for `Suspended`, also until its request is out.
 pub async fn wait_status(runner: &Runner, run_id: &str, want: RunStatus) {
@@ -38,7 +38,7 @@ pub async fn approve_first(runner: &Runner, run_id: &str, decision_id: &str) {
             run_id: run_id.to_string(),
             request_id,
             decision_id: decision_id.into(),
-            action: ResolveAction::Resume,
+            action: Verdict::Resume,
             result: serde_json::Value::Null,
             reason: "fine".into(),
             decided_by: "bob".into(),

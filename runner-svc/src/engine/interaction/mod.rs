@@ -6,7 +6,7 @@ pub(crate) mod store;
 mod validate;
 
 use arbor_shared::domain::{
-    ApprovalRequest, DecisionSource, ResolveAction, SuspensionCategory, SuspensionState,
+    ApprovalRequest, DecisionKind, DecisionSource, SuspensionCategory, SuspensionState, Verdict,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
@@ -19,7 +19,9 @@ pub use validate::validate_decision;
 pub struct Decision {
     pub request_id: String,
     pub decision_id: String,
-    pub action: ResolveAction,
+    /// What to do: for approvals the decision's kind (after `validate_decision`), for user
+    /// input and external results a plain resume or cancel.
+    pub action: Verdict,
     #[serde(with = "arbor_shared::json::as_text")]
     pub result: Json,
     pub reason: String,
@@ -28,12 +30,13 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// A decision that resumes the suspended node with `result` (approve, edit, respond, input).
+    /// A decision that resumes the suspended node with `result` (user input, an external result;
+    /// on an approval without a result, an approve).
     pub fn resume(request_id: &str, decision_id: &str, result: Json) -> Self {
         Self {
             request_id: request_id.to_string(),
             decision_id: decision_id.to_string(),
-            action: ResolveAction::Resume,
+            action: Verdict::Resume,
             result,
             reason: String::new(),
             decided_by: String::new(),
@@ -44,9 +47,35 @@ impl Decision {
     /// A decision that cancels (rejects) the suspended node.
     pub fn cancel(request_id: &str, decision_id: &str, reason: &str) -> Self {
         Self {
-            action: ResolveAction::Cancel,
+            action: Verdict::Cancel,
             reason: reason.to_string(),
             ..Self::resume(request_id, decision_id, Json::Null)
+        }
+    }
+
+    /// An approval decision of the given kind; `result` holds EDIT's arguments or RESPOND's
+    /// stand-in result.
+    pub fn approval(request_id: &str, decision_id: &str, kind: DecisionKind, result: Json) -> Self {
+        Self {
+            action: Verdict::of(kind),
+            ..Self::resume(request_id, decision_id, result)
+        }
+    }
+
+    /// The approval decision this is. Records delivered before decisions carried their kind
+    /// hold a plain resume or cancel: cancel rejects, resume without a result approves, and a
+    /// resume with a result was an edit or a respond, whichever of the two the node allows.
+    pub fn approval_kind(&self, allowed: &[DecisionKind]) -> DecisionKind {
+        match self.action {
+            Verdict::Cancel | Verdict::Reject => DecisionKind::Reject,
+            Verdict::Approve => DecisionKind::Approve,
+            Verdict::Edit => DecisionKind::Edit,
+            Verdict::Respond => DecisionKind::Respond,
+            Verdict::Resume if self.result.is_null() => DecisionKind::Approve,
+            Verdict::Resume => [DecisionKind::Edit, DecisionKind::Respond]
+                .into_iter()
+                .find(|k| allowed.contains(k))
+                .unwrap_or(DecisionKind::Approve),
         }
     }
 }
@@ -69,12 +98,14 @@ pub struct SuspensionRecord {
 }
 
 /// Why a decision does not fit its suspension; `field` is a path into the decision
-/// (`result.value`).
+/// (`result.value`). `not_allowed`: the decision is well formed, but its kind is not one the
+/// suspension's node honours (FAILED_PRECONDITION rather than INVALID_ARGUMENT).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {description}")]
 pub struct DecisionError {
     pub field: String,
     pub description: String,
+    pub not_allowed: bool,
 }
 
 impl DecisionError {
@@ -82,6 +113,14 @@ impl DecisionError {
         Self {
             field: field.into(),
             description: description.into(),
+            not_allowed: false,
+        }
+    }
+
+    pub(crate) fn not_allowed(field: impl Into<String>, description: impl Into<String>) -> Self {
+        Self {
+            not_allowed: true,
+            ..Self::new(field, description)
         }
     }
 }

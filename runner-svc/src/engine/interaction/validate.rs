@@ -1,7 +1,7 @@
 //! Checks a decision against the suspension it resolves before the runner accepts it, and
 //! normalises user input (`{"text": s}` becomes `{"value": s}`).
 
-use arbor_shared::domain::{ResolveAction, SuspensionCategory, SuspensionState};
+use arbor_shared::domain::{DecisionKind, SuspensionCategory, SuspensionState, Verdict};
 use serde_json::{Map, Value as Json, json};
 
 use super::{Decision, DecisionError, SuspensionRecord, input};
@@ -26,7 +26,17 @@ pub fn validate_decision(
             format!("suspension is {:?}, not active", record.state),
         ));
     }
-    if decision.action == ResolveAction::Cancel {
+    if record.category == SuspensionCategory::RequireApproval {
+        decision.action = Verdict::of(approval_kind(record, &decision)?);
+        return Ok(decision);
+    }
+    if decision.action.kind().is_some() {
+        return Err(DecisionError::new(
+            "decision_kind",
+            "only approvals take a decision kind; resume or cancel user input and external results",
+        ));
+    }
+    if decision.action.is_cancel() {
         return Ok(decision);
     }
     match record.category {
@@ -55,6 +65,49 @@ pub fn validate_decision(
         }
     }
     Ok(decision)
+}
+
+/// The kind an approval decision applies, if the node honours it. A plain cancel is a reject
+/// and a plain resume without a result an approve (callers that predate decision kinds); a plain
+/// resume with a result is ambiguous and must say EDIT or RESPOND.
+fn approval_kind(record: &SuspensionRecord, d: &Decision) -> Result<DecisionKind, DecisionError> {
+    let kind = match d.action.kind() {
+        Some(kind) => kind,
+        None if d.action.is_cancel() => DecisionKind::Reject,
+        None if d.result.is_null() => DecisionKind::Approve,
+        None => {
+            return Err(DecisionError::new(
+                "decision_kind",
+                "an approval decision that carries a result must say EDIT or RESPOND",
+            ));
+        }
+    };
+    let allowed: &[DecisionKind] = match &record.approval {
+        Some(a) => &a.allowed_decisions,
+        None => &[DecisionKind::Approve, DecisionKind::Reject],
+    };
+    if !allowed.contains(&kind) {
+        let names: Vec<&str> = allowed.iter().map(|k| k.as_str()).collect();
+        return Err(DecisionError::not_allowed(
+            "decision_kind",
+            format!(
+                "{} is not allowed for this request; allowed: {}",
+                kind.as_str(),
+                names.join(", ")
+            ),
+        ));
+    }
+    match kind {
+        DecisionKind::Edit if d.result.is_null() => Err(DecisionError::new(
+            "result",
+            "an EDIT decision carries the edited arguments",
+        )),
+        DecisionKind::Approve if !d.result.is_null() => Err(DecisionError::new(
+            "result",
+            "an APPROVE decision carries no result (EDIT changes the arguments)",
+        )),
+        _ => Ok(kind),
+    }
 }
 
 fn user_value(result: &Json) -> Result<Json, DecisionError> {

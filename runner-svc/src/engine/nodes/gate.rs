@@ -3,8 +3,7 @@
 //! straight on to the child and never asks again.
 
 use arbor_shared::domain::{
-    ApprovalKind, ApprovalPhase, ApprovalRequest, DecisionKind, ResolveAction, SuspensionCategory,
-    SuspensionState,
+    ApprovalKind, ApprovalPhase, ApprovalRequest, DecisionKind, SuspensionCategory, SuspensionState,
 };
 use serde_json::{Map, Value as Json, json};
 
@@ -13,6 +12,9 @@ use crate::engine::interaction::SuspensionRecord;
 use crate::engine::interaction::store::{GateStage, Progress, ProgressEntry};
 use crate::engine::spec::{GateSpec, OnReject};
 use crate::engine::{TickStatus, blackboard};
+
+/// What a gate honours: it lets its child run or it does not.
+const GATE_DECISIONS: &[DecisionKind] = &[DecisionKind::Approve, DecisionKind::Reject];
 
 pub(super) fn approval(cx: &mut Ctx<'_>, idx: usize, gate: &GateSpec) -> TickStatus {
     let node = cx.node(idx);
@@ -87,9 +89,11 @@ fn ask(
     };
     let rid = cx.request_id(idx, phase_name);
     if let Some(decision) = cx.take_decision(&rid) {
-        return Some(match decision.action {
-            ResolveAction::Resume => Ok(()),
-            ResolveAction::Cancel => Err(decision.reason),
+        return Some(match decision.approval_kind(GATE_DECISIONS) {
+            DecisionKind::Approve => Ok(()),
+            DecisionKind::Reject => Err(decision.reason),
+            // `validate_decision` refuses these for a gate; fail closed all the same.
+            other => Err(format!("a gate cannot apply a {} decision", other.as_str())),
         });
     }
     if !cx.ck.interaction.suspensions.contains_key(&rid) {
@@ -151,7 +155,7 @@ fn gate_record(
             env.now_ms.saturating_add(gate.deadline_ms)
         },
         on_timeout: gate.on_timeout,
-        allowed_decisions: vec![DecisionKind::Approve, DecisionKind::Reject],
+        allowed_decisions: GATE_DECISIONS.to_vec(),
         submitted_by: env.submitted_by.to_string(),
         requested_at_ms: env.now_ms,
     };

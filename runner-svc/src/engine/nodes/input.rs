@@ -1,7 +1,7 @@
 //! Leaves that wait for the outside world: `user_input` (a person answers) and `external` (some
 //! other system reports a result).
 
-use arbor_shared::domain::{ResolveAction, SuspensionCategory, SuspensionState};
+use arbor_shared::domain::{SuspensionCategory, SuspensionState};
 use serde_json::{Map, Value as Json};
 
 use super::Ctx;
@@ -42,7 +42,7 @@ pub(super) fn user_input(cx: &mut Ctx<'_>, idx: usize, spec: &InputSpec) -> Tick
         return TickStatus::Running;
     };
     let loc = cx.locator(idx);
-    if decision.action == ResolveAction::Cancel {
+    if decision.action.is_cancel() {
         return cx.fail(format!("user input '{loc}' cancelled: {}", decision.reason));
     }
     output(cx, idx, spec.output.as_deref(), input_value(decision))
@@ -92,7 +92,7 @@ pub(super) fn external(cx: &mut Ctx<'_>, idx: usize, spec: &ExternalSpec) -> Tic
         }
         return TickStatus::Running;
     };
-    if decision.action == ResolveAction::Cancel {
+    if decision.action.is_cancel() {
         return cx.fail(format!("external '{loc}' cancelled: {}", decision.reason));
     }
     let status = decision.result.get("status").and_then(Json::as_str);

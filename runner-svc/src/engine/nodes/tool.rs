@@ -1,9 +1,9 @@
 //! The `tool` leaf: guard pipeline (policy → budget → rate limit → ask), the optional approval
-//! suspension with its resume modes, and the call itself with an idempotency key, so a replay
-//! after a crash repeats the same call id and key.
+//! suspension and the decision it applies (approve, edit, respond, reject), and the call itself
+//! with an idempotency key, so a replay after a crash repeats the same call id and key.
 
 use arbor_shared::domain::{
-    ApprovalKind, ApprovalPhase, ApprovalRequest, DecisionKind, ResolveAction, SuspensionCategory,
+    ApprovalKind, ApprovalPhase, ApprovalRequest, DecisionKind, SuspensionCategory,
     SuspensionState, TimeoutAction,
 };
 use serde_json::{Map, Value as Json, json};
@@ -13,7 +13,7 @@ use crate::engine::TickStatus;
 use crate::engine::interaction::SuspensionRecord;
 use crate::engine::interaction::request_id;
 use crate::engine::interaction::store::{Progress, ProgressEntry, ToolCallRecord, ToolCallState};
-use crate::engine::spec::{ResumeMode, ToolSpec};
+use crate::engine::spec::{ToolOnReject, ToolSpec};
 use crate::engine::tools::{Policy, ToolCall};
 
 pub(super) fn tool(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec) -> TickStatus {
@@ -133,33 +133,47 @@ fn await_approval(
         return TickStatus::Running;
     };
     cx.ck.interaction.progress.remove(&progress_key);
-    if decision.action == ResolveAction::Cancel {
-        set_state(
-            cx,
-            call_id,
-            ToolCallState::Cancelled {
-                reason: decision.reason.clone(),
-            },
-        );
-        return cx.fail(format!("tool call cancelled: {}", decision.reason));
-    }
-    match spec.resume_mode {
-        ResumeMode::ReplayToolCall => {}
-        ResumeMode::PassDecisionToTool => {
-            // A plain approve carries no result: the original args stand.
-            if !decision.result.is_null()
-                && let Some(record) = cx.ck.interaction.tool_calls.get_mut(call_id)
-            {
+    match decision.approval_kind(&spec.allowed_decisions()) {
+        DecisionKind::Approve => {}
+        DecisionKind::Edit => {
+            if let Some(record) = cx.ck.interaction.tool_calls.get_mut(call_id) {
                 record.args = decision.result;
             }
         }
-        ResumeMode::UseDecisionAsToolResult => {
+        DecisionKind::Respond => {
             set_state(cx, call_id, ToolCallState::Succeeded);
             return write_output(cx, idx, spec, decision.result);
+        }
+        DecisionKind::Reject => {
+            set_state(
+                cx,
+                call_id,
+                ToolCallState::Cancelled {
+                    reason: decision.reason.clone(),
+                },
+            );
+            return rejected(cx, idx, spec, &decision.reason);
         }
     }
     set_state(cx, call_id, ToolCallState::Approved);
     execute(cx, idx, spec, call_id)
+}
+
+/// A rejected call never runs; `on_reject` says whether its node fails or succeeds without it.
+fn rejected(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, reason: &str) -> TickStatus {
+    match &spec.on_reject {
+        ToolOnReject::Failure => cx.fail(format!("tool call rejected: {reason}")),
+        ToolOnReject::Skip { output: None } => TickStatus::Success,
+        ToolOnReject::Skip {
+            output: Some(stand_in),
+        } => match cx.resolve(stand_in) {
+            Ok(value) => write_output(cx, idx, spec, value),
+            Err(e) => {
+                let loc = cx.locator(idx);
+                cx.fail(format!("tool '{loc}': reject_output: {e}"))
+            }
+        },
+    }
 }
 
 fn execute(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, call_id: &str) -> TickStatus {
@@ -228,17 +242,13 @@ fn approval_record(
         .get(call_id)
         .map_or(Json::Null, |r| r.args.clone());
     let title = format!("Allow tool '{}' ({})?", spec.tool, node.locator);
-    let resume_mode = match spec.resume_mode {
-        ResumeMode::ReplayToolCall => "replay_tool_call",
-        ResumeMode::UseDecisionAsToolResult => "use_decision_as_tool_result",
-        ResumeMode::PassDecisionToTool => "pass_decision_to_tool",
-    };
+    let allowed = spec.allowed_decisions();
     let payload = json!({
         "kind": "tool",
         "tool": spec.tool,
         "args": args,
         "tool_call_id": call_id,
-        "resume_mode": resume_mode,
+        "allowed_decisions": allowed.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
     });
     let approval = ApprovalRequest {
         request_id: rid.to_string(),
@@ -257,12 +267,7 @@ fn approval_record(
         phase: ApprovalPhase::Before,
         deadline_ms: 0,
         on_timeout: TimeoutAction::Reject,
-        allowed_decisions: vec![
-            DecisionKind::Approve,
-            DecisionKind::Reject,
-            DecisionKind::Edit,
-            DecisionKind::Respond,
-        ],
+        allowed_decisions: allowed,
         submitted_by: env.submitted_by.to_string(),
         requested_at_ms: env.now_ms,
     };

@@ -85,15 +85,28 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// An optional string restricted to a set of words.
-    pub fn opt_word<T>(&mut self, key: &str, parse: impl Fn(&str) -> Option<T>) -> Option<T>
+    /// An optional string restricted to a set of words; a violation names the accepted ones.
+    pub fn opt_word<T>(&mut self, key: &str, words: &[(&str, T)]) -> Option<T>
     where
         T: Copy,
     {
         let value = self.map.get(key)?;
-        let parsed = value.as_str().and_then(&parse);
+        let parsed = value
+            .as_str()
+            .and_then(|s| words.iter().find(|(w, _)| *w == s).map(|(_, t)| *t));
         if parsed.is_none() {
-            self.violation(key, format!("unknown value {value}"));
+            let names: Vec<&str> = words.iter().map(|(w, _)| *w).collect();
+            self.violation(key, unknown_word(value, &names));
+        }
+        parsed
+    }
+
+    /// An optional boolean.
+    pub fn opt_bool(&mut self, key: &str) -> Option<bool> {
+        let value = self.map.get(key)?;
+        let parsed = value.as_bool();
+        if parsed.is_none() {
+            self.violation(key, "must be true or false");
         }
         parsed
     }
@@ -124,4 +137,12 @@ impl<'a> Fields<'a> {
         }
         list
     }
+}
+
+/// `unknown value "zzz"; expected one of: a, b, c`.
+pub(super) fn unknown_word(value: &Json, words: &[&str]) -> String {
+    format!(
+        "unknown value {value}; expected one of: {}",
+        words.join(", ")
+    )
 }

@@ -3,10 +3,10 @@
 use arbor_shared::domain::TimeoutAction;
 use serde_json::{Map, Value as Json};
 
-use super::fields::Fields;
+use super::fields::{Fields, unknown_word};
 use super::{
     CondOp, ConditionSpec, ExternalSpec, GateSpec, InputKind, InputSpec, MAX_NODES, NodeKind,
-    OnReject, ResumeMode, ToolSpec,
+    OnReject, ToolOnReject, ToolSpec,
 };
 use crate::engine::interaction::input;
 use crate::engine::tools::Policy;
@@ -43,7 +43,17 @@ pub(super) fn read_kind(ty: &str, f: &mut Fields<'_>) -> Option<NodeKind> {
         "wait" => &["ms"],
         "succeed" => &[],
         "fail" | "log" => &["message"],
-        "tool" => &["tool", "args", "policy", "resume_mode", "output"],
+        "tool" => &[
+            "tool",
+            "args",
+            "policy",
+            "allow_edit",
+            "allow_respond",
+            "resume_mode",
+            "on_reject",
+            "reject_output",
+            "output",
+        ],
         "user_input" => &[
             "input_kind",
             "prompt",
@@ -169,7 +179,8 @@ fn read_condition(f: &mut Fields<'_>) -> Option<NodeKind> {
         Some(op) => {
             let parsed = CondOp::parse(&op);
             if parsed.is_none() {
-                f.violation("op", format!("unknown operator '{op}'"));
+                let names: Vec<&str> = CondOp::ALL.iter().map(|o| o.as_str()).collect();
+                f.violation("op", unknown_word(&Json::String(op), &names));
             }
             parsed
         }
@@ -192,22 +203,28 @@ fn read_condition(f: &mut Fields<'_>) -> Option<NodeKind> {
 }
 
 fn read_gate(f: &mut Fields<'_>) -> Option<NodeKind> {
-    let phase = f.opt_word("phase", |s| match s {
-        "before" => Some((true, false)),
-        "after" => Some((false, true)),
-        "both" => Some((true, true)),
-        _ => None,
-    });
-    let on_reject = f.opt_word("on_reject", |s| match s {
-        "failure" => Some(OnReject::Failure),
-        "success_skip" => Some(OnReject::SuccessSkip),
-        _ => None,
-    });
-    let on_timeout = f.opt_word("on_timeout", |s| match s {
-        "reject" => Some(TimeoutAction::Reject),
-        "approve" => Some(TimeoutAction::Approve),
-        _ => None,
-    });
+    let phase = f.opt_word(
+        "phase",
+        &[
+            ("before", (true, false)),
+            ("after", (false, true)),
+            ("both", (true, true)),
+        ],
+    );
+    let on_reject = f.opt_word(
+        "on_reject",
+        &[
+            ("failure", OnReject::Failure),
+            ("success_skip", OnReject::SuccessSkip),
+        ],
+    );
+    let on_timeout = f.opt_word(
+        "on_timeout",
+        &[
+            ("reject", TimeoutAction::Reject),
+            ("approve", TimeoutAction::Approve),
+        ],
+    );
     let title = f.opt_string("title");
     let context = f.opt_string_list("context");
     for (i, key) in context.iter().enumerate() {
@@ -238,26 +255,91 @@ fn read_gate(f: &mut Fields<'_>) -> Option<NodeKind> {
     })))
 }
 
+/// `resume_mode`, the older way to say what a tool approval allows: `pass_decision_to_tool`
+/// allows EDIT, `use_decision_as_tool_result` allows RESPOND, `replay_tool_call` neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ResumeMode {
+    ReplayToolCall,
+    UseDecisionAsToolResult,
+    PassDecisionToTool,
+}
+
 fn read_tool(f: &mut Fields<'_>) -> Option<NodeKind> {
     let tool = f.string("tool");
     let args = f.get("args").cloned().unwrap_or(Json::Object(Map::new()));
     check_refs(f, "args", &args);
-    let policy = f.opt_word("policy", Policy::parse);
-    let resume_mode = f.opt_word("resume_mode", |s| match s {
-        "replay_tool_call" => Some(ResumeMode::ReplayToolCall),
-        "use_decision_as_tool_result" => Some(ResumeMode::UseDecisionAsToolResult),
-        "pass_decision_to_tool" => Some(ResumeMode::PassDecisionToTool),
-        _ => None,
-    });
+    let policy = f.opt_word(
+        "policy",
+        &[
+            ("allow", Policy::Allow),
+            ("deny", Policy::Deny),
+            ("ask", Policy::Ask),
+        ],
+    );
+    let resume_mode = f.opt_word(
+        "resume_mode",
+        &[
+            ("replay_tool_call", ResumeMode::ReplayToolCall),
+            (
+                "use_decision_as_tool_result",
+                ResumeMode::UseDecisionAsToolResult,
+            ),
+            ("pass_decision_to_tool", ResumeMode::PassDecisionToTool),
+        ],
+    );
+    let allow_edit = f.opt_bool("allow_edit");
+    let allow_respond = f.opt_bool("allow_respond");
+    let implied = |mode: ResumeMode| (resume_mode == Some(mode)).then_some(true);
+    let mut consistent = true;
+    for (key, given, mode) in [
+        ("allow_edit", allow_edit, ResumeMode::PassDecisionToTool),
+        (
+            "allow_respond",
+            allow_respond,
+            ResumeMode::UseDecisionAsToolResult,
+        ),
+    ] {
+        if given == Some(false) && implied(mode).is_some() {
+            f.violation(key, "contradicts resume_mode; give one of the two");
+            consistent = false;
+        }
+    }
+    let skip = f.opt_word("on_reject", &[("failure", false), ("skip", true)]);
+    let reject_output = f.get("reject_output").cloned();
+    if reject_output.is_some() && skip != Some(true) {
+        f.violation("reject_output", "is only used with on_reject: skip");
+    }
+    if let Some(v) = &reject_output {
+        check_refs(f, "reject_output", v);
+    }
     let output = read_opt_key(f, "output");
-    if (f.has("policy") && policy.is_none()) || (f.has("resume_mode") && resume_mode.is_none()) {
+    let bad = (f.has("policy") && policy.is_none())
+        || (f.has("resume_mode") && resume_mode.is_none())
+        || (f.has("allow_edit") && allow_edit.is_none())
+        || (f.has("allow_respond") && allow_respond.is_none())
+        || (f.has("on_reject") && skip.is_none())
+        || !consistent;
+    if bad {
         return None;
     }
+    let on_reject = if skip == Some(true) {
+        ToolOnReject::Skip {
+            output: reject_output,
+        }
+    } else {
+        ToolOnReject::Failure
+    };
     Some(NodeKind::Tool(Box::new(ToolSpec {
         tool: tool?,
         args,
         policy,
-        resume_mode: resume_mode.unwrap_or(ResumeMode::ReplayToolCall),
+        allow_edit: allow_edit
+            .or(implied(ResumeMode::PassDecisionToTool))
+            .unwrap_or(false),
+        allow_respond: allow_respond
+            .or(implied(ResumeMode::UseDecisionAsToolResult))
+            .unwrap_or(false),
+        on_reject,
         output: output?,
     })))
 }
@@ -283,7 +365,8 @@ fn read_user_input(f: &mut Fields<'_>) -> Option<NodeKind> {
         Some(kind) => {
             let parsed = input::parse_kind(&kind);
             if parsed.is_none() {
-                f.violation("input_kind", format!("unknown input kind '{kind}'"));
+                let names: Vec<&str> = InputKind::ALL.iter().map(|k| k.as_str()).collect();
+                f.violation("input_kind", unknown_word(&Json::String(kind), &names));
             }
             parsed
         }

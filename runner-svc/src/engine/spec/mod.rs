@@ -5,7 +5,7 @@ mod fields;
 mod kinds;
 mod parse;
 
-use arbor_shared::domain::TimeoutAction;
+use arbor_shared::domain::{DecisionKind, TimeoutAction};
 use arbor_shared::status::FieldViolation;
 use serde_json::Value as Json;
 
@@ -160,6 +160,18 @@ pub(crate) enum CondOp {
 }
 
 impl CondOp {
+    pub const ALL: [Self; 9] = [
+        Self::Eq,
+        Self::Ne,
+        Self::Gt,
+        Self::Ge,
+        Self::Lt,
+        Self::Le,
+        Self::Exists,
+        Self::NotExists,
+        Self::Truthy,
+    ];
+
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "eq" => Self::Eq,
@@ -219,11 +231,15 @@ pub(crate) struct GateSpec {
     pub on_timeout: TimeoutAction,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ResumeMode {
-    ReplayToolCall,
-    UseDecisionAsToolResult,
-    PassDecisionToTool,
+/// What a rejected tool call makes of its node.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ToolOnReject {
+    Failure,
+    /// The node succeeds without running the tool; `output` (if any) is written to the node's
+    /// output key as the call's stand-in result.
+    Skip {
+        output: Option<Json>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -231,8 +247,26 @@ pub(crate) struct ToolSpec {
     pub tool: String,
     pub args: Json,
     pub policy: Option<Policy>,
-    pub resume_mode: ResumeMode,
+    /// An approver may change the arguments (EDIT).
+    pub allow_edit: bool,
+    /// An approver may answer in the tool's place (RESPOND): the tool never runs.
+    pub allow_respond: bool,
+    pub on_reject: ToolOnReject,
     pub output: Option<String>,
+}
+
+impl ToolSpec {
+    /// The decisions this call's approval honours, in the order they are offered.
+    pub fn allowed_decisions(&self) -> Vec<DecisionKind> {
+        let mut kinds = vec![DecisionKind::Approve, DecisionKind::Reject];
+        if self.allow_edit {
+            kinds.push(DecisionKind::Edit);
+        }
+        if self.allow_respond {
+            kinds.push(DecisionKind::Respond);
+        }
+        kinds
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -244,6 +278,8 @@ pub(crate) enum InputKind {
 }
 
 impl InputKind {
+    pub const ALL: [Self; 4] = [Self::Text, Self::Select, Self::Number, Self::Json];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Text => "text",

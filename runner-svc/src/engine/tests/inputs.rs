@@ -212,11 +212,18 @@ fn external_with_a_missing_ref_fails_instead_of_asking() {
 }
 
 #[test]
-fn approvals_accept_any_result() {
-    let mut h = Harness::new(json!({"type": "tool", "tool": "echo", "policy": "ask"}));
+fn a_respond_on_an_approval_may_carry_any_result() {
+    let mut h = Harness::new(
+        json!({"type": "tool", "tool": "echo", "policy": "ask", "allow_respond": true}),
+    );
     let out = h.tick();
     let record = suspended(&out.effects).remove(0);
-    let d = Decision::resume(&record.request_id, "d", json!([1, "anything"]));
+    let d = Decision::approval(
+        &record.request_id,
+        "d",
+        arbor_shared::domain::DecisionKind::Respond,
+        json!([1, "anything"]),
+    );
     assert_eq!(validate_decision(&record, d.clone()).unwrap(), d);
 }
 

@@ -1,4 +1,5 @@
-//! Tool leaves: built-ins, the guard pipeline, every resume mode, and exactly-once ledger writes.
+//! Tool leaves: built-ins, the guard pipeline, every decision kind and what a node allows, and
+//! exactly-once ledger writes.
 
 use arbor_shared::domain::{ApprovalKind, DecisionKind};
 use serde_json::{Value as Json, json};
@@ -129,25 +130,42 @@ fn the_rate_limit_refuses_calls_beyond_the_window() {
     assert!(out.error.ends_with("rate limited"), "{}", out.error);
 }
 
-#[test]
-fn ask_suspends_with_a_tool_approval_and_replays_the_original_args() {
-    let mut h = Harness::new(ledger_node(json!({"policy": "ask"}))).input(json!({"amount": 5}));
+/// A tool approval asked of `ledger.append` with `amount: 5`, and its request id.
+fn asked(extra: Json) -> (Harness, crate::engine::SuspensionRecord) {
+    let mut node = json!({"policy": "ask"});
+    for (k, v) in extra.as_object().unwrap() {
+        node[k] = v.clone();
+    }
+    let mut h = Harness::new(ledger_node(node)).input(json!({"amount": 5}));
     let out = h.tick();
     assert_eq!(out.status, TickStatus::Running);
     let record = suspended(&out.effects).remove(0);
-    let req = record.approval.unwrap();
+    (h, record)
+}
+
+fn decide(kind: DecisionKind, rid: &str, result: Json) -> Decision {
+    Decision::approval(rid, "d1", kind, result)
+}
+
+fn allowed(extra: Json) -> Vec<DecisionKind> {
+    asked(extra).1.approval.unwrap().allowed_decisions
+}
+
+#[test]
+fn ask_suspends_with_a_tool_approval_and_approve_runs_the_original_args() {
+    let (mut h, record) = asked(json!({}));
+    let req = record.approval.clone().unwrap();
     assert_eq!(req.kind, ApprovalKind::Tool);
     assert_eq!(req.tool_name, "ledger.append");
     assert_eq!(req.tool_args, json!({"entry": {"amount": 5}}));
     assert_eq!(req.tool_call_id, "append#0");
     assert_eq!(
         req.allowed_decisions,
-        vec![
-            DecisionKind::Approve,
-            DecisionKind::Reject,
-            DecisionKind::Edit,
-            DecisionKind::Respond
-        ]
+        vec![DecisionKind::Approve, DecisionKind::Reject]
+    );
+    assert_eq!(
+        record.payload["allowed_decisions"],
+        json!(["approve", "reject"])
     );
     assert!(
         h.ck.interaction
@@ -155,11 +173,10 @@ fn ask_suspends_with_a_tool_approval_and_replays_the_original_args() {
             .contains_key("tool:append:append#0")
     );
     assert_eq!(h.ledger.count(), 0);
-    // In replay mode any result is ignored: the original args run.
-    let out = h.decide(vec![Decision::resume(
+    let out = h.decide(vec![decide(
+        DecisionKind::Approve,
         &record.request_id,
-        "d1",
-        json!({"entry": 1}),
+        Json::Null,
     )]);
     assert_eq!(out.status, TickStatus::Success);
     assert_eq!(h.ledger.entries()[0].1["entry"], json!({"amount": 5}));
@@ -167,7 +184,36 @@ fn ask_suspends_with_a_tool_approval_and_replays_the_original_args() {
 }
 
 #[test]
-fn ask_by_glob_rule_then_pass_decision_to_tool_edits_the_args() {
+fn allowed_decisions_follow_allow_edit_allow_respond_and_resume_mode() {
+    use DecisionKind::{Approve, Edit, Reject, Respond};
+    assert_eq!(
+        allowed(json!({"allow_edit": true})),
+        [Approve, Reject, Edit]
+    );
+    assert_eq!(
+        allowed(json!({"allow_respond": true})),
+        [Approve, Reject, Respond]
+    );
+    assert_eq!(
+        allowed(json!({"allow_edit": true, "allow_respond": true})),
+        [Approve, Reject, Edit, Respond]
+    );
+    assert_eq!(
+        allowed(json!({"resume_mode": "replay_tool_call"})),
+        [Approve, Reject]
+    );
+    assert_eq!(
+        allowed(json!({"resume_mode": "pass_decision_to_tool"})),
+        [Approve, Reject, Edit]
+    );
+    assert_eq!(
+        allowed(json!({"resume_mode": "use_decision_as_tool_result", "allow_edit": true})),
+        [Approve, Reject, Edit, Respond]
+    );
+}
+
+#[test]
+fn ask_by_glob_rule_then_edit_runs_the_edited_args() {
     let guards = GuardConfig {
         rules: vec![GuardRule {
             tool: "ledger.*".into(),
@@ -175,16 +221,13 @@ fn ask_by_glob_rule_then_pass_decision_to_tool_edits_the_args() {
         }],
         ..GuardConfig::default()
     };
-    let mut h = Harness::with_guards(
-        ledger_node(json!({"resume_mode": "pass_decision_to_tool"})),
-        guards,
-    )
-    .input(json!({"amount": 5}));
+    let mut h = Harness::with_guards(ledger_node(json!({"allow_edit": true})), guards)
+        .input(json!({"amount": 5}));
     h.tick();
     let rid = h.only_active();
-    let out = h.decide(vec![Decision::resume(
+    let out = h.decide(vec![decide(
+        DecisionKind::Edit,
         &rid,
-        "d1",
         json!({"entry": {"amount": 4}}),
     )]);
     assert_eq!(out.status, TickStatus::Success);
@@ -192,43 +235,114 @@ fn ask_by_glob_rule_then_pass_decision_to_tool_edits_the_args() {
 }
 
 #[test]
-fn use_decision_as_tool_result_never_runs_the_tool() {
-    let mut h = Harness::new(ledger_node(json!({"policy": "ask",
-        "resume_mode": "use_decision_as_tool_result"})))
-    .input(json!({"amount": 5}));
-    h.tick();
-    let rid = h.only_active();
-    let out = h.decide(vec![Decision::resume(
-        &rid,
-        "d1",
+fn respond_never_runs_the_tool_and_approve_still_does() {
+    let (mut h, record) = asked(json!({"allow_respond": true}));
+    let out = h.decide(vec![decide(
+        DecisionKind::Respond,
+        &record.request_id,
         json!({"stand_in": true}),
     )]);
     assert_eq!(out.status, TickStatus::Success);
     assert_eq!(h.bb("receipt"), json!({"stand_in": true}));
     assert_eq!(h.ledger.count(), 0);
+
+    let (mut h, record) = asked(json!({"allow_respond": true}));
+    let out = h.decide(vec![decide(
+        DecisionKind::Approve,
+        &record.request_id,
+        Json::Null,
+    )]);
+    assert_eq!(out.status, TickStatus::Success);
+    assert_eq!(h.ledger.entries()[0].1["entry"], json!({"amount": 5}));
 }
 
 #[test]
-fn cancel_marks_the_call_cancelled_and_the_tool_never_runs() {
-    for mode in [
-        "replay_tool_call",
-        "pass_decision_to_tool",
-        "use_decision_as_tool_result",
+fn decisions_without_a_kind_apply_as_the_node_allows() {
+    // Inbox records written before decisions carried their kind: a resume with a result was an
+    // edit or a respond, as the node's resume mode said.
+    let legacy = |rid: &str| Decision::resume(rid, "d1", json!({"entry": {"amount": 9}}));
+    let (mut h, record) = asked(json!({"resume_mode": "pass_decision_to_tool"}));
+    h.decide(vec![legacy(&record.request_id)]);
+    assert_eq!(h.ledger.entries()[0].1["entry"], json!({"amount": 9}));
+    let (mut h, record) = asked(json!({"resume_mode": "use_decision_as_tool_result"}));
+    h.decide(vec![legacy(&record.request_id)]);
+    assert_eq!(h.ledger.count(), 0);
+    assert_eq!(h.bb("receipt"), json!({"entry": {"amount": 9}}));
+    let (mut h, record) = asked(json!({}));
+    h.decide(vec![legacy(&record.request_id)]);
+    assert_eq!(h.ledger.entries()[0].1["entry"], json!({"amount": 5}));
+}
+
+#[test]
+fn reject_never_runs_the_tool_and_on_reject_says_what_the_node_returns() {
+    for extra in [
+        json!({}),
+        json!({"allow_edit": true}),
+        json!({"allow_respond": true}),
     ] {
-        let mut h = Harness::new(ledger_node(json!({"policy": "ask", "resume_mode": mode})))
-            .input(json!({"amount": 5}));
-        h.tick();
-        let rid = h.only_active();
-        let out = h.decide(vec![reject(&rid, "too much")]);
+        let (mut h, record) = asked(extra.clone());
+        let out = h.decide(vec![reject(&record.request_id, "too much")]);
         assert_eq!(out.status, TickStatus::Failure);
-        assert_eq!(out.error, "tool call cancelled: too much");
-        assert_eq!(h.ledger.count(), 0, "{mode}");
+        assert_eq!(out.error, "tool call rejected: too much");
+        assert_eq!(h.ledger.count(), 0, "{extra}");
         let call = &h.ck.interaction.tool_calls["append#0"];
         assert!(matches!(
             &call.state,
             crate::engine::interaction::store::ToolCallState::Cancelled { reason } if reason == "too much"
         ));
     }
+    let (mut h, record) = asked(json!({"on_reject": "skip"}));
+    let out = h.decide(vec![decide(
+        DecisionKind::Reject,
+        &record.request_id,
+        Json::Null,
+    )]);
+    assert_eq!(out.status, TickStatus::Success);
+    assert_eq!((h.ledger.count(), h.bb("receipt")), (0, Json::Null));
+    let (mut h, record) = asked(json!({"on_reject": "skip",
+        "reject_output": {"skipped": true, "amount": {"$ref": "amount"}}}));
+    let out = h.decide(vec![reject(&record.request_id, "no")]);
+    assert_eq!(out.status, TickStatus::Success);
+    assert_eq!(h.ledger.count(), 0);
+    assert_eq!(h.bb("receipt"), json!({"skipped": true, "amount": 5}));
+}
+
+#[test]
+fn validation_refuses_decisions_the_node_does_not_honour() {
+    use crate::engine::validate_decision;
+    let (_, record) = asked(json!({}));
+    let rid = record.request_id.clone();
+    for kind in [DecisionKind::Edit, DecisionKind::Respond] {
+        let err = validate_decision(&record, decide(kind, &rid, json!({"entry": 1}))).unwrap_err();
+        assert!(err.not_allowed, "{kind:?}: {err}");
+        assert_eq!(err.field, "decision_kind");
+    }
+    // A plain resume with a result does not say whether it edits or responds.
+    let err = validate_decision(&record, Decision::resume(&rid, "d", json!(1))).unwrap_err();
+    assert!(!err.not_allowed);
+    let err =
+        validate_decision(&record, decide(DecisionKind::Approve, &rid, json!(1))).unwrap_err();
+    assert_eq!(err.field, "result");
+    // Older callers' plain decisions are read as approve and reject.
+    let d = validate_decision(&record, Decision::resume(&rid, "d", Json::Null)).unwrap();
+    assert_eq!(d.action, arbor_shared::domain::Verdict::Approve);
+    let d = validate_decision(&record, reject(&rid, "no")).unwrap();
+    assert_eq!(d.action, arbor_shared::domain::Verdict::Reject);
+
+    let (_, record) = asked(json!({"allow_edit": true}));
+    let err = validate_decision(
+        &record,
+        decide(DecisionKind::Edit, &record.request_id, Json::Null),
+    )
+    .unwrap_err();
+    assert_eq!(err.field, "result");
+    assert!(
+        validate_decision(
+            &record,
+            decide(DecisionKind::Edit, &record.request_id, json!({}))
+        )
+        .is_ok()
+    );
 }
 
 #[test]

@@ -185,3 +185,43 @@ fn yaml_nested_deeper_than_json_may_be_is_refused_before_parsing() {
     );
     assert!(parse_tree(&nested, TreeFormat::Yaml).is_ok());
 }
+
+#[test]
+fn tool_decision_fields_are_checked_and_enum_errors_list_the_accepted_values() {
+    let tool = |extra: Json| {
+        let mut node = json!({"type": "tool", "name": "t", "tool": "echo"});
+        for (k, v) in extra.as_object().unwrap() {
+            node[k] = v.clone();
+        }
+        errors(json!({"id": "t", "version": 1, "root": node}))
+    };
+    let e = tool(json!({"resume_mode": "pass_decision_to_tool", "allow_edit": false}));
+    assert_eq!(e[0].field, "$.root.allow_edit");
+    let e = tool(json!({"reject_output": 1}));
+    assert_eq!(e[0].field, "$.root.reject_output");
+    let e = tool(json!({"allow_respond": "yes"}));
+    assert_eq!(e[0].description, "must be true or false");
+    let e = tool(json!({"on_reject": "explode"}));
+    assert_eq!(
+        e[0].description,
+        "unknown value \"explode\"; expected one of: failure, skip"
+    );
+    let e = tool(json!({"policy": "maybe"}));
+    assert_eq!(
+        e[0].description,
+        "unknown value \"maybe\"; expected one of: allow, deny, ask"
+    );
+    let e = errors(json!({"id": "t", "version": 1, "root":
+        {"type": "approval", "phase": "during", "child": {"type": "succeed"}}}));
+    assert_eq!(
+        e[0].description,
+        "unknown value \"during\"; expected one of: before, after, both"
+    );
+    let e = errors(json!({"id": "t", "version": 1, "root":
+        {"type": "condition", "key": "x", "op": "almost", "value": 1}}));
+    assert!(
+        e[0].description
+            .ends_with("expected one of: eq, ne, gt, ge, lt, le, exists, not_exists, truthy"),
+        "{e:?}"
+    );
+}
