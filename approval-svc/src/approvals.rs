@@ -245,9 +245,15 @@ impl<S: ApprovalStore> Approvals<S> {
             .as_ref()
             .is_some_and(|d| d.decision_id == decision_id);
         if !holds {
+            // Someone with the runner's `service` role decided it there directly: the request
+            // is closed, so whatever this service holds for it can never be delivered.
             tracing::warn!(request_id, decision_id, state = %a.state,
-                "runner consumed a decision this service did not take; ignored");
-            return Ok(());
+                "runner consumed a decision this service did not take; approval cancelled");
+            let reason = format!(
+                "the runner consumed decision '{}', which was not taken here",
+                arbor_shared::status::clip(decision_id)
+            );
+            return self.withdraw(request_id, "runner", &reason).await;
         }
         if a.state.awaits_delivery() {
             let (acked, pruned) = self.store.ack_and_prune(request_id, decision_id).await?;

@@ -13,7 +13,7 @@ use arbor_runner_svc::engine::{
     TickStatus, Tool, ToolCall, ToolError, ToolRegistry, TreeFormat, TreeSpec, parse_tree, tick,
     validate_decision,
 };
-use arbor_shared::domain::{ApprovalKind, RunMode, SuspensionCategory, SuspensionState};
+use arbor_shared::domain::{DecisionKind, RunMode, SuspensionCategory, SuspensionState};
 use proptest::prelude::*;
 use serde_json::{Map, Value as Json, json};
 
@@ -130,13 +130,15 @@ fn decide(record: &SuspensionRecord) -> Decision {
     let rid = record.request_id.as_str();
     let decision = match record.category {
         SuspensionCategory::RequireApproval => {
-            let tool = record.approval.as_ref().unwrap().kind == ApprovalKind::Tool;
-            match (tool, h % 4) {
-                (_, 0) => Decision::cancel(rid, &id, "scripted reject"),
-                (true, 1) => Decision::resume(rid, &id, json!({"entry": {"edited": h}})),
-                (true, 2) => Decision::resume(rid, &id, json!({"stand_in": h})),
-                _ => Decision::resume(rid, &id, Json::Null),
-            }
+            // Any decision the request allows.
+            let allowed = &record.approval.as_ref().unwrap().allowed_decisions;
+            let kind = allowed[h as usize % allowed.len()];
+            let result = match kind {
+                DecisionKind::Edit => json!({"entry": {"edited": h}}),
+                DecisionKind::Respond => json!({"stand_in": h}),
+                DecisionKind::Approve | DecisionKind::Reject => Json::Null,
+            };
+            Decision::approval(rid, &id, kind, result)
         }
         SuspensionCategory::RequireUserInput => {
             if record.payload["input_kind"] == "text" {

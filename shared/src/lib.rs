@@ -11,6 +11,7 @@ pub mod journal;
 pub mod json;
 pub mod limits;
 pub mod metrics;
+pub mod page;
 pub mod procstat;
 pub mod proto;
 pub mod server;

@@ -310,13 +310,18 @@ impl<S: ApprovalStore> Subscriber<S> {
                     .instrument(a.span(&w.request_id))
                     .await?;
             }
-            _ if event.kind == EventKind::RunCancelled as i32 => {
-                a.withdraw_run(&event.run_id, ACTOR, "run cancelled")
-                    .await?;
-            }
-            _ if event.kind == EventKind::RunSuperseded as i32 => {
-                a.withdraw_run(&event.run_id, ACTOR, "run superseded")
-                    .await?;
+            // The runner withdraws a finished run's open suspensions itself (SUSPENSION_WITHDRAWN
+            // in the step that ends it); this also covers a run whose checkpoint could not be
+            // read, and runners from before that.
+            Some(Detail::RunFinished(f)) => {
+                let reason = match EventKind::try_from(event.kind) {
+                    Ok(EventKind::RunSucceeded) => "run succeeded".to_string(),
+                    Ok(EventKind::RunCancelled) => "run cancelled".to_string(),
+                    Ok(EventKind::RunSuperseded) => "run superseded".to_string(),
+                    _ if f.error.is_empty() => "run failed".to_string(),
+                    _ => format!("run failed: {}", arbor_shared::status::clip(&f.error)),
+                };
+                a.withdraw_run(&event.run_id, ACTOR, &reason).await?;
             }
             _ => {}
         }

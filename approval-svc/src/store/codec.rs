@@ -86,13 +86,14 @@ pub fn read_id(bytes: &[u8]) -> u64 {
     <[u8; 8]>::try_from(bytes).map_or(0, u64::from_be_bytes)
 }
 
-/// Opaque page tokens are the hex of the last key returned.
-pub fn page_token(last_key: &[u8]) -> String {
-    hex::encode(last_key)
+/// The page token that continues `list` after `last_key` (`arbor_shared::page`).
+pub fn page_token(list: &str, last_key: &[u8]) -> String {
+    arbor_shared::page::token(list, last_key)
 }
 
-pub fn parse_page_token(token: &str) -> Result<Vec<u8>> {
-    hex::decode(token).map_err(|_| Error::invalid("page_token", "not a token this service issued"))
+pub fn parse_page_token(list: &str, token: &str) -> Result<Vec<u8>> {
+    arbor_shared::page::key(list, token)
+        .ok_or_else(|| Error::invalid("page_token", arbor_shared::page::INVALID))
 }
 
 #[cfg(test)]
@@ -122,9 +123,14 @@ mod tests {
     #[test]
     fn bad_page_tokens_are_invalid_arguments() {
         assert_eq!(
-            parse_page_token("xyz").unwrap_err().code(),
+            parse_page_token("approvals", "xyz").unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
-        assert_eq!(parse_page_token(&page_token(b"k1")).unwrap(), b"k1");
+        assert_eq!(
+            parse_page_token("approvals", &page_token("approvals", b"k1")).unwrap(),
+            b"k1"
+        );
+        assert!(parse_page_token("audit", &page_token("approvals", b"k1")).is_err());
+        assert!(parse_page_token("approvals", &hex::encode(b"k1")).is_err());
     }
 }

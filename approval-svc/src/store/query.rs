@@ -18,6 +18,10 @@ fn later_start(a: Bound<Vec<u8>>, b: Option<Vec<u8>>) -> Bound<Vec<u8>> {
     }
 }
 
+/// The lists' names in their page tokens, so one list's token is refused by the other.
+const APPROVALS: &str = "approvals";
+const AUDIT: &str = "audit";
+
 impl SledStore {
     pub(super) fn list_approvals(
         &self,
@@ -26,7 +30,9 @@ impl SledStore {
         page_token: Option<&str>,
         now_ms: u64,
     ) -> Result<Page<Approval>> {
-        let after = page_token.map(codec::parse_page_token).transpose()?;
+        let after = page_token
+            .map(|t| codec::parse_page_token(APPROVALS, t))
+            .transpose()?;
         // The index is ordered by creation time, so the age bounds become a key range.
         let oldest = if filter.max_age_ms > 0 {
             now_ms.saturating_sub(filter.max_age_ms)
@@ -57,7 +63,7 @@ impl SledStore {
                 // One more match exists, so a next page does.
                 return Ok(Page {
                     items,
-                    next: Some(codec::page_token(&last_key)),
+                    next: Some(codec::page_token(APPROVALS, &last_key)),
                 });
             }
             last_key = key.to_vec();
@@ -78,7 +84,9 @@ impl SledStore {
         };
         let prefix = codec::owner_prefix(owner);
         let start = match page_token {
-            Some(t) => Bound::Excluded(codec::owned_key(owner, &codec::parse_page_token(t)?)),
+            Some(t) => {
+                Bound::Excluded(codec::owned_key(owner, &codec::parse_page_token(AUDIT, t)?))
+            }
             None => Bound::Included(prefix.clone()),
         };
         let mut items = Vec::new();
@@ -95,7 +103,7 @@ impl SledStore {
             if items.len() == page_size {
                 return Ok(Page {
                     items,
-                    next: Some(codec::page_token(&last_id)),
+                    next: Some(codec::page_token(AUDIT, &last_id)),
                 });
             }
             last_id = id.to_vec();

@@ -579,8 +579,15 @@ impl ApprovalStore for SledStore {
         let mut ids = Vec::new();
         for item in self.trees.by_run.scan_prefix(codec::owner_prefix(run_id)) {
             let (key, _) = item?;
-            let id = &key[run_id.len() + 1..];
-            ids.push(String::from_utf8_lossy(id).into_owned());
+            let id = String::from_utf8_lossy(&key[run_id.len() + 1..]).into_owned();
+            // Every run's end comes here; most of its approvals are long final, and a commit
+            // for nothing would cost a flush. The transaction checks the state again.
+            let open = self
+                .get(&id)?
+                .is_some_and(|a| a.state.apply(Transition::Cancel).is_ok());
+            if open {
+                ids.push(id);
+            }
         }
         if ids.is_empty() {
             return Ok(Vec::new());

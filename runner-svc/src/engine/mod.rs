@@ -133,6 +133,21 @@ pub fn tick(
     nodes::tick_root(spec, ck, env, effects)
 }
 
+/// Withdraws the suspensions of a run that ends outside a tick (its job dead-lettered). The
+/// nodes that own them are halted, so if an operator revives the run (`RequeueJob`) those nodes
+/// ask anew, with new request ids, instead of waiting on requests that were withdrawn.
+/// Without the spec (or one that no longer matches) the records are withdrawn all the same.
+pub fn withdraw_open(spec: Option<&TreeSpec>, ck: &mut Checkpoint, reason: &str) -> Vec<Effect> {
+    match spec {
+        Some(spec) if ck.check_matches(spec).is_ok() => nodes::halt_suspended(spec, ck, reason),
+        _ => {
+            let mut effects = Vec::new();
+            ck.interaction.withdraw(0..u32::MAX, reason, &mut effects);
+            effects
+        }
+    }
+}
+
 /// Halts the whole tree (run cancelled or superseded): every running node is halted, every active
 /// suspension withdrawn. The run is then finished as a Failure with `halted: {reason}`.
 pub fn halt(spec: &TreeSpec, ck: &mut Checkpoint, reason: &str) -> Vec<Effect> {

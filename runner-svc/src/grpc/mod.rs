@@ -54,6 +54,13 @@ impl RunnerGrpc {
             lag_timeout,
         }
     }
+
+    /// A run as GetRun shows it: never ahead of what StreamEvents can return.
+    async fn view(&self, run_id: &str) -> Result<crate::runs::RunView, RunnerError> {
+        let view = self.runner.get_run(run_id)?;
+        self.runner.caught_up().await?;
+        Ok(view)
+    }
 }
 
 type StreamItem = Result<pb::StreamEventsResponse, Status>;
@@ -140,7 +147,7 @@ impl RunnerService for RunnerGrpc {
             trace_id = %self.runner.events().run_trace_id(&submitted.run.run_id), "run submitted");
         // A new run is exactly its record and its input: no need to read the checkpoint back.
         let view = if submitted.deduplicated || may_exist {
-            self.runner.get_run(&submitted.run.run_id)?
+            self.view(&submitted.run.run_id).await?
         } else {
             crate::runs::RunView {
                 run: submitted.run.clone(),
@@ -156,7 +163,7 @@ impl RunnerService for RunnerGrpc {
     }
 
     async fn get_run(&self, req: Request<pb::GetRunRequest>) -> Res<pb::GetRunResponse> {
-        let view = self.runner.get_run(&req.get_ref().run_id)?;
+        let view = self.view(&req.get_ref().run_id).await?;
         ok(pb::GetRunResponse {
             run: Some(convert::run(&view)),
         })
@@ -170,6 +177,7 @@ impl RunnerService for RunnerGrpc {
             statuses: convert::statuses(&r.statuses).map_err(RunnerError::from)?,
         };
         let page = self.runner.list_runs(&filter, r.page_size, &r.page_token)?;
+        self.runner.caught_up().await?;
         ok(pb::ListRunsResponse {
             runs: page.runs.iter().map(convert::run).collect(),
             next_page_token: page.next_page_token,
@@ -190,6 +198,7 @@ impl RunnerService for RunnerGrpc {
             }
         }
         let view = self.runner.cancel_run(&r.run_id, &r.reason).await?;
+        self.runner.caught_up().await?;
         ok(pb::CancelRunResponse {
             run: Some(convert::run(&view)),
         })
@@ -227,7 +236,7 @@ impl RunnerService for RunnerGrpc {
         };
         let (intr, next_run) = self.runner.interrupt(&r.thread_id, &r.reason, next).await?;
         let next_run = match next_run {
-            Some(s) => Some(convert::run(&self.runner.get_run(&s.run.run_id)?)),
+            Some(s) => Some(convert::run(&self.view(&s.run.run_id).await?)),
             None => None,
         };
         ok(pb::InterruptThreadResponse {
@@ -409,7 +418,7 @@ impl RunnerService for RunnerGrpc {
                 "decision accepted"
             )
         });
-        let view = self.runner.get_run(&resolved.run.run_id)?;
+        let view = self.view(&resolved.run.run_id).await?;
         ok(pb::ResolveResponse {
             duplicate: resolved.duplicate,
             run: Some(convert::run(&view)),

@@ -33,6 +33,9 @@ use crate::{
     store::{Store, T, Tx, TxResult, codec},
 };
 
+/// How long `caught_up` waits for a commit in flight to publish its events before it syncs.
+const CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// Tunables of the runner core.
 #[derive(Debug, Clone)]
 pub struct RunnerOptions {
@@ -138,6 +141,29 @@ impl Runner {
         }
         self.changes.send_modify(|n| *n += 1);
         Ok(r)
+    }
+
+    /// Returns once every event committed so far can be streamed. A run read before this call
+    /// may show a step whose transaction committed and whose sync has not finished yet; after
+    /// it, `StreamEvents` returns every event of that step. Normally the committing call
+    /// publishes its events within a sync; if that call was dropped meanwhile (its client went
+    /// away), nobody would, so after a short wait this syncs and publishes itself.
+    pub async fn caught_up(&self) -> Result<(), RunnerError> {
+        let last = self.events.last_seq()?;
+        if self.events.durable_seq() >= last {
+            return Ok(());
+        }
+        let mut durable = self.events.watch();
+        let caught = tokio::time::timeout(CATCH_UP_WAIT, async {
+            durable.wait_for(|d| *d >= last).await.is_ok()
+        })
+        .await
+        .unwrap_or(false);
+        if !caught {
+            self.store.durable().await?;
+            self.events.publish(last);
+        }
+        Ok(())
     }
 
     /// Wakes one idle worker for one new job. Waking them all would make every idle worker
@@ -247,18 +273,32 @@ impl Runner {
     }
 
     /// Runs that are not terminal cannot be left hanging when their job dead-letters: the run
-    /// fails visibly (an operator may requeue the job, which revives it).
+    /// fails visibly, and its open suspensions are withdrawn in the same step, so no approval
+    /// outlives it (an operator may requeue the job, which revives the run; the nodes that were
+    /// waiting then ask anew).
     pub(crate) async fn record_dead_letter(
         &self,
         job: &crate::mailbox::Job,
     ) -> Result<(), RunnerError> {
+        use arbor_shared::domain::EventDetail;
         let now = arbor_shared::time::now_ms();
         let job = job.clone();
+        // The spec is needed to halt the waiting nodes; without it the records are still
+        // withdrawn.
+        let spec = self
+            .run_record(&job.run_id)
+            .and_then(|run| self.tree_spec(&run.tree_id, run.tree_version))
+            .ok();
         self.commit(move |tx| {
+            let event = |run: &RunRecord, detail| crate::events::NewEvent {
+                run_id: run.run_id.clone(),
+                thread_id: run.thread_id.clone(),
+                detail,
+            };
             let mut events = vec![crate::events::NewEvent {
                 run_id: job.run_id.clone(),
                 thread_id: job.mailbox_id.clone(),
-                detail: arbor_shared::domain::EventDetail::JobDeadLettered {
+                detail: EventDetail::JobDeadLettered {
                     job_id: job.job_id.clone(),
                     attempt_count: job.attempt_count,
                     last_error: job.last_error.clone(),
@@ -267,19 +307,45 @@ impl Runner {
             if let Some(mut run) = records::get_run(tx, &job.run_id)?
                 && !run.status.is_terminal()
             {
-                run.status = RunStatus::Failed;
                 run.error = format!("job {} dead-lettered: {}", job.job_id, job.last_error);
+                // A checkpoint that does not decode (often why the job failed) has nothing
+                // this step could withdraw; approval-svc still cancels the run's approvals
+                // when it sees RUN_FAILED.
+                let stored = tx
+                    .tree(T::Checkpoints)
+                    .get(run.run_id.as_bytes())?
+                    .and_then(|b| crate::engine::Checkpoint::decode(&b).ok());
+                if let Some(mut ck) = stored {
+                    let replaced = crate::store::counts::active(&ck);
+                    let effects = crate::engine::withdraw_open(
+                        spec.as_deref(),
+                        &mut ck,
+                        "run failed: job dead-lettered",
+                    );
+                    if !effects.is_empty() {
+                        records::put_checkpoint(tx, &run, &ck, replaced)?;
+                        for effect in effects {
+                            if let crate::engine::Effect::Withdrawn { request_id, reason } = effect
+                            {
+                                events.push(event(
+                                    &run,
+                                    EventDetail::SuspensionWithdrawn { request_id, reason },
+                                ));
+                            }
+                        }
+                    }
+                }
+                run.status = RunStatus::Failed;
                 run.updated_at_ms = now;
                 records::put_run(tx, &run)?;
-                events.push(crate::events::NewEvent {
-                    run_id: run.run_id.clone(),
-                    thread_id: run.thread_id.clone(),
-                    detail: arbor_shared::domain::EventDetail::RunFinished {
+                events.push(event(
+                    &run,
+                    EventDetail::RunFinished {
                         status: RunStatus::Failed,
                         error: run.error.clone(),
                         blackboard: Default::default(),
                     },
-                });
+                ));
             }
             let appended = crate::events::append(tx, &events, now, "")?;
             Ok(((), appended))

@@ -1,7 +1,7 @@
 //! Reading runs and jobs, cancelling runs, requeueing dead letters and storing subscriber
 //! cursors.
 
-use arbor_shared::domain::RunStatus;
+use arbor_shared::{domain::RunStatus, page};
 use serde_json::{Map, Value as Json};
 
 use super::{Runner, records, records::RunRecord, submit};
@@ -88,6 +88,7 @@ impl Runner {
         page_token: &str,
     ) -> Result<RunPage, RunnerError> {
         let limit = page_size(page_size_req)?;
+        let page_token = &after_token(RUNS, page_token)?;
         let matches = |r: &RunRecord| {
             (filter.tree_id.is_empty() || r.tree_id == filter.tree_id)
                 && (filter.thread_id.is_empty() || r.thread_id == filter.thread_id)
@@ -137,7 +138,11 @@ impl Runner {
         }
         Ok(RunPage {
             runs,
-            next_page_token: if more { last } else { String::new() },
+            next_page_token: if more {
+                page::token(RUNS, last.as_bytes())
+            } else {
+                String::new()
+            },
         })
     }
 
@@ -148,11 +153,14 @@ impl Runner {
         page_token: &str,
     ) -> Result<JobPage, RunnerError> {
         let limit = page_size(page_size_req)?;
-        let mut jobs = self.mailbox.list(filter, page_token, limit + 1)?;
+        let after = after_token(JOBS, page_token)?;
+        let mut jobs = self.mailbox.list(filter, &after, limit + 1)?;
         let more = jobs.len() > limit;
         jobs.truncate(limit);
         let next_page_token = if more {
-            jobs.last().map(|j| j.job_id.clone()).unwrap_or_default()
+            jobs.last()
+                .map(|j| page::token(JOBS, j.job_id.as_bytes()))
+                .unwrap_or_default()
         } else {
             String::new()
         };
@@ -263,4 +271,18 @@ impl Runner {
         })
         .await
     }
+}
+
+/// The lists' names in their page tokens, so one list's token is refused by another.
+const RUNS: &str = "runs";
+const JOBS: &str = "jobs";
+
+/// The id a page token continues after ("" for the first page).
+fn after_token(list: &str, token: &str) -> Result<String, RunnerError> {
+    if token.is_empty() {
+        return Ok(String::new());
+    }
+    page::key(list, token)
+        .and_then(|k| String::from_utf8(k).ok())
+        .ok_or_else(|| RunnerError::invalid("page_token", page::INVALID))
 }

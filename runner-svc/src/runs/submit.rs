@@ -75,6 +75,13 @@ impl Runner {
                 summary: "invalid tree".into(),
                 violations,
             })?;
+        let unknown = spec.unknown_tools(&self.tools.names());
+        if !unknown.is_empty() {
+            return Err(RunnerError::InvalidArgument {
+                summary: "invalid tree: unknown tools".into(),
+                violations: unknown,
+            });
+        }
         let canonical = spec.canonical_json();
         let record = TreeRecord {
             id: spec.id().to_string(),

@@ -95,6 +95,18 @@ pub(crate) fn halt_all(spec: &TreeSpec, ck: &mut Checkpoint, reason: &str) -> Ve
     effects
 }
 
+/// Halts the nodes that own active suspensions (each with its subtree), withdrawing those
+/// suspensions; the rest of the tree keeps its state.
+pub(crate) fn halt_suspended(spec: &TreeSpec, ck: &mut Checkpoint, reason: &str) -> Vec<Effect> {
+    let mut effects = Vec::new();
+    for owner in ck.interaction.active_owners() {
+        if let Some(node) = spec.nodes.get(owner as usize) {
+            halt_range(ck, owner as usize..node.end, reason, &mut effects);
+        }
+    }
+    effects
+}
+
 /// Halts the nodes of a pre-order range (whole subtrees): nodes that were in flight count an
 /// attempt, all are reset to idle, and their active suspensions are withdrawn.
 fn halt_range(ck: &mut Checkpoint, range: Range<usize>, reason: &str, effects: &mut Vec<Effect>) {

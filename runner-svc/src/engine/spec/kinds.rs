@@ -14,6 +14,30 @@ use crate::engine::tools::Policy;
 const MAX_COUNT: u64 = 1_000_000;
 const MAX_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
 
+/// Every node type, as `read_kind` knows them.
+const NODE_TYPES: [&str; 20] = [
+    "sequence",
+    "selector",
+    "parallel",
+    "reactive_sequence",
+    "inverter",
+    "force_success",
+    "force_failure",
+    "retry",
+    "repeat",
+    "timeout",
+    "approval",
+    "condition",
+    "set",
+    "wait",
+    "succeed",
+    "fail",
+    "log",
+    "tool",
+    "user_input",
+    "external",
+];
+
 /// Dotted blackboard path: non-empty segments.
 pub(super) fn valid_key(key: &str) -> bool {
     key.split('.').all(|s| !s.is_empty())
@@ -65,7 +89,13 @@ pub(super) fn read_kind(ty: &str, f: &mut Fields<'_>) -> Option<NodeKind> {
         "external" => &["execution_kind", "task", "callback_hint", "output"],
         "" => return None,
         other => {
-            f.violation("type", format!("unknown node type '{other}'"));
+            f.violation(
+                "type",
+                format!(
+                    "unknown node type '{other}'; expected one of: {}",
+                    NODE_TYPES.join(", ")
+                ),
+            );
             return None;
         }
     };

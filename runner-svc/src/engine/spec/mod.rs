@@ -54,6 +54,43 @@ impl TreeSpec {
     pub fn locators(&self) -> impl Iterator<Item = &str> {
         self.nodes.iter().map(|n| n.locator.as_str())
     }
+
+    /// A violation for every `tool` node naming a tool that `known` does not have, at the
+    /// node's `tool` field; the description lists the tools there are.
+    pub fn unknown_tools(&self, known: &[&str]) -> Vec<FieldViolation> {
+        let mut out = Vec::new();
+        if let Some(root) = self.document.get("root") {
+            unknown_tools_at(root, "$.root", known, &mut out);
+        }
+        out
+    }
+}
+
+fn unknown_tools_at(node: &Json, path: &str, known: &[&str], out: &mut Vec<FieldViolation>) {
+    if node.get("type").and_then(Json::as_str) == Some("tool")
+        && let Some(tool) = node.get("tool").and_then(Json::as_str)
+        && !known.contains(&tool)
+    {
+        out.push(FieldViolation::new(
+            format!("{path}.tool"),
+            format!(
+                "unknown tool '{tool}'; this runner has: {}",
+                known.join(", ")
+            ),
+        ));
+    }
+    if let Some(child) = node.get("child") {
+        unknown_tools_at(child, &format!("{path}.child"), known, out);
+    }
+    for (i, child) in node
+        .get("children")
+        .and_then(Json::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        unknown_tools_at(child, &format!("{path}.children[{i}]"), known, out);
+    }
 }
 
 /// Parses and validates a tree document; returns every violation, each with its JSON path.

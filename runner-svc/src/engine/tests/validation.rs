@@ -225,3 +225,21 @@ fn tool_decision_fields_are_checked_and_enum_errors_list_the_accepted_values() {
         "{e:?}"
     );
 }
+
+#[test]
+fn an_unknown_node_type_lists_every_type_there_is() {
+    let e = errors(json!({"id": "t", "version": 1, "root": {"type": "teleport"}}));
+    let listed = e[0].description.split("expected one of: ").nth(1).unwrap();
+    for ty in listed.split(", ") {
+        let doc = json!({"id": "t", "version": 1, "root": {"type": ty}});
+        let got = parse_tree(&doc.to_string(), TreeFormat::Json)
+            .err()
+            .unwrap_or_default();
+        assert!(
+            got.iter()
+                .all(|v| !v.description.starts_with("unknown node type")),
+            "{ty} is listed but unknown: {got:?}"
+        );
+    }
+    assert_eq!(listed.split(", ").count(), 20);
+}
