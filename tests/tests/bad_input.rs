@@ -351,6 +351,8 @@ fn runner_cases(fx: &Fixture) -> Vec<Case> {
         case("RegisterTree: bad $ref", INVALID, register(json_doc(json!({"type": "set", "key": "k", "value": {"$ref": ""}})), rpb::TreeFormat::Json)),
         case("RegisterTree: user_input schema is not a schema", INVALID, register(json_doc(json!({"type": "user_input", "input_kind": "text", "prompt": "?", "schema": {"type": 12}})), rpb::TreeFormat::Json)),
         case("RegisterTree: wrong enum value (policy)", INVALID, register(json_doc(json!({"type": "tool", "tool": "echo", "policy": "sometimes"})), rpb::TreeFormat::Json)),
+        case("RegisterTree: a tool no runner has", INVALID, register(json_doc(json!({"type": "tool", "tool": "shell.exec"})), rpb::TreeFormat::Json)),
+        case("RegisterTree: resume_mode contradicting allow_edit", INVALID, register(json_doc(json!({"type": "tool", "tool": "echo", "policy": "ask", "resume_mode": "pass_decision_to_tool", "allow_edit": false})), rpb::TreeFormat::Json)),
         case("RegisterTree: nesting 65 nodes deep", INVALID, register(deep_tree(65), rpb::TreeFormat::Json)),
         case("RegisterTree: JSON nested 100000 arrays deep", INVALID, register(format!("{}{}", "[".repeat(100_000), "]".repeat(100_000)), rpb::TreeFormat::Json)),
         case("RegisterTree: YAML nested 100000 sequences deep", INVALID, register(format!("{}{}", "[".repeat(100_000), "]".repeat(100_000)), rpb::TreeFormat::Yaml)),
@@ -398,6 +400,8 @@ fn runner_cases(fx: &Fixture) -> Vec<Case> {
         case("ListRuns: page size 1001", INVALID, { let mut s = sam.clone(); async move { unit(s.list_runs(rpb::ListRunsRequest { page_size: 1001, ..Default::default() }).await) } }),
         case("ListRuns: unknown status enum", INVALID, { let mut s = sam.clone(); async move { unit(s.list_runs(rpb::ListRunsRequest { statuses: vec![99], ..Default::default() }).await) } }),
         case("ListRuns: UNSPECIFIED status", INVALID, { let mut s = sam.clone(); async move { unit(s.list_runs(rpb::ListRunsRequest { statuses: vec![0], ..Default::default() }).await) } }),
+        case("ListRuns: a run id as page token", INVALID, { let mut s = sam.clone(); async move { unit(s.list_runs(rpb::ListRunsRequest { page_token: "bi-gate-run".into(), ..Default::default() }).await) } }),
+        case("ListRuns: garbled page token", INVALID, { let mut s = sam.clone(); async move { unit(s.list_runs(rpb::ListRunsRequest { page_token: "%%%".into(), ..Default::default() }).await) } }),
         case("CancelRun: empty id", INVALID, { let mut s = olga.clone(); async move { unit(s.cancel_run(rpb::CancelRunRequest { run_id: String::new(), reason: String::new() }).await) } }),
         case("CancelRun: unknown run", NOT_FOUND, { let mut s = olga.clone(); async move { unit(s.cancel_run(rpb::CancelRunRequest { run_id: "nope".into(), reason: String::new() }).await) } }),
         case("CancelRun: finished run", PRECONDITION, { let mut s = olga.clone(); let id = fx.done_run.clone(); async move { unit(s.cancel_run(rpb::CancelRunRequest { run_id: id, reason: String::new() }).await) } }),
@@ -428,6 +432,11 @@ fn runner_cases(fx: &Fixture) -> Vec<Case> {
         case("Resolve: result over 4 MiB", TOO_BIG, resolve(&sam, input_resolve(json!({"text": "b".repeat(5 * MIB)})))),
         case("Resolve: consumed request, new decision id", PRECONDITION, resolve(&svc, rpb::ResolveRequest { run_id: fx.done_run.clone(), request_id: fx.done_request.clone(), decision_id: "late".into(), action: 1, ..Default::default() })),
         case("Resolve: withdrawn request", PRECONDITION, resolve(&svc, rpb::ResolveRequest { run_id: fx.cancelled_run.clone(), request_id: fx.cancelled_request.clone(), decision_id: "late".into(), action: 1, ..Default::default() })),
+        case("Resolve: a decision kind on user input", INVALID, resolve(&sam, rpb::ResolveRequest { decision_kind: rpb::DecisionKind::Approve as i32, ..input_resolve(json!({"text": "valid"})) })),
+        case("Resolve: a decision kind contradicting the action", INVALID, resolve(&svc, rpb::ResolveRequest { run_id: fx.gate_run.clone(), request_id: fx.gate_request.clone(), decision_id: "direct".into(), action: rpb::ResolveAction::Resume as i32, decision_kind: rpb::DecisionKind::Reject as i32, ..Default::default() })),
+        case("Resolve: unknown decision kind enum", INVALID, resolve(&svc, rpb::ResolveRequest { run_id: fx.gate_run.clone(), request_id: fx.gate_request.clone(), decision_id: "direct".into(), decision_kind: 17, ..Default::default() })),
+        case("Resolve: EDIT on a gate, which allows approve and reject", PRECONDITION, resolve(&svc, rpb::ResolveRequest { run_id: fx.gate_run.clone(), request_id: fx.gate_request.clone(), decision_id: "direct".into(), decision_kind: rpb::DecisionKind::Edit as i32, result: Some(to_proto_value(&json!({"x": 1}))), ..Default::default() })),
+        case("Resolve: an approval with a result and no kind", INVALID, resolve(&svc, rpb::ResolveRequest { run_id: fx.gate_run.clone(), request_id: fx.gate_request.clone(), decision_id: "direct".into(), action: 1, result: Some(to_proto_value(&json!({"x": 1}))), ..Default::default() })),
         case("Resolve: approver resolves an approval on the runner", DENIED, resolve(&alice, rpb::ResolveRequest { run_id: fx.gate_run.clone(), request_id: fx.gate_request.clone(), decision_id: "direct".into(), action: 1, ..Default::default() })),
         case("Resolve: submitter resolves an approval on the runner", DENIED, resolve(&sam, rpb::ResolveRequest { run_id: fx.gate_run.clone(), request_id: fx.gate_request.clone(), decision_id: "direct".into(), action: 1, ..Default::default() })),
         case("Ack: beyond the last event", INVALID, { let mut s = olga.clone(); async move { unit(s.ack(rpb::AckRequest { subscriber_id: "bi".into(), seq: 1 << 40 }).await) } }),
@@ -436,6 +445,7 @@ fn runner_cases(fx: &Fixture) -> Vec<Case> {
         case("ListJobs: submitter may not list jobs", DENIED, { let mut s = sam.clone(); async move { unit(s.list_jobs(rpb::ListJobsRequest::default()).await) } }),
         case("ListJobs: unknown status enum", INVALID, { let mut s = olga.clone(); async move { unit(s.list_jobs(rpb::ListJobsRequest { statuses: vec![42], ..Default::default() }).await) } }),
         case("ListJobs: page size 5000", INVALID, { let mut s = olga.clone(); async move { unit(s.list_jobs(rpb::ListJobsRequest { page_size: 5000, ..Default::default() }).await) } }),
+        case("ListJobs: garbled page token", INVALID, { let mut s = olga.clone(); async move { unit(s.list_jobs(rpb::ListJobsRequest { page_token: "0123456789abcdef".into(), ..Default::default() }).await) } }),
         case("RequeueJob: empty id", INVALID, { let mut s = olga.clone(); async move { unit(s.requeue_job(rpb::RequeueJobRequest { job_id: String::new() }).await) } }),
         case("RequeueJob: unknown job", NOT_FOUND, { let mut s = olga.clone(); async move { unit(s.requeue_job(rpb::RequeueJobRequest { job_id: "nope".into() }).await) } }),
         case("RequeueJob: job is not dead-lettered", PRECONDITION, { let mut s = olga.clone(); let j = fx.done_job.clone(); async move { unit(s.requeue_job(rpb::RequeueJobRequest { job_id: j }).await) } }),
@@ -509,6 +519,17 @@ fn approval_cases(fx: &Fixture) -> Vec<Case> {
                 &alice,
                 apb::ListApprovalsRequest {
                     page_token: "not-a-token".into(),
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "ListApprovals: hex page token it did not hand out",
+            INVALID,
+            list(
+                &alice,
+                apb::ListApprovalsRequest {
+                    page_token: "00aa".into(),
                     ..Default::default()
                 },
             ),
