@@ -42,6 +42,16 @@ pub fn state_from_wire(value: i32, field: &'static str) -> Result<ApprovalState,
             field,
             type_name: "ApprovalState",
             value,
+            accepted: [
+                pb::ApprovalState::Pending,
+                pb::ApprovalState::Resolved,
+                pb::ApprovalState::Expired,
+                pb::ApprovalState::Acked,
+                pb::ApprovalState::Pruned,
+                pb::ApprovalState::Cancelled,
+            ]
+            .map(|s| s.as_str_name())
+            .join(", "),
         }),
     }
 }

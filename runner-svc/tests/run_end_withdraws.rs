@@ -45,7 +45,7 @@ const TREE: &str = r#"{"id": "dies", "version": 1, "root": {"type": "parallel", 
     ]}
   ]}}"#;
 
-async fn process_next(runner: &Runner) -> Processed {
+async fn process_next(runner: &Arc<Runner>) -> Processed {
     let claim = runner.mailbox().claim("w").unwrap().expect("a job to do");
     runner.process(&claim).await
 }

@@ -13,11 +13,13 @@ use crate::{
 /// A wire value that has no domain meaning.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConvertError {
-    #[error("{field}: value {value} is not a valid {type_name}")]
+    #[error("{field}: value {value} is not a valid {type_name}; expected one of: {accepted}")]
     BadEnum {
         field: &'static str,
         type_name: &'static str,
         value: i32,
+        /// The accepted values' names, comma-separated.
+        accepted: String,
     },
     #[error("{0}: required field is missing")]
     Missing(&'static str),
@@ -65,7 +67,12 @@ macro_rules! enum_map {
             pub fn from_wire(value: i32, field: &'static str) -> Result<Self, ConvertError> {
                 match pb::$pb::try_from(value) {
                     $(Ok(pb::$pb::$pv) => Ok($dom::$dv),)+
-                    _ => Err(ConvertError::BadEnum { field, type_name: stringify!($pb), value }),
+                    _ => Err(ConvertError::BadEnum {
+                        field,
+                        type_name: stringify!($pb),
+                        value,
+                        accepted: [$(pb::$pb::$pv.as_str_name()),+].join(", "),
+                    }),
                 }
             }
             /// Parses an optional wire value: UNSPECIFIED (0) gives `None`.
@@ -514,7 +521,12 @@ mod tests {
             Verdict::from_wire(0, 0, f),
             Err(ConvertError::Missing("action"))
         );
-        assert!(Verdict::from_wire(resume, 99, f).is_err());
+        let err = Verdict::from_wire(resume, 99, f).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "decision_kind: value 99 is not a valid DecisionKind; expected one of: \
+             DECISION_KIND_APPROVE, DECISION_KIND_REJECT, DECISION_KIND_EDIT, DECISION_KIND_RESPOND"
+        );
         for v in [
             Verdict::Approve,
             Verdict::Reject,

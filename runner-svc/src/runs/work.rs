@@ -2,7 +2,7 @@
 //! tree, and commit checkpoint + events + inbox removals + timer + the job's ack in ONE
 //! transaction that first checks the claim token (fencing).
 
-use std::panic::AssertUnwindSafe;
+use std::{panic::AssertUnwindSafe, sync::Arc};
 
 use arbor_shared::domain::{EventDetail, JobKind, JobOrigin, RunStatus, SuspensionState};
 
@@ -29,6 +29,18 @@ pub enum Processed {
     Failed(String),
 }
 
+/// What a claimed job asks for, before anything is committed.
+enum Prepared {
+    /// The run is gone or finished: the job is only acked.
+    Nothing(RunStatus),
+    /// A step to commit; `replaced` counts the active suspensions of the checkpoint it replaces.
+    Step {
+        step: Box<Step>,
+        replaced: [i64; 3],
+        now: u64,
+    },
+}
+
 /// The outcome of the engine step, before it is committed.
 struct Step {
     ck: Checkpoint,
@@ -41,7 +53,7 @@ struct Step {
 
 impl Runner {
     /// Processes one claimed job end to end.
-    pub async fn process(&self, claim: &Claim) -> Processed {
+    pub async fn process(self: &Arc<Self>, claim: &Claim) -> Processed {
         let result = self.try_process(claim).await;
         let job = &claim.job;
         match result {
@@ -80,21 +92,43 @@ impl Runner {
         }
     }
 
-    async fn try_process(&self, claim: &Claim) -> Result<RunStatus, RunnerError> {
+    /// Loading the run and ticking its tree run on a blocking thread: a tick calls tools, and a
+    /// slow tool must never stall the runtime threads that serve RPCs, streams and leases.
+    async fn try_process(self: &Arc<Self>, claim: &Claim) -> Result<RunStatus, RunnerError> {
+        let (this, owned) = (self.clone(), claim.clone());
+        let prepared = tokio::task::spawn_blocking(move || this.prepare(&owned))
+            .await
+            .map_err(|e| {
+                RunnerError::Corrupt(codec::Corrupt {
+                    what: "engine state",
+                    message: format!("the step could not be prepared: {e}"),
+                })
+            })??;
+        match prepared {
+            Prepared::Nothing(status) => {
+                self.ack_only(claim).await?;
+                Ok(status)
+            }
+            Prepared::Step {
+                step,
+                replaced,
+                now,
+            } => self.commit_step(claim, *step, replaced, now).await,
+        }
+    }
+
+    /// Everything of a step before its commit: the run, its checkpoint and inbox, the tick.
+    fn prepare(&self, claim: &Claim) -> Result<Prepared, RunnerError> {
         let job = &claim.job;
         let now = arbor_shared::time::now_ms();
         let run = match self.run_record(&job.run_id) {
             Ok(run) => run,
-            Err(RunnerError::NotFound(_)) => {
-                self.ack_only(claim).await?;
-                return Ok(RunStatus::Cancelled);
-            }
+            Err(RunnerError::NotFound(_)) => return Ok(Prepared::Nothing(RunStatus::Cancelled)),
             Err(e) => return Err(e),
         };
         if run.status.is_terminal() {
             // A wake-up for a run that already finished (a late timer, a cancel that raced).
-            self.ack_only(claim).await?;
-            return Ok(run.status);
+            return Ok(Prepared::Nothing(run.status));
         }
         let spec = self.tree_spec(&run.tree_id, run.tree_version)?;
         let ck_bytes = self
@@ -221,7 +255,11 @@ impl Runner {
                 },
             }
         };
-        self.commit_step(claim, step, replaced, now).await
+        Ok(Prepared::Step {
+            step: Box::new(step),
+            replaced,
+            now,
+        })
     }
 
     /// Decisions delivered to a run and not yet taken into its checkpoint.
