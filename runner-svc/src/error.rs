@@ -57,6 +57,12 @@ impl From<arbor_shared::durability::FlushError> for RunnerError {
     }
 }
 
+impl From<crate::runs::state::InvalidTransition> for RunnerError {
+    fn from(e: crate::runs::state::InvalidTransition) -> Self {
+        Self::FailedPrecondition(e.to_string())
+    }
+}
+
 impl From<EventLogError> for RunnerError {
     fn from(e: EventLogError) -> Self {
         match e {

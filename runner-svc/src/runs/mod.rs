@@ -5,6 +5,7 @@
 mod query;
 pub mod records;
 mod resolve;
+pub mod state;
 mod submit;
 mod work;
 
@@ -335,7 +336,7 @@ impl Runner {
                         }
                     }
                 }
-                run.status = RunStatus::Failed;
+                run.status = state::apply(run.status, state::RunEvent::DeadLetter)?;
                 run.updated_at_ms = now;
                 records::put_run(tx, &run)?;
                 events.push(event(

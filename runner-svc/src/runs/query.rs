@@ -186,11 +186,12 @@ impl Runner {
                     && run.status == RunStatus::Failed
                     && run.error.starts_with("job ")
                 {
-                    run.status = if run.started {
-                        RunStatus::Running
-                    } else {
-                        RunStatus::Queued
-                    };
+                    run.status = super::state::apply(
+                        run.status,
+                        super::state::RunEvent::Revive {
+                            started: run.started,
+                        },
+                    )?;
                     run.error.clear();
                     run.updated_at_ms = now;
                     records::put_run(tx, &run)?;

@@ -325,7 +325,8 @@ impl Runner {
                         continue;
                     }
                     if superseded_runs.contains(&run_id.as_str()) && !run.started {
-                        run.status = RunStatus::Superseded;
+                        run.status =
+                            super::state::apply(run.status, super::state::RunEvent::Supersede)?;
                         run.error = reason.to_string();
                         run.updated_at_ms = now;
                         records::put_run(tx, &run)?;

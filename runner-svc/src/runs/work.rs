@@ -6,7 +6,10 @@ use std::{panic::AssertUnwindSafe, sync::Arc};
 
 use arbor_shared::domain::{EventDetail, JobKind, JobOrigin, RunStatus, SuspensionState};
 
-use super::{Runner, records};
+use super::{
+    Runner, records,
+    state::{self, RunEvent},
+};
 use crate::{
     engine::{self, Checkpoint, Decision, Effect, TickEnv, TickStatus},
     error::RunnerError,
@@ -344,7 +347,10 @@ impl Runner {
                     default_max,
                 ))?;
             }
-            run.status = status;
+            run.status = match status {
+                RunStatus::Cancelled => state::apply(run.status, RunEvent::Cancel)?,
+                outcome => state::apply(run.status, RunEvent::Step(outcome))?,
+            };
             run.error = step.error.clone();
             run.step = step.ck.step();
             run.started = run.started || job.kind != JobKind::Cancel;

@@ -97,6 +97,34 @@ pub struct SuspensionRecord {
     pub consumed_decision_id: Option<String>,
 }
 
+/// What happens to a suspension. The machine (DESIGN §3): Active --consume--> Cleared (its
+/// decision was taken into the checkpoint), Active --withdraw--> Inactive (its node was halted or
+/// its run ended); nothing leaves Cleared or Inactive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SuspensionEvent {
+    Consume,
+    Withdraw,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("suspension cannot go from {from:?} on {event:?}")]
+pub struct InvalidSuspensionTransition {
+    pub from: SuspensionState,
+    pub event: SuspensionEvent,
+}
+
+/// The next state, or the typed reason the move is illegal.
+pub fn suspension_transition(
+    from: SuspensionState,
+    event: SuspensionEvent,
+) -> Result<SuspensionState, InvalidSuspensionTransition> {
+    match (from, event) {
+        (SuspensionState::Active, SuspensionEvent::Consume) => Ok(SuspensionState::Cleared),
+        (SuspensionState::Active, SuspensionEvent::Withdraw) => Ok(SuspensionState::Inactive),
+        _ => Err(InvalidSuspensionTransition { from, event }),
+    }
+}
+
 /// Why a decision does not fit its suspension; `field` is a path into the decision
 /// (`result.value`). `not_allowed`: the decision is well formed, but its kind is not one the
 /// suspension's node honours (FAILED_PRECONDITION rather than INVALID_ARGUMENT).
@@ -147,6 +175,22 @@ pub(crate) fn request_id(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn suspensions_leave_active_once_and_never_come_back() {
+        use SuspensionEvent::{Consume, Withdraw};
+        use SuspensionState::{Active, Cleared, Inactive};
+        assert_eq!(suspension_transition(Active, Consume), Ok(Cleared));
+        assert_eq!(suspension_transition(Active, Withdraw), Ok(Inactive));
+        for from in [Cleared, Inactive] {
+            for event in [Consume, Withdraw] {
+                assert_eq!(
+                    suspension_transition(from, event),
+                    Err(InvalidSuspensionTransition { from, event })
+                );
+            }
+        }
+    }
 
     #[test]
     fn request_ids_are_stable_and_separate_runs_and_attempts() {

@@ -9,7 +9,7 @@ use arbor_shared::domain::SuspensionState;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
-use super::{Decision, SuspensionRecord};
+use super::{Decision, SuspensionEvent, SuspensionRecord, suspension_transition};
 use crate::engine::Effect;
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -121,11 +121,9 @@ impl Interaction {
     /// Pops the delivered decision for an active request: inbox → acks, record Cleared.
     pub fn take(&mut self, request_id: &str, effects: &mut Vec<Effect>) -> Option<Decision> {
         let owned = self.suspensions.get_mut(request_id)?;
-        if owned.record.state != SuspensionState::Active {
-            return None;
-        }
+        let cleared = suspension_transition(owned.record.state, SuspensionEvent::Consume).ok()?;
         let decision = self.resolved_approvals.remove(request_id)?;
-        owned.record.state = SuspensionState::Cleared;
+        owned.record.state = cleared;
         owned.record.consumed_decision_id = Some(decision.decision_id.clone());
         self.resolved_approval_acks
             .insert(request_id.to_string(), decision.decision_id.clone());
@@ -150,10 +148,14 @@ impl Interaction {
     /// for approval there are marked cancelled.
     pub fn withdraw(&mut self, nodes: Range<u32>, reason: &str, effects: &mut Vec<Effect>) {
         for (rid, owned) in &mut self.suspensions {
-            if !nodes.contains(&owned.node) || owned.record.state != SuspensionState::Active {
+            if !nodes.contains(&owned.node) {
                 continue;
             }
-            owned.record.state = SuspensionState::Inactive;
+            let Ok(inactive) = suspension_transition(owned.record.state, SuspensionEvent::Withdraw)
+            else {
+                continue;
+            };
+            owned.record.state = inactive;
             effects.push(Effect::Withdrawn {
                 request_id: rid.clone(),
                 reason: reason.to_string(),
