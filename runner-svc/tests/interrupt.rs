@@ -16,7 +16,10 @@ use arbor_runner_svc::{
     store::Store,
     worker,
 };
-use arbor_shared::domain::{EventKind, JobKind, JobStatus, RunStatus};
+use arbor_shared::{
+    domain::{EventKind, JobKind, JobStatus, RunStatus},
+    testing::eventually,
+};
 use serde_json::{Value as Json, json};
 use tokio_util::sync::CancellationToken;
 
@@ -42,21 +45,8 @@ const BUSY: &str = r#"{"id": "busy", "version": 1, "root": {"type": "sequence", 
   {"type": "tool", "name": "work", "tool": "hold", "args": {}},
   {"type": "approval", "name": "ok", "title": "Continue?", "child": {"type": "succeed", "name": "go"}}
 ]}}"#;
+const WAIT: Duration = Duration::from_secs(20);
 const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "name": "s", "key": "x", "value": 1}}"#;
-
-async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
@@ -116,7 +106,7 @@ async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
 
     // The running step finishes (it reaches the approval gate), then the cancel job halts it.
     release_tx.send(()).unwrap();
-    let busy_run = eventually("the running run to be cancelled", || {
+    let busy_run = eventually("the running run to be cancelled", WAIT, || async {
         let v = runner.get_run(&busy.run_id).unwrap();
         v.run.status.is_terminal().then_some(v)
     })
@@ -126,7 +116,7 @@ async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
         busy_run.suspensions.is_empty(),
         "its approval was withdrawn"
     );
-    let next_run = eventually("the replacement run to finish", || {
+    let next_run = eventually("the replacement run to finish", WAIT, || async {
         let v = runner.get_run(&next.run_id).unwrap();
         v.run.status.is_terminal().then_some(v)
     })

@@ -13,6 +13,7 @@ use arbor_runner_svc::{
 use arbor_shared::{
     domain::RunStatus,
     proto::runner::v1::{self as pb, runner_service_client::RunnerServiceClient},
+    testing::eventually,
 };
 
 const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "name": "s", "key": "x", "value": 1}}"#;
@@ -54,32 +55,22 @@ async fn acked_events_finished_runs_and_final_jobs_are_compacted() {
             .unwrap();
         ids.push(s.run.run_id);
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !ids
-        .iter()
-        .all(|id| runner.get_run(id).unwrap().run.status == RunStatus::Succeeded)
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "runs did not finish"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    // A run's status is visible before the group commit that makes its last events durable;
-    // wait until every assigned seq is durable and the log has stopped growing.
-    let mut last = 0;
-    loop {
+    let wait = Duration::from_secs(20);
+    eventually("the runs to finish", wait, || async {
+        ids.iter()
+            .all(|id| runner.get_run(id).unwrap().run.status == RunStatus::Succeeded)
+            .then_some(())
+    })
+    .await;
+    // Every assigned seq durable and the log no longer growing.
+    let mut seen = 0;
+    let last = eventually("the event log to settle", wait, || {
         let assigned = runner.events().last_seq().unwrap();
-        if assigned == last && runner.events().durable_seq() == assigned {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "event log did not settle"
-        );
-        last = assigned;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        let settled = assigned == seen && runner.events().durable_seq() == assigned;
+        seen = assigned;
+        async move { settled.then_some(assigned) }
+    })
+    .await;
     let half = last / 2;
     runner.ack_cursor("audit-sink", half).await.unwrap();
 

@@ -17,6 +17,7 @@ pub mod proto;
 pub mod server;
 pub mod status;
 pub mod storage;
+pub mod testing;
 pub mod time;
 pub mod tls;
 pub mod trace;

@@ -16,30 +16,11 @@ pub mod secured;
 pub mod snapshot;
 pub mod tools;
 
-use std::{future::Future, time::Duration};
+use std::time::Duration;
+
+pub use arbor_shared::testing::eventually;
 
 pub use process::{Binaries, Cluster, Profile, Service, ServiceKind};
-
-/// Polls `f` until it returns `Some`, or panics with `what` after `timeout`. Tests never sleep a
-/// fixed time and hope.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut pause = Duration::from_millis(5);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(100));
-    }
-}
 
 /// The demo tree of DESIGN §1a (gate around a ledger tool, then a user input).
 pub fn demo_tree() -> String {

@@ -10,7 +10,7 @@
 
 pub mod fake_runner;
 
-use std::{future::Future, net::SocketAddr, path::Path, time::Duration};
+use std::{net::SocketAddr, path::Path, time::Duration};
 
 use arbor_approval_svc::{ServeConfig, ServeError, Tuning};
 use arbor_shared::{
@@ -30,23 +30,7 @@ pub use fake_runner::FakeRunner;
 
 pub type Client = ApprovalServiceClient<InterceptedService<Channel, BearerToken>>;
 
-/// Polls `check` until it returns `Some`, failing the test after `within`.
-pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+pub use arbor_shared::testing::eventually;
 
 pub const WAIT: Duration = Duration::from_secs(10);
 

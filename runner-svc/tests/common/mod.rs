@@ -5,27 +5,23 @@
 use std::time::Duration;
 
 use arbor_runner_svc::runs::{ResolveInput, Runner};
-use arbor_shared::domain::{DecisionSource, RunStatus, Verdict};
+use arbor_shared::{
+    domain::{DecisionSource, RunStatus, Verdict},
+    testing::eventually,
+};
 
 /// Waits (20 s at most) until the run has `want`; for `Suspended`, also until its request is out.
 pub async fn wait_status(runner: &Runner, run_id: &str, want: RunStatus) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    let what = format!("run {run_id} to become {want:?}");
+    eventually(&what, Duration::from_secs(20), || async {
         let view = runner.get_run(run_id).unwrap();
         let settled = match want {
             RunStatus::Suspended => view.run.status == want && !view.suspensions.is_empty(),
             _ => view.run.status == want,
         };
-        if settled {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "run {run_id} did not become {want:?} (is {:?})",
-            view.run.status
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        settled.then_some(())
+    })
+    .await
 }
 
 /// A person approves the run's first active suspension.
