@@ -120,14 +120,38 @@ impl From<RunnerError> for Status {
             RunnerError::ResourceExhausted(m) => Status::resource_exhausted(m),
             RunnerError::PermissionDenied(m) => Status::permission_denied(m),
             RunnerError::Unavailable(m) => Status::unavailable(m),
+            // The details may name files or hold record bytes: they go to the log, the caller
+            // learns what kind of thing failed.
             RunnerError::Corrupt(c) => {
-                tracing::error!(error = %c, "corrupt record");
-                Status::data_loss(c.to_string())
+                tracing::error!(error = %c, "corrupt record answered as DATA_LOSS");
+                Status::data_loss(format!(
+                    "a stored {} record is damaged; see the runner's log",
+                    c.what
+                ))
             }
             RunnerError::Storage(m) => {
-                tracing::error!(error = %m, "storage failure");
-                Status::internal(format!("storage failure: {m}"))
+                tracing::error!(error = %m, "storage failure answered as INTERNAL");
+                Status::internal("runner storage failed; see the runner's log")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_details_stay_in_the_log() {
+        let status = Status::from(RunnerError::Storage("IO error: /data/runner/db: EIO".into()));
+        assert_eq!(status.code(), tonic::Code::Internal);
+        assert!(!status.message().contains("/data"), "{}", status.message());
+        let status = Status::from(RunnerError::Corrupt(Corrupt {
+            what: "checkpoint",
+            message: "bytes 00ff at offset 7".into(),
+        }));
+        assert_eq!(status.code(), tonic::Code::DataLoss);
+        assert!(status.message().contains("checkpoint"));
+        assert!(!status.message().contains("00ff"), "{}", status.message());
     }
 }
