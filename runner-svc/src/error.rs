@@ -143,7 +143,9 @@ mod tests {
 
     #[test]
     fn storage_details_stay_in_the_log() {
-        let status = Status::from(RunnerError::Storage("IO error: /data/runner/db: EIO".into()));
+        let status = Status::from(RunnerError::Storage(
+            "IO error: /data/runner/db: EIO".into(),
+        ));
         assert_eq!(status.code(), tonic::Code::Internal);
         assert!(!status.message().contains("/data"), "{}", status.message());
         let status = Status::from(RunnerError::Corrupt(Corrupt {

@@ -4,14 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
+mod common;
 
-use arbor_runner_svc::{
-    engine::{GuardConfig, ToolRegistry, TreeFormat},
-    mailbox::SystemClock,
-    runs::{Runner, RunnerOptions},
-    store::Store,
-};
+use arbor_runner_svc::engine::TreeFormat;
 
 fn json_blocks(markdown: &str) -> Vec<String> {
     let mut blocks = Vec::new();
@@ -35,16 +30,7 @@ async fn every_example_tree_in_the_reference_registers() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/trees.md");
     let doc = std::fs::read_to_string(path).expect("docs/trees.md");
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), 16 << 20).unwrap();
-    let tools = ToolRegistry::with_builtins(store.ledger(), GuardConfig::default());
-    let runner = Runner::open(
-        store,
-        Arc::new(SystemClock::default()),
-        Arc::new(tools),
-        RunnerOptions::default(),
-    )
-    .await
-    .unwrap();
+    let runner = common::open_runner(dir.path(), |_| {}).await;
     let mut ids = Vec::new();
     for block in json_blocks(&doc) {
         let value: serde_json::Value = serde_json::from_str(&block)

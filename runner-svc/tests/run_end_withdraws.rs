@@ -9,11 +9,12 @@ use std::sync::{
     atomic::{AtomicBool, Ordering},
 };
 
+mod common;
+
 use arbor_runner_svc::{
-    engine::{GuardConfig, Tool, ToolCall, ToolError, ToolRegistry, TreeFormat},
-    mailbox::{MailboxConfig, MailboxStore, SystemClock},
-    runs::{Processed, ResolveInput, Runner, RunnerOptions, SubmitInput},
-    store::Store,
+    engine::{Tool, ToolCall, ToolError, TreeFormat},
+    mailbox::MailboxStore,
+    runs::{Processed, ResolveInput, Runner, SubmitInput},
 };
 use arbor_shared::domain::{
     DecisionSource, EventDetail, EventKind, JobStatus, RunStatus, SuspensionCategory, Verdict,
@@ -53,17 +54,10 @@ async fn process_next(runner: &Arc<Runner>) -> Processed {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_lettered_run_withdraws_its_open_approval_in_the_same_step() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), 16 << 20).unwrap();
-    let mut tools = ToolRegistry::with_builtins(store.ledger(), GuardConfig::default());
-    tools.register(PanicsOnce(AtomicBool::new(false)));
-    let opts = RunnerOptions {
-        mailbox: MailboxConfig::default(),
-        ..RunnerOptions::default()
-    };
-    let clock = Arc::new(SystemClock::default());
-    let runner = Runner::open(store, clock, Arc::new(tools), opts)
-        .await
-        .unwrap();
+    let runner = common::open_runner(dir.path(), |tools| {
+        tools.register(PanicsOnce(AtomicBool::new(false)))
+    })
+    .await;
     runner.register_tree(TREE, TreeFormat::Json).await.unwrap();
     let run = runner
         .submit(SubmitInput {

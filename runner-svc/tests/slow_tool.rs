@@ -4,16 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
+
+mod common;
 
 use arbor_runner_svc::{
-    engine::{GuardConfig, Tool, ToolCall, ToolError, ToolRegistry, TreeFormat},
-    mailbox::{MailboxStore, SystemClock},
-    runs::{Processed, Runner, RunnerOptions, SubmitInput},
-    store::Store,
+    engine::{Tool, ToolCall, ToolError, TreeFormat},
+    mailbox::MailboxStore,
+    runs::{Processed, SubmitInput},
 };
 use arbor_shared::domain::RunStatus;
 use serde_json::{Value as Json, json};
@@ -36,17 +34,7 @@ impl Tool for Slow {
 #[tokio::test(flavor = "current_thread")]
 async fn a_slow_tool_leaves_the_runtime_free() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), 16 << 20).unwrap();
-    let mut tools = ToolRegistry::with_builtins(store.ledger(), GuardConfig::default());
-    tools.register(Slow);
-    let runner = Runner::open(
-        store,
-        Arc::new(SystemClock::default()),
-        Arc::new(tools),
-        RunnerOptions::default(),
-    )
-    .await
-    .unwrap();
+    let runner = common::open_runner(dir.path(), |tools| tools.register(Slow)).await;
     runner
         .register_tree(
             r#"{"id": "slow", "version": 1, "root": {"type": "tool", "name": "t", "tool": "slow", "output": "out"}}"#,

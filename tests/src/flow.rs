@@ -85,9 +85,16 @@ pub async fn wait_run(cluster: &Cluster, run_id: &str, status: rpb::RunStatus) -
 
 /// Every event of a run so far.
 pub async fn events_of(cluster: &Cluster, run_id: &str) -> Vec<rpb::Event> {
-    let mut stream = cluster
-        .runner_client()
-        .await
+    let mut runner = crate::clients::runner_as(&cluster.runner.url(), None);
+    events_from(&mut runner, run_id).await
+}
+
+/// Every event of a run so far, read as the holder of `runner`'s credentials.
+pub async fn events_from(
+    runner: &mut crate::clients::RunnerClient,
+    run_id: &str,
+) -> Vec<rpb::Event> {
+    let mut stream = runner
         .stream_events(rpb::StreamEventsRequest {
             after_seq: Some(0),
             filter: Some(rpb::EventFilter {

@@ -234,26 +234,6 @@ async fn decide_refused(
     expected.insert(run_id.to_string(), None);
 }
 
-async fn events_of(runner: &mut RunnerClient, run_id: &str) -> Vec<rpb::Event> {
-    let mut stream = runner
-        .stream_events(rpb::StreamEventsRequest {
-            after_seq: Some(0),
-            filter: Some(rpb::EventFilter {
-                run_id: run_id.into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut out = Vec::new();
-    while let Some(item) = stream.message().await.unwrap() {
-        out.push(item.event.unwrap());
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_decision_kind_does_what_was_decided_for_every_tool_configuration() {
     let (mut cluster, tokens) = Cluster::start_secure(Profile::Debug).await;
@@ -306,7 +286,7 @@ async fn every_decision_kind_does_what_was_decided_for_every_tool_configuration(
 
     // The runner's event says what was decided.
     for (run_id, kind) in &resolved_kinds {
-        let events = events_of(&mut runner, run_id).await;
+        let events = arbor_tests::flow::events_from(&mut runner, run_id).await;
         let resolved: Vec<i32> = events
             .iter()
             .filter_map(|e| match &e.detail {

@@ -6,34 +6,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use arbor_shared::{json::to_proto_value, proto::runner::v1 as rpb};
-use arbor_tests::{Cluster, Profile, WAIT};
+use arbor_tests::{Cluster, Profile, WAIT, clients::runner_as, flow::events_from};
 use rpb::{RunStatus, event::Detail};
 use serde_json::json;
 
 const RUNS: usize = 100;
-
-async fn events_of(
-    runner: &mut rpb::runner_service_client::RunnerServiceClient<tonic::transport::Channel>,
-    run_id: &str,
-) -> Vec<rpb::Event> {
-    let mut stream = runner
-        .stream_events(rpb::StreamEventsRequest {
-            after_seq: Some(0),
-            filter: Some(rpb::EventFilter {
-                run_id: run_id.into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut out = Vec::new();
-    while let Some(item) = stream.message().await.unwrap() {
-        out.push(item.event.unwrap());
-    }
-    out
-}
 
 /// What the stream must already hold when GetRun shows `run`.
 fn check(run: &rpb::Run, events: &[rpb::Event]) {
@@ -72,7 +49,7 @@ fn check(run: &rpb::Run, events: &[rpb::Event]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_status_seen_in_get_run_has_its_events_in_the_stream() {
     let cluster = Cluster::start(Profile::Debug).await;
-    let mut runner = cluster.runner_client().await;
+    let mut runner = runner_as(&cluster.runner.url(), None);
     runner
         .register_tree(rpb::RegisterTreeRequest {
             document: json!({"id": "steps", "version": 1, "root": {"type": "sequence",
@@ -119,7 +96,7 @@ async fn a_status_seen_in_get_run_has_its_events_in_the_stream() {
                 continue;
             }
             seen = (run.status, run.step);
-            check(&run, &events_of(&mut runner, &run_id).await);
+            check(&run, &events_from(&mut runner, &run_id).await);
             checked += 1;
             if run.status == RunStatus::Succeeded as i32 {
                 break;

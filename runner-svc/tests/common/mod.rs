@@ -45,3 +45,23 @@ pub async fn approve_first(runner: &Runner, run_id: &str, decision_id: &str) {
         .await
         .unwrap();
 }
+
+/// A runner on a new database in `dir`, with the built-in tools plus what `register` adds, and
+/// no workers: a test claims and processes jobs itself, or spawns workers.
+pub async fn open_runner(
+    dir: &std::path::Path,
+    register: impl FnOnce(&mut arbor_runner_svc::engine::ToolRegistry),
+) -> std::sync::Arc<Runner> {
+    use arbor_runner_svc::{engine::GuardConfig, engine::ToolRegistry, mailbox::SystemClock};
+    let store = arbor_runner_svc::store::Store::open(dir, 16 << 20).unwrap();
+    let mut tools = ToolRegistry::with_builtins(store.ledger(), GuardConfig::default());
+    register(&mut tools);
+    Runner::open(
+        store,
+        std::sync::Arc::new(SystemClock::default()),
+        std::sync::Arc::new(tools),
+        arbor_runner_svc::runs::RunnerOptions::default(),
+    )
+    .await
+    .unwrap()
+}

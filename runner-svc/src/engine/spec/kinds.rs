@@ -14,12 +14,8 @@ use crate::engine::tools::Policy;
 const MAX_COUNT: u64 = 1_000_000;
 const MAX_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
 
-/// Every node type, as `read_kind` knows them.
-const NODE_TYPES: [&str; 20] = [
-    "sequence",
-    "selector",
-    "parallel",
-    "reactive_sequence",
+pub(super) const COMPOSITES: &[&str] = &["sequence", "selector", "parallel", "reactive_sequence"];
+pub(super) const DECORATORS: &[&str] = &[
     "inverter",
     "force_success",
     "force_failure",
@@ -27,6 +23,8 @@ const NODE_TYPES: [&str; 20] = [
     "repeat",
     "timeout",
     "approval",
+];
+const LEAVES: &[&str] = &[
     "condition",
     "set",
     "wait",
@@ -93,7 +91,7 @@ pub(super) fn read_kind(ty: &str, f: &mut Fields<'_>) -> Option<NodeKind> {
                 "type",
                 format!(
                     "unknown node type '{other}'; expected one of: {}",
-                    NODE_TYPES.join(", ")
+                    [COMPOSITES, DECORATORS, LEAVES].concat().join(", ")
                 ),
             );
             return None;

@@ -7,19 +7,8 @@ use arbor_shared::status::FieldViolation;
 use serde_json::{Map, Value as Json};
 
 use super::fields::Fields;
-use super::kinds::read_kind;
+use super::kinds::{COMPOSITES, DECORATORS, read_kind};
 use super::{MAX_DEPTH, MAX_NODES, NodeKind, NodeSpec, TreeSpec};
-
-const COMPOSITES: &[&str] = &["sequence", "selector", "parallel", "reactive_sequence"];
-const DECORATORS: &[&str] = &[
-    "inverter",
-    "force_success",
-    "force_failure",
-    "retry",
-    "repeat",
-    "timeout",
-    "approval",
-];
 
 pub(super) fn parse_document(doc: Json) -> Result<TreeSpec, Vec<FieldViolation>> {
     let mut out = Vec::new();
