@@ -418,10 +418,9 @@ impl RunnerService for RunnerGrpc {
                 "decision accepted"
             )
         });
-        let view = self.view(&resolved.run.run_id).await?;
         ok(pb::ResolveResponse {
             duplicate: resolved.duplicate,
-            run: Some(convert::run(&view)),
+            run: Some(convert::run(&resolved.run)),
         })
     }
 

@@ -22,6 +22,21 @@ pub struct RunView {
     pub suspensions: Vec<SuspensionRecord>,
 }
 
+impl RunView {
+    /// The run with its checkpoint's blackboard and active suspensions.
+    pub fn of(run: RunRecord, ck: &Checkpoint) -> Self {
+        Self {
+            run,
+            blackboard: ck.blackboard().clone(),
+            suspensions: ck
+                .suspensions()
+                .filter(|s| s.state == arbor_shared::domain::SuspensionState::Active)
+                .cloned()
+                .collect(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct RunFilter {
     pub thread_id: String,
@@ -63,20 +78,13 @@ impl Runner {
             })?),
             None => None,
         };
-        let (blackboard, suspensions) = match ck {
-            Some(ck) => (
-                ck.blackboard().clone(),
-                ck.suspensions()
-                    .filter(|s| s.state == arbor_shared::domain::SuspensionState::Active)
-                    .cloned()
-                    .collect(),
-            ),
-            None => (Map::new(), Vec::new()),
-        };
-        Ok(RunView {
-            run,
-            blackboard,
-            suspensions,
+        Ok(match ck {
+            Some(ck) => RunView::of(run, &ck),
+            None => RunView {
+                run,
+                blackboard: Map::new(),
+                suspensions: Vec::new(),
+            },
         })
     }
 

@@ -6,7 +6,7 @@ use arbor_shared::domain::{
 };
 use serde_json::Value as Json;
 
-use super::{Runner, records, records::RunRecord, submit::check_id};
+use super::{RunView, Runner, records, submit::check_id};
 use crate::{
     engine::{Decision, validate_decision},
     error::RunnerError,
@@ -39,7 +39,9 @@ pub struct ResolveInput {
 pub struct Resolved {
     /// The same decision id had already been accepted (or consumed).
     pub duplicate: bool,
-    pub run: RunRecord,
+    /// The run as this decision's step left it, read inside that step: durable, and its events
+    /// streamable, once Resolve returns.
+    pub run: RunView,
 }
 
 impl Runner {
@@ -89,7 +91,7 @@ impl Runner {
                         Ok((
                             Resolved {
                                 duplicate: true,
-                                run: run.clone(),
+                                run: RunView::of(run.clone(), &ck),
                             },
                             Vec::new(),
                         ))
@@ -190,7 +192,7 @@ impl Runner {
                 Ok((
                     Resolved {
                         duplicate: false,
-                        run: run.clone(),
+                        run: RunView::of(run.clone(), &ck),
                     },
                     appended,
                 ))
