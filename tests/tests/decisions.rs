@@ -115,18 +115,31 @@ fn resolve_request(request_id: &str, kind: K) -> apb::ResolveRequest {
     }
 }
 
-/// What the ledger must hold for a run: the entry of its one record, or none.
-type Expected = BTreeMap<String, Option<Json>>;
+/// The clients one case talks through, and what the ledger must hold for each run: the entry
+/// of its one record, or none.
+struct Clients {
+    runner: RunnerClient,
+    service: RunnerClient,
+    approvals: ApprovalClient,
+    expected: BTreeMap<String, Option<Json>>,
+}
 
-async fn decide_allowed(
-    runner: &RunnerClient,
-    approvals: &mut ApprovalClient,
-    c: &Config,
+/// One decision on one run's approval.
+struct Case<'a> {
+    c: &'a Config,
     kind: K,
-    run_id: &str,
-    request_id: &str,
-    expected: &mut Expected,
-) {
+    run_id: &'a str,
+    request_id: &'a str,
+}
+
+async fn decide_allowed(cl: &mut Clients, case: Case<'_>) {
+    let Case {
+        c,
+        kind,
+        run_id,
+        request_id,
+    } = case;
+    let (runner, approvals, expected) = (&cl.runner, &mut cl.approvals, &mut cl.expected);
     approvals
         .resolve(resolve_request(request_id, kind))
         .await
@@ -164,17 +177,19 @@ async fn decide_allowed(
 
 /// A decision the node does not offer: refused by both services, nothing changes. Then a
 /// reject closes the run.
-#[allow(clippy::too_many_arguments)]
-async fn decide_refused(
-    runner: &RunnerClient,
-    service: &mut RunnerClient,
-    approvals: &mut ApprovalClient,
-    c: &Config,
-    kind: K,
-    run_id: &str,
-    request_id: &str,
-    expected: &mut Expected,
-) {
+async fn decide_refused(cl: &mut Clients, case: Case<'_>) {
+    let Case {
+        c,
+        kind,
+        run_id,
+        request_id,
+    } = case;
+    let Clients {
+        runner,
+        service,
+        approvals,
+        expected,
+    } = cl;
     let err = approvals
         .resolve(resolve_request(request_id, kind))
         .await
@@ -237,48 +252,37 @@ async fn decide_refused(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_decision_kind_does_what_was_decided_for_every_tool_configuration() {
     let (mut cluster, tokens) = Cluster::start_secure(Profile::Debug).await;
-    let mut runner = runner_as(&cluster.runner.url(), Some(&tokens.submitter));
-    let mut service = runner_as(&cluster.runner.url(), Some(&tokens.service));
-    let mut approvals = approvals_as(&cluster.approval.url(), Some(&tokens.approver));
-    let mut expected = Expected::new();
+    let mut cl = Clients {
+        runner: runner_as(&cluster.runner.url(), Some(&tokens.submitter)),
+        service: runner_as(&cluster.runner.url(), Some(&tokens.service)),
+        approvals: approvals_as(&cluster.approval.url(), Some(&tokens.approver)),
+        expected: BTreeMap::new(),
+    };
     let mut resolved_kinds = BTreeMap::new();
     for c in configs() {
-        let tree = register(&mut runner, tree(&c)).await;
+        let tree = register(&mut cl.runner, tree(&c)).await;
         for kind in [K::Approve, K::Reject, K::Edit, K::Respond] {
             let run_id = format!(
                 "{}-{}",
                 c.name,
                 kind.as_str_name()["DECISION_KIND_".len()..].to_lowercase()
             );
-            submit(&mut runner, &tree.id, &run_id).await;
-            let pending = wait_approval(&approvals, &run_id, apb::ApprovalState::Pending).await;
+            submit(&mut cl.runner, &tree.id, &run_id).await;
+            let pending = wait_approval(&cl.approvals, &run_id, apb::ApprovalState::Pending).await;
             let request = pending.request.clone().unwrap();
             let offered: Vec<i32> = c.allowed.iter().map(|k| *k as i32).collect();
             assert_eq!(request.allowed_decisions, offered, "{}", c.name);
+            let case = Case {
+                c: &c,
+                kind,
+                run_id: &run_id,
+                request_id: &pending.request_id,
+            };
             if c.allowed.contains(&kind) {
-                decide_allowed(
-                    &runner,
-                    &mut approvals,
-                    &c,
-                    kind,
-                    &run_id,
-                    &pending.request_id,
-                    &mut expected,
-                )
-                .await;
+                decide_allowed(&mut cl, case).await;
                 resolved_kinds.insert(run_id.clone(), kind);
             } else {
-                decide_refused(
-                    &runner,
-                    &mut service,
-                    &mut approvals,
-                    &c,
-                    kind,
-                    &run_id,
-                    &pending.request_id,
-                    &mut expected,
-                )
-                .await;
+                decide_refused(&mut cl, case).await;
                 resolved_kinds.insert(run_id.clone(), K::Reject);
             }
         }
@@ -286,7 +290,7 @@ async fn every_decision_kind_does_what_was_decided_for_every_tool_configuration(
 
     // The runner's event says what was decided.
     for (run_id, kind) in &resolved_kinds {
-        let events = arbor_tests::flow::events_from(&mut runner, run_id).await;
+        let events = arbor_tests::flow::events_from(&mut cl.runner, run_id).await;
         let resolved: Vec<i32> = events
             .iter()
             .filter_map(|e| match &e.detail {
@@ -300,7 +304,7 @@ async fn every_decision_kind_does_what_was_decided_for_every_tool_configuration(
     // The ledger, read from the stopped runner's files: exactly the decided side effects.
     cluster.runner.stop().await;
     let ledger = read_ledger(&cluster.runner.data_dir).await;
-    for (run_id, want) in &expected {
+    for (run_id, want) in &cl.expected {
         let records: Vec<&Json> = ledger
             .iter()
             .filter(|(k, _)| k.starts_with(&format!("{run_id}:")))
@@ -314,5 +318,5 @@ async fn every_decision_kind_does_what_was_decided_for_every_tool_configuration(
             }
         }
     }
-    assert_eq!(expected.len(), 36);
+    assert_eq!(cl.expected.len(), 36);
 }
