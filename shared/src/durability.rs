@@ -11,9 +11,10 @@
 //! cost 2N disk writes where one batch of N costs two. A body that aborts is taken out and the
 //! rest of the batch runs again without it, so one writer's domain error never fails another's.
 //!
-//! A batched commit ends in one of two ways: a sled flush ([`BatchCommit::start`], approval-svc),
-//! or, for a set whose transactions append themselves to a [`Journal`]
-//! ([`BatchCommit::start_journaled`], runner-svc), the journal's sync of the batch's records.
+//! A batched commit answers once a flush of the database has put it on the device: sled's own
+//! `flush` (which writes out its log buffers with `sync_file_range`), then an `fsync` of its log
+//! file, which also covers the file's size and the device's write cache
+//! ([`crate::storage::flush_and_sync`]).
 
 use std::sync::{
     Arc,
@@ -23,8 +24,6 @@ use std::sync::{
 
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use tokio::sync::oneshot;
-
-use crate::journal::Journal;
 
 /// The flush failed; the write it was meant to cover may not be durable.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -50,14 +49,14 @@ struct Stats {
 }
 
 impl GroupCommit {
-    /// Starts the flusher thread. It ends when every handle is dropped.
-    pub fn start(db: sled::Db) -> Self {
+    /// Starts the flusher thread of the database in `dir`. It ends when every handle is dropped.
+    pub fn start(db: sled::Db, dir: std::path::PathBuf) -> Self {
         let (tx, rx) = mpsc::channel::<Waiter>();
         let stats = Arc::new(Stats::default());
         let thread_stats = stats.clone();
         let spawned = std::thread::Builder::new()
             .name("arbor-group-commit".into())
-            .spawn(move || flusher(db, rx, thread_stats));
+            .spawn(move || flusher(db, dir, rx, thread_stats));
         if let Err(e) = spawned {
             // Without the thread every flush() fails loudly instead of pretending durability.
             tracing::error!(error = %e, "could not start the group-commit thread");
@@ -110,14 +109,12 @@ fn flusher_gone() -> FlushError {
     FlushError("group-commit thread is gone".into())
 }
 
-fn flusher(db: sled::Db, rx: mpsc::Receiver<Waiter>, stats: Arc<Stats>) {
+fn flusher(db: sled::Db, dir: std::path::PathBuf, rx: mpsc::Receiver<Waiter>, stats: Arc<Stats>) {
+    let mut syncer = crate::storage::Syncer::new(db, dir);
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         batch.extend(rx.try_iter());
-        let result = db
-            .flush()
-            .map(|_| ())
-            .map_err(|e| FlushError(e.to_string()));
+        let result = syncer.sync().map_err(|e| FlushError(e.to_string()));
         stats.rounds.fetch_add(1, Ordering::Relaxed);
         stats.items.fetch_add(batch.len() as u64, Ordering::Relaxed);
         for waiter in batch {
@@ -261,23 +258,12 @@ impl<S: TxSet> BatchCommit<S> {
     /// Starts the committer thread; committed batches wait for `gc`'s flushes. The thread ends
     /// when every handle is dropped.
     pub fn start(set: S, gc: GroupCommit) -> Self {
-        Self::start_with(set, Durable::Flush(gc))
-    }
-
-    /// Starts the committer thread for a set whose transactions append themselves to
-    /// `journal` (see [`crate::journal`]): a committed batch answers once the journal has
-    /// synced its records, and the next batch starts after that.
-    pub fn start_journaled(set: S, journal: Journal) -> Self {
-        Self::start_with(set, Durable::Journal(journal))
-    }
-
-    fn start_with(set: S, durable: Durable) -> Self {
         let (tx, rx) = mpsc::channel::<Box<dyn Pending<S>>>();
         let stats = Arc::new(Stats::default());
         let thread_stats = stats.clone();
         let spawned = std::thread::Builder::new()
             .name("arbor-committer".into())
-            .spawn(move || committer(set, rx, durable, thread_stats));
+            .spawn(move || committer(set, rx, gc, thread_stats));
         if let Err(e) = spawned {
             tracing::error!(error = %e, "could not start the committer thread");
         }
@@ -341,18 +327,10 @@ impl<S: TxSet> BatchCommit<S> {
     }
 }
 
-/// What a committed batch waits for before it answers.
-enum Durable {
-    /// A sled flush (shared with every other writer of the database).
-    Flush(GroupCommit),
-    /// The sync of the journal the set's transactions appended their records to.
-    Journal(Journal),
-}
-
 fn committer<S: TxSet>(
     set: S,
     rx: mpsc::Receiver<Box<dyn Pending<S>>>,
-    durable: Durable,
+    gc: GroupCommit,
     stats: Arc<Stats>,
 ) {
     while let Ok(first) = rx.recv() {
@@ -413,30 +391,13 @@ fn committer<S: TxSet>(
         if batch.is_empty() {
             continue;
         }
-        match &durable {
-            // The batch waits for its flush before the next batch starts: whatever queues up
-            // meanwhile becomes the next batch. (Overlapping the next transaction with this
-            // flush was measured slower: smaller batches, so more transactions, each two disk
-            // writes, and a sled flush excludes transactions while it waits for the disk.)
-            Durable::Flush(gc) => {
-                let result = gc.flush_blocking();
-                for op in batch {
-                    op.done(Outcome::Committed(result.clone()));
-                }
-            }
-            // The journal's writer answers the batch once its records are synced. The committer
-            // waits for that too before it takes the next batch: overlapping them was measured
-            // no faster (smaller batches cost more CPU, and this is CPU-bound on two cores).
-            Durable::Journal(journal) => {
-                let (synced, wait) = mpsc::sync_channel(1);
-                journal.after_durable(Box::new(move |result| {
-                    for op in batch {
-                        op.done(Outcome::Committed(result.clone()));
-                    }
-                    let _ = synced.send(());
-                }));
-                let _ = wait.recv();
-            }
+        // The batch waits for its flush before the next batch starts: whatever queues up
+        // meanwhile becomes the next batch. (Overlapping the next transaction with this flush was
+        // measured slower: smaller batches, so more transactions, each two disk writes, and a
+        // sled flush excludes transactions while it waits for the disk.)
+        let result = gc.flush_blocking();
+        for op in batch {
+            op.done(Outcome::Committed(result.clone()));
         }
     }
 }
@@ -449,7 +410,7 @@ mod tests {
     async fn every_waiter_is_served_by_some_flush() {
         let dir = tempfile::tempdir().unwrap();
         let db = sled::open(dir.path()).unwrap();
-        let gc = GroupCommit::start(db.clone());
+        let gc = GroupCommit::start(db.clone(), dir.path().to_path_buf());
         let mut tasks = Vec::new();
         for i in 0..64u32 {
             let db = db.clone();
@@ -490,7 +451,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = sled::open(dir.path()).unwrap();
         let (a, b) = (db.open_tree("a").unwrap(), db.open_tree("b").unwrap());
-        let batches = BatchCommit::start(Pair(a.clone(), b.clone()), GroupCommit::start(db));
+        let batches = BatchCommit::start(
+            Pair(a.clone(), b.clone()),
+            GroupCommit::start(db, dir.path().to_path_buf()),
+        );
         (dir, a, b, batches)
     }
 

@@ -7,7 +7,6 @@ pub mod convert;
 pub mod domain;
 pub mod durability;
 pub mod integrity;
-pub mod journal;
 pub mod json;
 pub mod limits;
 pub mod metrics;

@@ -8,7 +8,10 @@
 //! soak test and by a synthetic workload of the runner's shape). Values larger than a quarter of
 //! a segment (2 MiB) go to blob files.
 
-use std::path::Path;
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime},
+};
 
 /// Log segment size of new databases.
 pub const SEGMENT_SIZE: usize = 8 << 20;
@@ -36,14 +39,68 @@ pub fn sled_config(dir: &Path, cache_bytes: u64) -> sled::Config {
         .segment_size(segment_size(dir))
 }
 
-/// Writes out sled's log buffers and `fsync`s its log file. sled's `flush` alone does not put
-/// anything on the device when the database was opened with `sync_log_writes(false)` (and only
-/// `sync_file_range`s otherwise).
-pub fn flush_and_sync(db: &sled::Db, dir: &Path) -> Result<(), sled::Error> {
+/// Puts everything committed to the database in `dir` so far on the device.
+///
+/// sled's own `flush` writes its log buffers out with `sync_file_range`, which waits for the
+/// data pages but neither for the file's size nor for the device's write cache, and it writes
+/// values too big for the log (over a quarter of a segment) to blob files that it never syncs.
+/// So after `flush` the log file is `fsync`ed, and so are the blob files modified since
+/// `blobs_since` (with two seconds of slack for coarse timestamps) and their directory.
+pub fn flush_and_sync(
+    db: &sled::Db,
+    dir: &Path,
+    blobs_since: SystemTime,
+) -> Result<(), sled::Error> {
     db.flush()?;
-    std::fs::File::open(dir.join("db"))
-        .and_then(|f| f.sync_all())
-        .map_err(sled::Error::Io)
+    let sync = |path: &Path| std::fs::File::open(path).and_then(|f| f.sync_all());
+    sync(&dir.join("db"))?;
+    let blobs = dir.join("blobs");
+    let after = blobs_since
+        .checked_sub(Duration::from_secs(2))
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let Ok(entries) = std::fs::read_dir(&blobs) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let recent = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|m| m >= after);
+        if recent {
+            match sync(&entry.path()) {
+                // sled removed it meanwhile (its value was replaced or deleted).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                other => other?,
+            }
+        }
+    }
+    Ok(sync(&blobs)?)
+}
+
+/// [`flush_and_sync`] again and again, each time syncing only the blob files written since the
+/// previous call began.
+#[derive(Debug)]
+pub struct Syncer {
+    db: sled::Db,
+    dir: PathBuf,
+    since: SystemTime,
+}
+
+impl Syncer {
+    pub fn new(db: sled::Db, dir: PathBuf) -> Self {
+        Self {
+            db,
+            dir,
+            since: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    pub fn sync(&mut self) -> Result<(), sled::Error> {
+        let started = SystemTime::now();
+        flush_and_sync(&self.db, &self.dir, self.since)?;
+        self.since = started;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -3,12 +3,6 @@
 //! marker), must exit non-zero with an error that says what is wrong — never panic, and never
 //! serve an emptier database than the one it had. The undamaged copy must still start and hold
 //! every run, so the checks cost nothing on healthy data.
-//!
-//! runner-svc keeps a journal next to sled (every commit's writes, since the last checkpoint).
-//! With the journal intact, a damage to sled's files that the journal covers may instead be
-//! repaired at start-up: then the runner must serve every run exactly as it was. With the
-//! journal gone too, every damage must be refused, as for approval-svc. A damaged or missing
-//! journal next to intact sled files loses nothing and must start.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -185,29 +179,6 @@ fn damages() -> Vec<(&'static str, Damage)> {
     ]
 }
 
-/// Damage to the runner's journal alone, next to intact sled files.
-fn journal_damages() -> Vec<(&'static str, Damage)> {
-    vec![
-        ("journal deleted", |d| {
-            std::fs::remove_dir_all(d.join("journal")).unwrap()
-        }),
-        ("journal garbled", |d| {
-            for seg in std::fs::read_dir(d.join("journal")).unwrap() {
-                garble(&seg.unwrap().path(), 100, 4096);
-            }
-        }),
-    ]
-}
-
-/// What happens to the runner's journal along with the damage to sled's files.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Journal {
-    /// Left as it was: the damage may be repaired from it.
-    Kept,
-    /// Deleted too: nothing can repair the damage.
-    Lost,
-}
-
 /// The runs as `make_data` left them: the first approved and done, the others waiting.
 fn expected_status(i: usize) -> rpb::RunStatus {
     if i == 0 {
@@ -288,20 +259,14 @@ async fn each_damage_is_refused(
     binary: &Path,
     pristine: &Path,
     scratch: &Path,
-    journal: Journal,
-    runs: &[String],
 ) -> Vec<String> {
     let mut failures = Vec::new();
     for (i, (name, damage)) in damages().into_iter().enumerate() {
-        let dir = scratch.join(format!("{kind:?}-{journal:?}-{i}"));
+        let dir = scratch.join(format!("{kind:?}-{i}"));
         copy_dir(pristine, &dir);
         damage(&dir);
-        if journal == Journal::Lost && kind == ServiceKind::Runner {
-            std::fs::remove_dir_all(dir.join("journal")).unwrap();
-        }
-        // A refusal comes within a second or two; a runner that repaired the damage serves on.
-        let wait = Duration::from_secs(if journal == Journal::Kept { 10 } else { 20 });
-        let exited = run_to_exit(binary, &serve_args(kind, &dir), wait).await;
+        // A refusal comes within a second or two.
+        let exited = run_to_exit(binary, &serve_args(kind, &dir), Duration::from_secs(20)).await;
         let last_line = exited
             .stderr
             .lines()
@@ -312,31 +277,15 @@ async fn each_damage_is_refused(
             && exited.code.is_some_and(|c| c != 0)
             && !last_line.is_empty()
             && !exited.stderr.contains("panicked");
-        let repaired = if kind == ServiceKind::Runner
-            && journal == Journal::Kept
-            && exited.timed_out
-            && exited.stderr.contains("replayed journal records")
-        {
-            let root = scratch.join(format!("check-{i}"));
-            Some(holds_every_run(binary, &dir, &root, runs).await)
-        } else {
-            None
-        };
-        let ok = refused || matches!(repaired, Some(Ok(())));
+        let ok = refused;
         println!(
-            "{} {kind:?} {name:<32}{}: exit {:?}{} {}",
+            "{} {kind:?} {name:<32}: exit {:?}{} {}",
             if ok { "ok  " } else { "FAIL" },
-            if kind == ServiceKind::Runner {
-                format!(" journal {journal:?}")
-            } else {
-                String::new()
-            },
             exited.code,
-            match &repaired {
-                Some(Ok(())) => " (repaired from the journal: every run as it was)".to_string(),
-                Some(Err(e)) => format!(" (kept serving, but {e})"),
-                None if exited.timed_out => " (kept serving)".to_string(),
-                None => String::new(),
+            if exited.timed_out {
+                " (kept serving)"
+            } else {
+                ""
             },
             last_line
         );
@@ -371,69 +320,22 @@ async fn damaged_databases_stop_start_up_with_a_clear_error() {
     let bins = arbor_tests::Binaries::get(Profile::Release);
     let scratch = dir.path().join("damaged");
     let mut failures = Vec::new();
-    for journal in [Journal::Kept, Journal::Lost] {
-        failures.extend(
-            each_damage_is_refused(
-                ServiceKind::Runner,
-                &bins.runner,
-                &runner_dir,
-                &scratch,
-                journal,
-                &runs,
-            )
-            .await,
-        );
+    for (kind, binary, data) in [
+        (ServiceKind::Runner, &bins.runner, &runner_dir),
+        (ServiceKind::Approval, &bins.approval, &approval_dir),
+    ] {
+        failures.extend(each_damage_is_refused(kind, binary, data, &scratch).await);
     }
-    failures.extend(
-        each_damage_is_refused(
-            ServiceKind::Approval,
-            &bins.approval,
-            &approval_dir,
-            &scratch,
-            Journal::Kept,
-            &runs,
-        )
-        .await,
-    );
-    // Damage to the journal alone, after a clean stop: sled holds everything.
-    for (i, (name, damage)) in journal_damages().into_iter().enumerate() {
-        let data = scratch.join(format!("journal-{i}"));
-        copy_dir(&runner_dir, &data);
-        damage(&data);
-        let root = scratch.join(format!("journal-check-{i}"));
-        let held = holds_every_run(&bins.runner, &data, &root, &runs).await;
-        println!(
-            "{} Runner {name:<32} {held:?}",
-            if held.is_ok() { "ok  " } else { "FAIL" }
-        );
-        if let Err(e) = held {
-            failures.push(format!("Runner: {name}: {e}"));
-        }
-    }
-
-    // The undamaged data still opens, with every run and approval.
-    let mut runner = Service::new(
-        ServiceKind::Runner,
-        bins.runner.clone(),
-        &dir.path().join("healthy"),
-        Vec::new(),
-    );
-    copy_dir(&runner_dir, &runner.data_dir);
-    runner.start().await;
-    let mut client = runner_as(&runner.url(), None);
-    for run_id in &runs {
-        client
-            .get_run(rpb::GetRunRequest {
-                run_id: run_id.clone(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{run_id} lost from the healthy copy: {e}"));
+    // The undamaged data still opens, with every run and approval as they were.
+    let healthy = dir.path().join("healthy");
+    if let Err(e) = holds_every_run(&bins.runner, &runner_dir, &healthy, &runs).await {
+        failures.push(format!("Runner: the healthy copy: {e}"));
     }
     let mut approval = Service::new(
         ServiceKind::Approval,
         bins.approval.clone(),
-        &dir.path().join("healthy"),
-        vec!["--runner".into(), runner.url()],
+        &healthy,
+        vec!["--runner".into(), "http://127.0.0.1:9".into()],
     );
     copy_dir(&approval_dir, &approval.data_dir);
     approval.start().await;
@@ -445,7 +347,6 @@ async fn damaged_databases_stop_start_up_with_a_clear_error() {
         .approvals;
     assert_eq!(all.len(), runs.len(), "every approval is still there");
     assert_eq!(approval.stop().await, Some(0));
-    assert_eq!(runner.stop().await, Some(0));
     assert!(
         failures.is_empty(),
         "damage not refused cleanly: {failures:#?}"

@@ -67,7 +67,7 @@ pub struct SledStore {
     pub(super) trees: Trees,
     pub(super) gc: GroupCommit,
     batches: BatchCommit<Trees>,
-    /// The data directory's integrity marker (absent for databases opened by `from_db`).
+    /// The data directory's integrity marker .
     integrity: Option<Arc<Integrity>>,
 }
 
@@ -207,7 +207,7 @@ impl SledStore {
     pub fn open(path: &Path) -> Result<Self> {
         Integrity::precheck(path).map_err(|e| Error::Storage(e.to_string()))?;
         let db = arbor_shared::storage::sled_config(path, CACHE_BYTES).open()?;
-        let mut store = Self::from_db(db)?;
+        let mut store = Self::from_db(db, path)?;
         let progress = store.progress()?;
         let integrity = Integrity::check(path, &store.db, PROGRESS, progress)
             .and_then(|i| {
@@ -284,7 +284,7 @@ impl SledStore {
             .map_err(|e| Error::Storage(e.to_string()))
     }
 
-    pub fn from_db(db: sled::Db) -> Result<Self> {
+    fn from_db(db: sled::Db, path: &Path) -> Result<Self> {
         let trees = Trees {
             approvals: db.open_tree("approvals")?,
             by_created: db.open_tree("approvals_by_created")?,
@@ -297,7 +297,7 @@ impl SledStore {
             meta: db.open_tree("meta")?,
         };
         count_pending_once(&trees)?;
-        let gc = GroupCommit::start(db.clone());
+        let gc = GroupCommit::start(db.clone(), path.to_path_buf());
         let batches = BatchCommit::start(trees.clone(), gc.clone());
         Ok(Self {
             db,

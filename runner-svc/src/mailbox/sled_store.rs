@@ -767,14 +767,15 @@ impl MailboxStore for SledMailbox {
 
     fn next_available_at(&self) -> Result<Option<u64>, MailboxError> {
         let now = self.now();
-        let maps = self.store.mirror().read();
-        Ok(maps
-            .queue
-            .values()
-            .filter_map(|v| tx::queued_head(v))
-            .map(|(available_at, _, _)| available_at)
-            .filter(|at| *at > now)
-            .min())
+        let mut next: Option<u64> = None;
+        for entry in self.store.tree(T::Queue).iter().values() {
+            if let Some((available_at, _, _)) = tx::queued_head(&entry?) {
+                if available_at > now {
+                    next = Some(next.map_or(available_at, |n| n.min(available_at)));
+                }
+            }
+        }
+        Ok(next)
     }
 }
 
@@ -868,23 +869,23 @@ impl SledMailbox {
         const MAX_CANDIDATES: usize = 16;
         let mut candidates = Vec::new();
         let mut next: Option<u64> = None;
-        // The mirror, not sled: no page reads and none of sled's locks (see `store::mirror`).
-        let maps = self.store.mirror().read();
-        for (key, value) in &maps.queue {
-            let Some(job_id) = tx::job_id_of_queue_key(key) else {
+        let (active, mailboxes) = (self.store.tree(T::Active), self.store.tree(T::Mailboxes));
+        for entry in self.store.tree(T::Queue).iter() {
+            let (key, value) = entry?;
+            let Some(job_id) = tx::job_id_of_queue_key(&key) else {
                 continue;
             };
-            // An entry without a value (an old store's, whose job did not read back) is tried
-            // as it is: the claim transaction finds out.
-            if let Some((available_at, generation, mailbox_id)) = tx::queued_head(value) {
+            if let Some((available_at, generation, mailbox_id)) = tx::queued_head(&value) {
                 if available_at > now {
                     next = Some(next.map_or(available_at, |n| n.min(available_at)));
                     continue;
                 }
                 // A job of an older generation is a candidate even on a busy thread: the claim
                 // transaction supersedes it.
-                if generation >= maps.generation(mailbox_id) && maps.active.contains_key(mailbox_id)
-                {
+                let current = mailboxes
+                    .get(mailbox_id)?
+                    .map_or(0, |v| codec::read_u64(&v));
+                if generation >= current && active.contains_key(mailbox_id)? {
                     continue;
                 }
             }

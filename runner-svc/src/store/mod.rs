@@ -1,22 +1,15 @@
 //! The runner's sled database: one `Store` owns the named trees, runs multi-tree transactions
 //! (checkpoint + events + inbox + mailbox in one atomic step) and the group commit that makes a
-//! committed step durable before any RPC answers OK.
-//!
-//! Every transaction records what it writes and appends that record to the store's journal
-//! (`arbor_shared::journal`, in `journal/` next to sled's files); a commit is durable once its
-//! record is synced, and sled itself is flushed only in the background and at checkpoints. At
-//! open, records the database does not hold yet are replayed into it.
+//! committed step durable before any RPC answers OK: sled's flush, then an `fsync` of its log.
 
 pub mod codec;
 pub mod counts;
-pub mod mirror;
 
 use std::{path::Path, sync::Arc};
 
 use arbor_shared::{
-    durability::{BatchCommit, BatchResult, FlushError, TxSet},
+    durability::{BatchCommit, BatchResult, FlushError, GroupCommit, TxSet},
     integrity::{self, Integrity, IntegrityError},
-    journal::{self, Journal, JournalError, Recorder, TxTree},
 };
 use sled::{
     Transactional,
@@ -78,41 +71,23 @@ const TREE_NAMES: [&str; 15] = [
     crate::LEDGER_TREE,
 ];
 
-/// A view of every runner tree inside one sled transaction, recording what it writes for the
-/// journal.
+/// A view of every runner tree inside one sled transaction.
 pub struct Tx<'a> {
     trees: &'a [TransactionalTree],
-    rec: &'a Recorder,
-    mirror: &'a mirror::Mirror,
 }
 
 impl<'a> Tx<'a> {
-    pub fn tree(&self, t: T) -> TxTree<'a> {
-        TxTree::new(&self.trees[t as usize], t as u8, self.rec)
+    pub fn tree(&self, t: T) -> &'a TransactionalTree {
+        &self.trees[t as usize]
     }
 
-    /// `tree(t).get(key)`, answered for a mirrored tree (queue, active, mailboxes) from this
-    /// transaction's own writes and then the mirror, without a sled lookup. The answer is the
-    /// same: every transaction holds the journal's order lock from before it starts until the
-    /// mirror has its writes, so the mirror holds exactly the committed state it builds on.
+    /// `tree(t).get(key)`.
     pub fn get(
         &self,
         t: T,
         key: &[u8],
     ) -> Result<Option<sled::IVec>, sled::transaction::UnabortableTransactionError> {
-        let tree = self.tree(t);
-        if let Some(written) = tree.written(key) {
-            return Ok(written);
-        }
-        let mirrored = self
-            .mirror
-            .read()
-            .get(t, key)
-            .map(|v| v.map(sled::IVec::from));
-        match mirrored {
-            Some(value) => Ok(value),
-            None => tree.get(key),
-        }
+        self.tree(t).get(key)
     }
 }
 
@@ -153,8 +128,6 @@ pub enum OpenError {
     Open { path: String, source: sled::Error },
     #[error(transparent)]
     Damaged(#[from] IntegrityError),
-    #[error(transparent)]
-    Journal(#[from] JournalError),
 }
 
 /// Handle to the runner database. Cheap to clone.
@@ -163,51 +136,24 @@ pub struct Store {
     db: sled::Db,
     trees: Vec<sled::Tree>,
     all: AllTrees,
+    gc: GroupCommit,
     batches: BatchCommit<AllTrees>,
     integrity: Arc<Integrity>,
 }
 
-/// Every runner tree with the journal their transactions append to.
+/// Every runner tree, in the order of [`T`].
 #[derive(Clone)]
 pub struct AllTrees {
     trees: Vec<sled::Tree>,
-    journal: Journal,
-    mirror: Arc<mirror::Mirror>,
 }
 
-/// Meta key of the LSN of the last journaled transaction the database holds, written by each
-/// transaction itself.
-const JOURNAL_LSN: &[u8] = b"journal:lsn";
-
 impl AllTrees {
-    /// Runs `body` as one transaction over every tree and appends what it wrote to the journal.
-    /// The journal's order lock is held across both, so records are in commit order.
+    /// Runs `body` as one transaction over every tree.
     fn run<R, E>(
         &self,
         body: impl Fn(&Tx<'_>) -> TxResult<R, E>,
     ) -> Result<R, TransactionError<E>> {
-        let append = self.journal.begin();
-        let lsn = append.lsn().to_be_bytes();
-        let rec = Recorder::default();
-        let r = self.trees[..].transaction(|trees: &Vec<TransactionalTree>| {
-            rec.take();
-            let r = body(&Tx {
-                trees,
-                rec: &rec,
-                mirror: &self.mirror,
-            })?;
-            if !rec.is_empty() {
-                trees[T::Meta as usize].insert(JOURNAL_LSN, &lsn[..])?;
-            }
-            Ok(r)
-        })?;
-        let record = rec.take();
-        if !record.is_empty() {
-            // Still in commit order: the journal's order lock is held until `commit`.
-            self.mirror.apply(&record);
-            append.commit(record);
-        }
-        Ok(r)
+        self.trees[..].transaction(|trees: &Vec<TransactionalTree>| body(&Tx { trees }))
     }
 }
 
@@ -220,116 +166,6 @@ impl TxSet for AllTrees {
     ) -> Result<(), TransactionError<usize>> {
         self.run(body)
     }
-}
-
-/// Loads the mirror of the claim trees. A queue entry of a store from before entries had values
-/// gets the value its job record gives.
-fn load_mirror(trees: &[sled::Tree]) -> Result<mirror::Mirror, sled::Error> {
-    mirror::Mirror::load(trees, |queue_key| {
-        let job_id = crate::mailbox::tx::job_id_of_queue_key(queue_key)?;
-        let job = trees[T::Jobs as usize].get(job_id).ok().flatten()?;
-        let job = codec::decode("job", &job).ok()?;
-        Some(crate::mailbox::tx::queue_value(&job))
-    })
-}
-
-/// Where the journal lives in the database directory.
-fn journal_dir(dir: &Path) -> std::path::PathBuf {
-    dir.join("journal")
-}
-
-/// Replays journal records the database does not hold yet, then starts the journal (which
-/// flushes sled first, so the replayed records may go).
-fn open_journal(dir: &Path, db: &sled::Db, trees: &[sled::Tree]) -> Result<Journal, JournalError> {
-    let meta = &trees[T::Meta as usize];
-    let storage = |e: sled::Error| JournalError::Replay {
-        lsn: 0,
-        reason: e.to_string(),
-    };
-    let applied = meta
-        .get(JOURNAL_LSN)
-        .map_err(storage)?
-        .map_or(0, |v| codec::read_u64(&v));
-    let recovered = journal::recover(&journal_dir(dir), applied, |lsn, payload| {
-        replay(trees, lsn, payload)
-    })?;
-    if recovered.replayed > 0 {
-        tracing::info!(
-            records = recovered.replayed,
-            last = recovered.last_lsn,
-            "replayed journal records the database did not hold (it stopped before writing them out, or its files lost them)"
-        );
-    }
-    let (db, dir_owned) = (db.clone(), dir.to_path_buf());
-    let since = std::sync::Mutex::new(std::time::SystemTime::UNIX_EPOCH);
-    Journal::start(&journal_dir(dir), recovered, move || {
-        checkpoint(&db, &dir_owned, &since)
-    })
-}
-
-/// Makes everything sled holds so far durable in its own files, so the journal before it may
-/// go. sled writes its log to the page cache only (`sync_log_writes(false)`: the journal is what
-/// makes commits durable), so after sled's `flush` the files are synced here: the log, and
-/// the blob files (values too big for the log) written since the last checkpoint.
-fn checkpoint(
-    db: &sled::Db,
-    dir: &Path,
-    since: &std::sync::Mutex<std::time::SystemTime>,
-) -> Result<(), String> {
-    let started = std::time::SystemTime::now();
-    let text = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
-    arbor_shared::storage::flush_and_sync(db, dir).map_err(|e| text("sync of the sled log", &e))?;
-    let blobs = dir.join("blobs");
-    // Two seconds of slack for coarse file timestamps.
-    let after = since
-        .lock()
-        .ok()
-        .and_then(|t| t.checked_sub(std::time::Duration::from_secs(2)))
-        .unwrap_or(std::time::SystemTime::UNIX_EPOCH);
-    if let Ok(entries) = std::fs::read_dir(&blobs) {
-        for entry in entries.flatten() {
-            let recent = entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|m| m >= after);
-            if recent {
-                match std::fs::File::open(entry.path()).and_then(|f| f.sync_all()) {
-                    Ok(()) => {}
-                    // sled removed it meanwhile (its value was replaced or deleted).
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(text("sync of a blob file", &e)),
-                }
-            }
-        }
-        std::fs::File::open(&blobs)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| text("sync of the blob directory", &e))?;
-    }
-    if let Ok(mut t) = since.lock() {
-        *t = started;
-    }
-    Ok(())
-}
-
-/// Applies one journal record and its LSN in one transaction.
-fn replay(trees: &[sled::Tree], lsn: u64, payload: &[u8]) -> Result<(), String> {
-    let writes = journal::writes(payload).collect::<Result<Vec<_>, _>>()?;
-    if let Some(w) = writes.iter().find(|w| w.tree as usize >= trees.len()) {
-        return Err(format!("record writes to unknown tree {}", w.tree));
-    }
-    trees
-        .transaction(|trees: &Vec<TransactionalTree>| {
-            for w in &writes {
-                let tree = &trees[w.tree as usize];
-                match w.value {
-                    Some(v) => tree.insert(w.key, v)?,
-                    None => tree.remove(w.key)?,
-                };
-            }
-            trees[T::Meta as usize].insert(JOURNAL_LSN, &lsn.to_be_bytes()[..])?;
-            Ok::<_, ConflictableTransactionError<()>>(())
-        })
-        .map_err(|e| format!("{e:?}"))
 }
 
 /// What the integrity marker measures the runner database's progress by: the last event seq
@@ -350,8 +186,6 @@ impl Store {
         };
         Integrity::precheck(dir)?;
         let db = arbor_shared::storage::sled_config(dir, cache_bytes)
-            // The journal makes commits durable; sled's log is synced at checkpoints.
-            .sync_log_writes(false)
             // Durability comes from the group commit; this background flusher is also the
             // thread that relocates live pages out of mostly-dead log segments so they can be
             // reused. Without it the `db` file grows with every write, deleted or not.
@@ -363,14 +197,13 @@ impl Store {
             .map(|name| db.open_tree(name))
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
-        let journal = open_journal(dir, &db, &trees)?;
         // Before anything writes: sled opens a damaged log as an older or empty database.
         let progress = crate::events::last_seq_in(&trees[T::Meta as usize]).map_err(err)?;
         let integrity = Arc::new(Integrity::check(dir, &db, PROGRESS, progress)?);
         integrity::guarded(dir, |place| check_references(&trees, place))?;
         if let Some(tally) = counts::ensure(&trees).map_err(err)? {
-            // Written outside the journal: synced before anything journaled builds on them.
-            arbor_shared::storage::flush_and_sync(&db, dir).map_err(err)?;
+            arbor_shared::storage::flush_and_sync(&db, dir, std::time::SystemTime::UNIX_EPOCH)
+                .map_err(err)?;
             if tally.unreadable > 0 {
                 tracing::warn!(
                     unreadable = tally.unreadable,
@@ -378,17 +211,16 @@ impl Store {
                 );
             }
         }
-        let mirror = load_mirror(&trees).map_err(err)?;
         let all = AllTrees {
             trees: trees.clone(),
-            journal,
-            mirror: Arc::new(mirror),
         };
-        let batches = BatchCommit::start_journaled(all.clone(), all.journal.clone());
+        let gc = GroupCommit::start(db.clone(), dir.to_path_buf());
+        let batches = BatchCommit::start(all.clone(), gc.clone());
         Ok(Self {
             db,
             trees,
             all,
+            gc,
             batches,
             integrity,
         })
@@ -407,17 +239,6 @@ impl Store {
             .map_err(|e| e.to_string())
     }
 
-    /// The in-memory copy of the queue, active and mailboxes trees (see [`mirror`]).
-    pub fn mirror(&self) -> &mirror::Mirror {
-        &self.all.mirror
-    }
-
-    /// Whether the mirror holds exactly what loading it from sled now gives: what a test of the
-    /// mirror checks.
-    pub fn mirror_matches(&self) -> Result<bool, sled::Error> {
-        Ok(*load_mirror(&self.trees)?.read() == *self.mirror().read())
-    }
-
     pub fn tree(&self, t: T) -> &sled::Tree {
         &self.trees[t as usize]
     }
@@ -427,8 +248,8 @@ impl Store {
     }
 
     /// Runs `body` as one serialisable transaction over every runner tree, on the calling
-    /// thread and outside the batched commit. It returns once committed, before its journal
-    /// record is synced: await [`durable`](Self::durable) for that. The body may run more than
+    /// thread and outside the batched commit. It returns once committed, before it is on
+    /// disk: await [`durable`](Self::durable) for that. The body may run more than
     /// once (sled retries on conflict), so it must be free of side effects.
     pub fn transact<R, E>(
         &self,
@@ -482,16 +303,15 @@ impl Store {
         &self.batches
     }
 
-    /// Waits until everything committed so far is on disk (one journal sync shared with every
-    /// other waiter).
+    /// Waits until everything committed so far is on disk (one flush shared with every other
+    /// waiter).
     pub async fn durable(&self) -> Result<(), FlushError> {
-        self.all.journal.durable().await
+        self.gc.flush().await
     }
 
-    /// Syncs issued so far to make commits durable (journal syncs; sled's background and
-    /// checkpoint flushes are not counted).
+    /// Flushes issued so far to make commits durable (sled's background flushes not counted).
     pub fn flush_count(&self) -> u64 {
-        self.all.journal.sync_count()
+        self.gc.flush_count()
     }
 
     /// A fresh unique, increasing id (survives restarts).
@@ -499,9 +319,9 @@ impl Store {
         self.db.generate_id()
     }
 
-    /// The `ledger.append` tool writing through this store: each record is a journaled
-    /// transaction of its own, so it is durable no later than the checkpoint that holds its
-    /// receipt (whose sync covers every record before it), and replayed with it.
+    /// The `ledger.append` tool writing through this store: each record is a transaction of its
+    /// own, so it is durable no later than the checkpoint that holds its receipt (sled's log is
+    /// recovered as a prefix, and that checkpoint's flush covers every record before it).
     pub fn ledger(&self) -> crate::engine::LedgerTool {
         let store = self.clone();
         crate::engine::LedgerTool::with_writer(
