@@ -3,7 +3,7 @@
 use arbor_shared::{
     convert::ConvertError,
     domain::DecisionKind,
-    durability::FlushError,
+    sled_backend::commit::FlushError,
     status::{FieldViolation, invalid_argument},
 };
 use tonic::Status;

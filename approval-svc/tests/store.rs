@@ -485,7 +485,7 @@ async fn the_pending_count_moves_with_every_transition_and_is_rebuilt_for_an_old
     // What an older release left behind: the approvals, no count.
     {
         let db = support::eventually("the database to reopen", support::WAIT, || async {
-            arbor_shared::storage::sled_config(dir.path(), 8 << 20)
+            arbor_shared::sled_backend::sled_config(dir.path(), 8 << 20)
                 .open()
                 .ok()
         })

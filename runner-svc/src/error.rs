@@ -51,8 +51,8 @@ impl From<sled::Error> for RunnerError {
     }
 }
 
-impl From<arbor_shared::durability::FlushError> for RunnerError {
-    fn from(e: arbor_shared::durability::FlushError) -> Self {
+impl From<arbor_shared::sled_backend::commit::FlushError> for RunnerError {
+    fn from(e: arbor_shared::sled_backend::commit::FlushError) -> Self {
         Self::Storage(e.to_string())
     }
 }
@@ -84,8 +84,8 @@ impl From<MailboxError> for RunnerError {
     }
 }
 
-impl From<arbor_shared::durability::CommitError<RunnerError>> for RunnerError {
-    fn from(e: arbor_shared::durability::CommitError<RunnerError>) -> Self {
+impl From<arbor_shared::sled_backend::commit::CommitError<RunnerError>> for RunnerError {
+    fn from(e: arbor_shared::sled_backend::commit::CommitError<RunnerError>) -> Self {
         e.flatten()
     }
 }

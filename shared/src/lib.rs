@@ -1,12 +1,10 @@
 //! Arbor's shared crate: the generated gRPC code, JSON/proto conversions, the one way errors
-//! become statuses, authentication, group commit for sled, the serving plumbing both
+//! become statuses, authentication, the sled backend both services share (group commit, fsync, damage detection), the serving plumbing both
 //! binaries use, Prometheus metrics and W3C trace context.
 
 pub mod auth;
 pub mod convert;
 pub mod domain;
-pub mod durability;
-pub mod integrity;
 pub mod json;
 pub mod limits;
 pub mod metrics;
@@ -14,8 +12,8 @@ pub mod page;
 pub mod procstat;
 pub mod proto;
 pub mod server;
+pub mod sled_backend;
 pub mod status;
-pub mod storage;
 pub mod testing;
 pub mod time;
 pub mod tls;

@@ -6,8 +6,8 @@ use std::{path::Path, sync::Arc};
 
 use arbor_shared::{
     domain::{ApprovalRequest, DecisionKind, DecisionSource, TimeoutAction},
-    durability::{BatchCommit, BatchResult, CommitError, GroupCommit, TxSet},
-    integrity::{self, Integrity},
+    sled_backend::commit::{BatchCommit, BatchResult, CommitError, GroupCommit, TxSet},
+    sled_backend::integrity::{self, Integrity},
     time::now_ms,
 };
 use serde_json::{Map, Value as Json};
@@ -203,10 +203,10 @@ impl Tx<'_> {
 
 impl SledStore {
     /// Opens the store in `path`, refusing a database that lost durable data or cannot be read
-    /// (see `arbor_shared::integrity`).
+    /// (see `arbor_shared::sled_backend::integrity`).
     pub fn open(path: &Path) -> Result<Self> {
         Integrity::precheck(path).map_err(|e| Error::Storage(e.to_string()))?;
-        let db = arbor_shared::storage::sled_config(path, CACHE_BYTES).open()?;
+        let db = arbor_shared::sled_backend::sled_config(path, CACHE_BYTES).open()?;
         let mut store = Self::from_db(db, path)?;
         let progress = store.progress()?;
         let integrity = Integrity::check(path, &store.db, PROGRESS, progress)

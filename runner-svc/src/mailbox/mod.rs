@@ -126,14 +126,14 @@ impl From<crate::store::TxError<MailboxError>> for MailboxError {
     }
 }
 
-impl From<arbor_shared::durability::CommitError<MailboxError>> for MailboxError {
-    fn from(e: arbor_shared::durability::CommitError<MailboxError>) -> Self {
+impl From<arbor_shared::sled_backend::commit::CommitError<MailboxError>> for MailboxError {
+    fn from(e: arbor_shared::sled_backend::commit::CommitError<MailboxError>) -> Self {
         e.flatten()
     }
 }
 
-impl From<arbor_shared::durability::FlushError> for MailboxError {
-    fn from(e: arbor_shared::durability::FlushError) -> Self {
+impl From<arbor_shared::sled_backend::commit::FlushError> for MailboxError {
+    fn from(e: arbor_shared::sled_backend::commit::FlushError) -> Self {
         Self::Storage(e.to_string())
     }
 }

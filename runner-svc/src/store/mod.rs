@@ -8,8 +8,8 @@ pub mod counts;
 use std::{path::Path, sync::Arc};
 
 use arbor_shared::{
-    durability::{BatchCommit, BatchResult, FlushError, GroupCommit, TxSet},
-    integrity::{self, Integrity, IntegrityError},
+    sled_backend::commit::{BatchCommit, BatchResult, FlushError, GroupCommit, TxSet},
+    sled_backend::integrity::{self, Integrity, IntegrityError},
 };
 use sled::{
     Transactional,
@@ -185,7 +185,7 @@ impl Store {
             source,
         };
         Integrity::precheck(dir)?;
-        let db = arbor_shared::storage::sled_config(dir, cache_bytes)
+        let db = arbor_shared::sled_backend::sled_config(dir, cache_bytes)
             // Durability comes from the group commit; this background flusher is also the
             // thread that relocates live pages out of mostly-dead log segments so they can be
             // reused. Without it the `db` file grows with every write, deleted or not.
@@ -202,7 +202,7 @@ impl Store {
         let integrity = Arc::new(Integrity::check(dir, &db, PROGRESS, progress)?);
         integrity::guarded(dir, |place| check_references(&trees, place))?;
         if let Some(tally) = counts::ensure(&trees).map_err(err)? {
-            arbor_shared::storage::flush_and_sync(&db, dir, std::time::SystemTime::UNIX_EPOCH)
+            arbor_shared::sled_backend::flush_and_sync(&db, dir, std::time::SystemTime::UNIX_EPOCH)
                 .map_err(err)?;
             if tally.unreadable > 0 {
                 tracing::warn!(

@@ -14,7 +14,7 @@
 //! A batched commit answers once a flush of the database has put it on the device: sled's own
 //! `flush` (which writes out its log buffers with `sync_file_range`), then an `fsync` of its log
 //! file, which also covers the file's size and the device's write cache
-//! ([`crate::storage::flush_and_sync`]).
+//! ([`crate::sled_backend::flush_and_sync`]).
 
 use std::sync::{
     Arc,
@@ -110,7 +110,7 @@ fn flusher_gone() -> FlushError {
 }
 
 fn flusher(db: sled::Db, dir: std::path::PathBuf, rx: mpsc::Receiver<Waiter>, stats: Arc<Stats>) {
-    let mut syncer = crate::storage::Syncer::new(db, dir);
+    let mut syncer = crate::sled_backend::Syncer::new(db, dir);
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         batch.extend(rx.try_iter());

@@ -1,4 +1,6 @@
-//! The sled settings both services open their database with.
+//! What both services' sled backends share: the settings they open their database with, the
+//! flush that makes a commit durable, group and batched commit ([`commit`]) and damage detection
+//! at start-up ([`integrity`]).
 //!
 //! The log segment size matters for disk use. sled 0.34 reuses a segment only after every page
 //! written to it has moved on; with small segments (its default is 512 KiB) and a group-commit
@@ -7,6 +9,9 @@
 //! size. With 8 MiB segments the file levels off at a few times the live data (measured by the
 //! soak test and by a synthetic workload of the runner's shape). Values larger than a quarter of
 //! a segment (2 MiB) go to blob files.
+
+pub mod commit;
+pub mod integrity;
 
 use std::{
     path::{Path, PathBuf},

@@ -206,7 +206,7 @@ impl Integrity {
                 db.insert(STORE_ID_KEY, id.as_bytes()).map_err(storage)?;
                 // The id is on disk, and the new files are in the directory, before the marker
                 // names it.
-                crate::storage::flush_and_sync(db, dir, std::time::SystemTime::UNIX_EPOCH)
+                crate::sled_backend::flush_and_sync(db, dir, std::time::SystemTime::UNIX_EPOCH)
                     .and_then(|()| Ok(std::fs::File::open(dir).and_then(|d| d.sync_all())?))
                     .map_err(storage)?;
                 id
