@@ -180,10 +180,10 @@ impl<S: ApprovalStore> Approvals<S> {
             .ok_or_else(|| Error::NotFound(request_id.to_string()))?;
         let submitter = &approval.request.submitted_by;
         if auth_enabled && !submitter.is_empty() && *submitter == principal.name {
-            return Err(Error::PermissionDenied(format!(
-                "principal '{}' submitted run {} and may not decide its approvals",
-                principal.name, approval.request.run_id
-            )));
+            return Err(Error::OwnRun {
+                principal: principal.name.clone(),
+                run_id: approval.request.run_id.clone(),
+            });
         }
         self.decide(request_id, decision).await
     }

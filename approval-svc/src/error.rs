@@ -1,9 +1,9 @@
-//! The service's one error type and its one mapping to gRPC statuses (DESIGN §7).
+//! The service's one error type and its one mapping to gRPC statuses (DESIGN §7): each variant
+//! says what went wrong, and `Error::code` alone decides the status code it is answered with.
 
 use arbor_shared::{
     convert::ConvertError,
     domain::DecisionKind,
-    sled_backend::commit::FlushError,
     status::{FieldViolation, invalid_argument},
 };
 use tonic::Status;
@@ -12,10 +12,20 @@ use crate::lifecycle::InvalidTransition;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{summary}")]
-    InvalidArgument {
-        summary: String,
-        violations: Vec<FieldViolation>,
+    /// A caller's request has invalid fields (each violation names one).
+    #[error("invalid request")]
+    InvalidRequest(Vec<FieldViolation>),
+    /// A decision's kind, args, result or reason do not fit together.
+    #[error("invalid decision")]
+    InvalidDecision(Vec<FieldViolation>),
+    /// A page token that no listing of this kind handed out.
+    #[error("invalid request")]
+    BadPageToken,
+    /// A runner connection setting (URL, CA, token) is unusable; found at start-up.
+    #[error("{setting}: {detail}")]
+    BadRunnerSetting {
+        setting: &'static str,
+        detail: String,
     },
     #[error("approval {0} not found")]
     NotFound(String),
@@ -47,12 +57,22 @@ pub enum Error {
         held: String,
         given: String,
     },
-    #[error("{0}")]
-    PermissionDenied(String),
+    /// The caller's roles do not allow the action.
+    #[error("principal '{principal}' may not {action} (needs one of: {roles})")]
+    RoleRequired {
+        principal: String,
+        action: &'static str,
+        roles: String,
+    },
+    /// Nobody decides the approvals of a run they submitted themselves.
+    #[error("principal '{principal}' submitted run {run_id} and may not decide its approvals")]
+    OwnRun { principal: String, run_id: String },
     #[error("approval-svc is shutting down")]
     ShuttingDown,
     #[error("watcher lagged; re-watch")]
     Lagged,
+    /// The store failed. The detail (which may name files on the server) goes to the log,
+    /// never to a caller.
     #[error("storage failed: {0}")]
     Storage(String),
 }
@@ -60,11 +80,9 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// An invalid request with one bad field.
     pub fn invalid(field: &str, description: impl Into<String>) -> Self {
-        Self::InvalidArgument {
-            summary: "invalid request".into(),
-            violations: vec![FieldViolation::new(field, description)],
-        }
+        Self::InvalidRequest(vec![FieldViolation::new(field, description)])
     }
 
     pub fn not_allowed(request_id: &str, kind: DecisionKind, allowed: &[DecisionKind]) -> Self {
@@ -86,13 +104,16 @@ impl Error {
     pub fn code(&self) -> tonic::Code {
         use tonic::Code;
         match self {
-            Self::InvalidArgument { .. } => Code::InvalidArgument,
+            Self::InvalidRequest(_)
+            | Self::InvalidDecision(_)
+            | Self::BadPageToken
+            | Self::BadRunnerSetting { .. } => Code::InvalidArgument,
             Self::NotFound(_) => Code::NotFound,
             Self::InvalidTransition { .. }
             | Self::AlreadyDecided { .. }
             | Self::NotAllowed { .. }
             | Self::DecisionMismatch { .. } => Code::FailedPrecondition,
-            Self::PermissionDenied(_) => Code::PermissionDenied,
+            Self::RoleRequired { .. } | Self::OwnRun { .. } => Code::PermissionDenied,
             Self::ShuttingDown => Code::Unavailable,
             Self::Lagged => Code::ResourceExhausted,
             Self::Storage(_) => Code::Internal,
@@ -106,31 +127,30 @@ impl From<ConvertError> for Error {
     }
 }
 
-impl From<sled::Error> for Error {
-    fn from(e: sled::Error) -> Self {
-        Self::Storage(e.to_string())
-    }
-}
-
-impl From<FlushError> for Error {
-    fn from(e: FlushError) -> Self {
-        Self::Storage(e.to_string())
-    }
-}
-
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
+        let summary = e.to_string();
         match e {
-            Error::InvalidArgument {
-                summary,
-                violations,
-            } => invalid_argument(&summary, &violations),
+            Error::InvalidRequest(violations) | Error::InvalidDecision(violations) => {
+                invalid_argument(&summary, &violations)
+            }
+            Error::BadPageToken => invalid_argument(
+                &summary,
+                &[FieldViolation::new(
+                    "page_token",
+                    arbor_shared::page::INVALID,
+                )],
+            ),
+            Error::BadRunnerSetting { setting, detail } => invalid_argument(
+                "invalid runner setting",
+                &[FieldViolation::new(setting, detail)],
+            ),
             Error::Storage(detail) => {
                 // The detail may name files on the server; it goes to the log, not the caller.
                 tracing::error!(error = %detail, "storage failure answered as INTERNAL");
                 Status::internal("approval store failed; see the server log")
             }
-            other => Status::new(other.code(), other.to_string()),
+            other => Status::new(other.code(), summary),
         }
     }
 }
@@ -156,7 +176,29 @@ mod tests {
                 },
                 Code::FailedPrecondition,
             ),
-            (Error::PermissionDenied("no".into()), Code::PermissionDenied),
+            (Error::BadPageToken, Code::InvalidArgument),
+            (
+                Error::BadRunnerSetting {
+                    setting: "runner_url",
+                    detail: "bad".into(),
+                },
+                Code::InvalidArgument,
+            ),
+            (
+                Error::RoleRequired {
+                    principal: "p".into(),
+                    action: "decide",
+                    roles: "approver".into(),
+                },
+                Code::PermissionDenied,
+            ),
+            (
+                Error::OwnRun {
+                    principal: "p".into(),
+                    run_id: "run-1".into(),
+                },
+                Code::PermissionDenied,
+            ),
             (Error::ShuttingDown, Code::Unavailable),
             (Error::Lagged, Code::ResourceExhausted),
             (Error::Storage("disk".into()), Code::Internal),

@@ -20,4 +20,4 @@ pub mod store;
 pub use config::{ServeConfig, Tuning};
 pub use error::Error;
 pub use server::{ServeError, run};
-pub use store::{ApprovalStore, SledStore};
+pub use store::ApprovalStore;

@@ -27,11 +27,8 @@ use crate::{
         delivery::Delivery,
         subscriber::{SUBSCRIPTION_HEALTH, Subscriber},
     },
-    store::{ApprovalStore, SledStore},
+    store::{self, ApprovalStore},
 };
-
-/// How long a restart waits for a previous instance in this process to release the database.
-const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -63,6 +60,17 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    let data_dir = cfg.data_dir.clone();
+    serve(cfg, listener, shutdown, store::open(&data_dir)).await
+}
+
+/// `run` on whatever store `open` opens; nothing below names a backend.
+async fn serve<S: ApprovalStore>(
+    cfg: ServeConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+    open: impl Future<Output = Result<S, Error>> + Send,
+) -> Result<(), ServeError> {
     let metrics_listener = arbor_shared::metrics::bind(cfg.metrics_listen)
         .await
         .map_err(|e| ServeError::Metrics(cfg.metrics_listen.to_string(), e))?;
@@ -71,7 +79,7 @@ pub async fn run(
     health
         .set_service_status(SUBSCRIPTION_HEALTH, ServingStatus::NotServing)
         .await;
-    let deferred: Deferred<ApiService> = Deferred::new();
+    let deferred: Deferred<ApiService<S>> = Deferred::new();
     let (reflection_v1, reflection_v1alpha) =
         reflection_services().map_err(|e| ServeError::Reflection(e.to_string()))?;
     let local = listener.local_addr().ok();
@@ -96,7 +104,7 @@ pub async fn run(
 
     let mut shutdown = std::pin::pin!(shutdown);
     let opened = tokio::select! {
-        r = open_store(&cfg) => Some(r),
+        r = open => Some(r),
         _ = &mut shutdown => None,
     };
     let store = match opened {
@@ -129,10 +137,9 @@ pub async fn run(
         auth = cfg.auth.is_enabled(),
         "approval-svc starting"
     );
-    let progress_store = store.clone();
     let approvals = Approvals::new(Arc::new(store), cfg.policy.clone());
     let mut tasks: Vec<JoinHandle<()>> = vec![
-        tokio::spawn(record_progress(progress_store.clone(), stop.clone())),
+        tokio::spawn(record_progress(approvals.clone(), stop.clone())),
         tokio::spawn(
             Subscriber {
                 approvals: approvals.clone(),
@@ -223,7 +230,7 @@ pub async fn run(
     if let Err(e) = approvals.store().flush().await {
         tracing::error!(error = %e, "final flush of the approval store failed");
     }
-    if let Err(e) = progress_store.record_progress().await {
+    if let Err(e) = approvals.store().record_progress().await {
         tracing::error!(error = %e, "cannot record the final progress in the integrity marker");
     }
     tracing::info!("approval-svc stopped");
@@ -234,36 +241,19 @@ pub async fn run(
     }
 }
 
-type ApiService =
-    InterceptedService<ApprovalServiceServer<ApprovalApi<SledStore>>, AuthInterceptor>;
-
-async fn open_store(cfg: &ServeConfig) -> Result<SledStore, Error> {
-    let deadline = tokio::time::Instant::now() + OPEN_TIMEOUT;
-    loop {
-        match SledStore::open(&cfg.data_dir) {
-            // Another `run` in this process may still be letting go of the database.
-            Err(Error::Storage(msg))
-                if msg.contains("could not acquire lock")
-                    && tokio::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            other => return other,
-        }
-    }
-}
+type ApiService<S> = InterceptedService<ApprovalServiceServer<ApprovalApi<S>>, AuthInterceptor>;
 
 /// How often the integrity marker records the durable progress: a loss of data made durable
 /// in the last interval before a crash cannot be told from the crash itself.
 const PROGRESS_RECORD_INTERVAL: Duration = Duration::from_secs(1);
 
-async fn record_progress(store: SledStore, stop: CancellationToken) {
+async fn record_progress<S: ApprovalStore>(approvals: Approvals<S>, stop: CancellationToken) {
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(PROGRESS_RECORD_INTERVAL) => {}
         }
-        if let Err(e) = store.record_progress().await {
+        if let Err(e) = approvals.store().record_progress().await {
             tracing::error!(error = %e, "cannot record durable progress in the integrity marker");
         }
     }

@@ -56,10 +56,7 @@ pub fn from_wire(
         ));
     }
     if !violations.is_empty() {
-        return Err(Error::InvalidArgument {
-            summary: "invalid decision".into(),
-            violations,
-        });
+        return Err(Error::InvalidDecision(violations));
     }
     let mut d = NewDecision::person(kind, principal.name.clone()).with_reason(reason);
     if let Some(args) = args {

@@ -58,7 +58,7 @@ impl<S: ApprovalStore> ApprovalApi<S> {
     }
 }
 
-fn require(p: &Principal, roles: &[Role], action: &str) -> Result<()> {
+fn require(p: &Principal, roles: &[Role], action: &'static str) -> Result<()> {
     if p.has_any(roles) {
         return Ok(());
     }
@@ -66,11 +66,11 @@ fn require(p: &Principal, roles: &[Role], action: &str) -> Result<()> {
         .iter()
         .map(|r| format!("{r:?}").to_lowercase())
         .collect();
-    Err(Error::PermissionDenied(format!(
-        "principal '{}' may not {action} (needs one of: {})",
-        p.name,
-        names.join(", ")
-    )))
+    Err(Error::RoleRequired {
+        principal: p.name.clone(),
+        action,
+        roles: names.join(", "),
+    })
 }
 
 /// 0 means the default; larger than the maximum is clamped to it.

@@ -31,7 +31,10 @@ pub fn connect_lazy(
     tls: Option<tonic::transport::ClientTlsConfig>,
 ) -> Result<RunnerClient> {
     let mut endpoint = Channel::from_shared(url.to_string())
-        .map_err(|e| Error::invalid("runner_url", e.to_string()))?
+        .map_err(|e| Error::BadRunnerSetting {
+            setting: "runner_url",
+            detail: e.to_string(),
+        })?
         .connect_timeout(std::time::Duration::from_secs(5))
         // A runner host that dies without a FIN or RST (power loss, a dropped NAT entry) leaves
         // the connection silent, and the event stream and every delivery on it would wait
@@ -43,9 +46,15 @@ pub fn connect_lazy(
     if let Some(tls) = tls {
         endpoint = endpoint
             .tls_config(tls)
-            .map_err(|e| Error::invalid("runner_ca", e.to_string()))?;
+            .map_err(|e| Error::BadRunnerSetting {
+                setting: "runner_ca",
+                detail: e.to_string(),
+            })?;
     }
-    let token = BearerToken::new(token).map_err(|e| Error::invalid("runner_token", e.message()))?;
+    let token = BearerToken::new(token).map_err(|e| Error::BadRunnerSetting {
+        setting: "runner_token",
+        detail: e.message().to_string(),
+    })?;
     Ok(
         RunnerServiceClient::with_interceptor(endpoint.connect_lazy(), token)
             .max_decoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES)

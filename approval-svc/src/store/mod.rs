@@ -2,25 +2,31 @@
 //! change is one transaction together with its audit entry, and a write answers only once it is
 //! on disk, so whatever a caller was told OK survives a crash.
 //!
-//! Results follow sled's style: `Err` is either a storage failure or a business outcome that
-//! changed nothing (`Error::NotFound`, `Error::InvalidTransition`, `Error::AlreadyDecided`, …).
+//! This module is the storage seam: the service above it uses only the `ApprovalStore` trait
+//! and `open`; each backend lives in a module of its own below it and must pass the
+//! conformance suite in `tests/conformance`.
+//!
+//! `Err` is either a storage failure (`Error::Storage`) or a business outcome that changed
+//! nothing (`Error::NotFound`, `Error::InvalidTransition`, `Error::AlreadyDecided`, …).
 
-mod codec;
-mod query;
-mod retention;
-mod sled_store;
+mod sled;
 
 use std::future::Future;
 
 use arbor_shared::domain::ApprovalRequest;
 
-pub use retention::Compacted;
-pub use sled_store::SledStore;
+/// The backend `approval-svc serve` runs on: `open` opens it in the data directory.
+pub use self::sled::{SledStore, open};
 
 use crate::{
     error::Result,
     model::{Approval, AuditEntry, AuditQuery, Filter, NewDecision, Page},
 };
+
+/// Who the audit trail names for the service's own bookkeeping.
+pub const ACTOR_SERVICE: &str = "approval-svc";
+pub const ACTOR_RUNNER: &str = "runner";
+pub const ACTOR_TIMEOUT: &str = "timeout";
 
 /// The answer to `put_request`.
 #[derive(Debug, Clone)]
@@ -43,6 +49,20 @@ pub struct Resolved {
 pub enum DeliveryOutcome {
     Accepted,
     Failed(String),
+}
+
+/// What one compaction pass removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Compacted {
+    pub approvals: u64,
+    pub audit_entries: u64,
+}
+
+impl std::ops::AddAssign for Compacted {
+    fn add_assign(&mut self, other: Self) {
+        self.approvals += other.approvals;
+        self.audit_entries += other.audit_entries;
+    }
 }
 
 /// Durable approvals. Writes resolve once durable; reads see every answered write.
@@ -182,6 +202,14 @@ pub trait ApprovalStore: Send + Sync + 'static {
 
     /// Everything written so far is on disk (shutdown).
     fn flush(&self) -> impl Future<Output = Result<()>> + Send;
+
+    /// Makes everything committed so far durable, then records how far the store got where
+    /// the next `open` checks it, so that losing durable data later is detected at start-up
+    /// instead of served. Called periodically and at shutdown. A backend whose database
+    /// guarantees what it acknowledged has nothing to record.
+    fn record_progress(&self) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
 
     /// fsyncs (group-commit flushes) issued so far.
     fn fsyncs(&self) -> u64 {

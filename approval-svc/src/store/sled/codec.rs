@@ -92,8 +92,7 @@ pub fn page_token(list: &str, last_key: &[u8]) -> String {
 }
 
 pub fn parse_page_token(list: &str, token: &str) -> Result<Vec<u8>> {
-    arbor_shared::page::key(list, token)
-        .ok_or_else(|| Error::invalid("page_token", arbor_shared::page::INVALID))
+    arbor_shared::page::key(list, token).ok_or(Error::BadPageToken)
 }
 
 #[cfg(test)]

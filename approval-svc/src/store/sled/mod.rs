@@ -1,12 +1,20 @@
 //! The sled implementation of `ApprovalStore`: one multi-tree transaction per state change
 //! (record, its indexes and its audit entry), then a flush before answering. State changes go
 //! through the batched commit, so concurrent ones share one sled transaction and one flush.
+//!
+//! Everything that knows about sled lives here: the record and key layout (`codec`), the
+//! index reads (`query`), retention's deletes (`retention`), the integrity marker and the
+//! mapping of sled's errors to `Error::Storage`.
 
-use std::{path::Path, sync::Arc};
+mod codec;
+mod query;
+mod retention;
+
+use std::{path::Path, sync::Arc, time::Duration};
 
 use arbor_shared::{
     domain::{ApprovalRequest, DecisionKind, DecisionSource, TimeoutAction},
-    sled_backend::commit::{BatchCommit, BatchResult, CommitError, GroupCommit, TxSet},
+    sled_backend::commit::{BatchCommit, BatchResult, CommitError, FlushError, GroupCommit, TxSet},
     sled_backend::integrity::{self, Integrity},
     time::now_ms,
 };
@@ -16,15 +24,49 @@ use sled::{
     transaction::{ConflictableTransactionError, TransactionError, TransactionalTree},
 };
 
+use self::retention::CURSOR_AT_KEY;
 use super::{
-    ApprovalStore, DeliveryOutcome, Put, Resolved, codec,
-    retention::{CURSOR_AT_KEY, Compacted},
+    ACTOR_RUNNER, ACTOR_SERVICE, ACTOR_TIMEOUT, ApprovalStore, Compacted, DeliveryOutcome, Put,
+    Resolved,
 };
 use crate::{
     error::{Error, Result},
     lifecycle::{ApprovalState, Transition},
     model::{Approval, AuditAction, AuditEntry, AuditQuery, Filter, NewDecision, Page},
 };
+
+impl From<sled::Error> for Error {
+    fn from(e: sled::Error) -> Self {
+        Self::Storage(e.to_string())
+    }
+}
+
+impl From<FlushError> for Error {
+    fn from(e: FlushError) -> Self {
+        Self::Storage(e.to_string())
+    }
+}
+
+/// How long `open` waits for a previous instance in this process to release the database.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Opens the store in `data_dir` for `approval-svc serve`. Another store on the same directory
+/// in this process (a restarted `run`) may still be letting go of sled's lock; that is waited
+/// for, up to `OPEN_TIMEOUT`.
+pub async fn open(data_dir: &Path) -> Result<SledStore> {
+    let deadline = tokio::time::Instant::now() + OPEN_TIMEOUT;
+    loop {
+        match SledStore::open(data_dir) {
+            Err(Error::Storage(msg))
+                if msg.contains("could not acquire lock")
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return other,
+        }
+    }
+}
 
 type TxResult<T> = std::result::Result<T, ConflictableTransactionError<Error>>;
 
@@ -36,19 +78,14 @@ fn read_count(bytes: &[u8]) -> i64 {
     bytes.try_into().map(i64::from_be_bytes).unwrap_or_default()
 }
 
-pub(super) fn trace_key(request_id: &str) -> Vec<u8> {
+fn trace_key(request_id: &str) -> Vec<u8> {
     let mut k = b"trace:".to_vec();
     k.extend_from_slice(request_id.as_bytes());
     k
 }
 
-/// Who the audit trail names for the service's own bookkeeping.
-pub const ACTOR_SERVICE: &str = "approval-svc";
-pub const ACTOR_RUNNER: &str = "runner";
-pub const ACTOR_TIMEOUT: &str = "timeout";
-
 #[derive(Clone)]
-pub(super) struct Trees {
+struct Trees {
     pub approvals: sled::Tree,
     pub by_created: sled::Tree,
     pub by_run: sled::Tree,
@@ -64,8 +101,8 @@ pub(super) struct Trees {
 #[derive(Clone)]
 pub struct SledStore {
     db: sled::Db,
-    pub(super) trees: Trees,
-    pub(super) gc: GroupCommit,
+    trees: Trees,
+    gc: GroupCommit,
     batches: BatchCommit<Trees>,
     /// The data directory's integrity marker .
     integrity: Option<Arc<Integrity>>,
@@ -88,16 +125,16 @@ impl std::fmt::Debug for SledStore {
 }
 
 /// The transactional view of every tree a state change touches.
-pub(super) struct Tx<'a> {
-    pub(super) approvals: &'a TransactionalTree,
-    pub(super) by_created: &'a TransactionalTree,
-    pub(super) by_run: &'a TransactionalTree,
-    pub(super) deadlines: &'a TransactionalTree,
-    pub(super) outbox: &'a TransactionalTree,
-    pub(super) audit: &'a TransactionalTree,
-    pub(super) audit_by_request: &'a TransactionalTree,
-    pub(super) audit_by_run: &'a TransactionalTree,
-    pub(super) meta: &'a TransactionalTree,
+struct Tx<'a> {
+    approvals: &'a TransactionalTree,
+    by_created: &'a TransactionalTree,
+    by_run: &'a TransactionalTree,
+    deadlines: &'a TransactionalTree,
+    outbox: &'a TransactionalTree,
+    audit: &'a TransactionalTree,
+    audit_by_request: &'a TransactionalTree,
+    audit_by_run: &'a TransactionalTree,
+    meta: &'a TransactionalTree,
     now: u64,
 }
 
@@ -269,21 +306,6 @@ impl SledStore {
         Ok(last.max(self.audit_floor()?))
     }
 
-    /// Makes everything committed so far durable, then records the progress it reached in the
-    /// integrity marker, so losing it later is detected at start-up.
-    pub async fn record_progress(&self) -> Result<()> {
-        let Some(integrity) = &self.integrity else {
-            return Ok(());
-        };
-        let progress = self.progress()?;
-        self.gc.flush().await?;
-        integrity
-            .clone()
-            .record_blocking(progress)
-            .await
-            .map_err(|e| Error::Storage(e.to_string()))
-    }
-
     fn from_db(db: sled::Db, path: &Path) -> Result<Self> {
         let trees = Trees {
             approvals: db.open_tree("approvals")?,
@@ -326,7 +348,7 @@ impl SledStore {
     }
 
     /// Runs `f` as a transaction of its own on the calling thread; durable at the next flush.
-    pub(super) fn commit_lazy<T>(&self, f: impl Fn(&Tx<'_>) -> TxResult<T>) -> Result<T> {
+    fn commit_lazy<T>(&self, f: impl Fn(&Tx<'_>) -> TxResult<T>) -> Result<T> {
         match self.trees.run(f) {
             Ok(v) => Ok(v),
             Err(TransactionError::Abort(e)) => Err(e),
@@ -705,6 +727,20 @@ impl ApprovalStore for SledStore {
             .meta
             .get(trace_key(request_id))?
             .and_then(|v| String::from_utf8(v.to_vec()).ok()))
+    }
+
+    /// Records the progress reached (the last audit id) in the integrity marker.
+    async fn record_progress(&self) -> Result<()> {
+        let Some(integrity) = &self.integrity else {
+            return Ok(());
+        };
+        let progress = self.progress()?;
+        self.gc.flush().await?;
+        integrity
+            .clone()
+            .record_blocking(progress)
+            .await
+            .map_err(|e| Error::Storage(e.to_string()))
     }
 
     fn fsyncs(&self) -> u64 {

@@ -8,10 +8,11 @@
 
 use sled::transaction::ConflictableTransactionError;
 
-use super::{SledStore, codec, sled_store::trace_key};
+use super::{SledStore, codec, trace_key};
 use crate::{
     error::Result,
     model::{Approval, AuditEntry},
+    store::Compacted,
 };
 
 /// Approvals deleted per transaction, so one pass never holds sled's write lock for long.
@@ -23,20 +24,6 @@ pub(super) const AUDIT_FLOOR_KEY: &[u8] = b"audit_floor";
 
 /// Key in `meta` of the wall-clock time (ms) of the last successful cursor ack.
 pub(super) const CURSOR_AT_KEY: &[u8] = b"subscriber_cursor_at";
-
-/// What one compaction pass removed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Compacted {
-    pub approvals: u64,
-    pub audit_entries: u64,
-}
-
-impl std::ops::AddAssign for Compacted {
-    fn add_assign(&mut self, other: Self) {
-        self.approvals += other.approvals;
-        self.audit_entries += other.audit_entries;
-    }
-}
 
 /// An approval to delete, with the audit keys found for it.
 struct Doomed {

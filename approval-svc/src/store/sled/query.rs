@@ -3,10 +3,11 @@
 
 use std::ops::Bound;
 
-use super::{ApprovalStore, SledStore, codec};
+use super::{SledStore, codec};
 use crate::{
     error::Result,
     model::{Approval, AuditEntry, AuditQuery, Filter, Page},
+    store::ApprovalStore,
 };
 
 /// The later of two lower bounds over the same key space.

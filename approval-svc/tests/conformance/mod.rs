@@ -1,0 +1,1115 @@
+//! The ApprovalStore conformance suite, written once against the trait: every lifecycle
+//! transition and every illegal one (typed error, right status code, nothing changed), the
+//! single-winner decision under concurrency, deadlines and expiry, the delivery outbox, cancel
+//! of a run, pruning and retention that keep the audit trail and tombstones, listing and paging,
+//! cursors and traces, the pending count, and durability across a reopen.
+//!
+//! A backend implements [`Backend`] and instantiates every case with [`suite!`]
+//! (`tests/store_sled.rs` for sled); each case gets a fresh [`Backend::Place`].
+
+use std::{future::Future, sync::Arc};
+
+use arbor_approval_svc::{
+    ApprovalStore, Error,
+    convert::request_from_event,
+    lifecycle::{ApprovalState, Transition},
+    model::{Approval, AuditAction, AuditEntry, AuditQuery, Filter, NewDecision},
+    store::{Compacted, DeliveryOutcome},
+};
+use arbor_shared::{
+    domain::{ApprovalRequest, DecisionKind, DecisionSource, TimeoutAction},
+    time::now_ms,
+};
+use serde_json::json;
+use tonic::Code;
+
+use crate::support;
+
+/// How the suite gets at a backend.
+pub trait Backend: 'static {
+    type Store: ApprovalStore;
+    /// Where one case keeps its data (a directory, a database); gone when dropped.
+    type Place;
+
+    /// A fresh, empty place.
+    fn place() -> impl Future<Output = Self::Place>;
+
+    /// Opens the store kept in `place`: empty the first time; after an earlier store on it
+    /// was dropped, whatever that one answered (a restart).
+    fn open(place: &Self::Place) -> impl Future<Output = Self::Store>;
+}
+
+/// One `#[tokio::test]` per case for `$backend`. Every case is listed here, next to the cases,
+/// so a backend cannot leave one out.
+macro_rules! suite {
+    ($backend:ty) => {
+        $crate::conformance::suite!(@cases $backend;
+            put_is_idempotent_and_audited,
+            resolve_is_single_winner_and_idempotent,
+            edit_and_respond_need_the_runner_to_allow_them,
+            concurrent_different_decisions_have_exactly_one_winner,
+            expiry_takes_the_on_timeout_decision,
+            next_deadline_is_the_earliest_pending_one,
+            the_outbox_holds_a_decision_until_it_is_delivered_once,
+            delivery_ack_and_prune_keep_the_audit_and_a_tombstone,
+            ack_and_prune_is_one_step,
+            every_illegal_transition_is_refused_and_changes_nothing,
+            unknown_ids_are_not_found,
+            cancel_run_withdraws_what_the_run_can_still_abandon,
+            everything_answered_survives_a_reopen,
+            the_pending_count_moves_with_every_transition,
+            list_filters_and_pages_in_creation_order,
+            the_audit_trail_pages_by_request_and_by_run,
+            cursor_and_traces_are_remembered,
+            final_approvals_and_their_audit_go_the_rest_stays,
+            compaction_of_many_keeps_the_survivors_between,
+        );
+    };
+    (@cases $backend:ty; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let place = <$backend as $crate::conformance::Backend>::place().await;
+                $crate::conformance::$case::<$backend>(&place).await;
+            }
+        )*
+    };
+}
+pub(crate) use suite;
+
+pub fn request(id: &str, run: &str) -> ApprovalRequest {
+    request_from_event(&support::node_request(id, run))
+        .unwrap()
+        .0
+}
+
+/// A tool-call request that allows every decision.
+pub fn tool(id: &str, run: &str) -> ApprovalRequest {
+    request_from_event(&support::tool_request(id, run, "ledger.append"))
+        .unwrap()
+        .0
+}
+
+fn approve(by: &str) -> NewDecision {
+    NewDecision::person(DecisionKind::Approve, by)
+}
+
+fn actions<S: ApprovalStore>(store: &S, id: &str) -> Vec<AuditAction> {
+    store
+        .audit(&AuditQuery::Request(id.into()), 100, None)
+        .unwrap()
+        .items
+        .iter()
+        .map(|e| e.action)
+        .collect()
+}
+
+fn current<S: ApprovalStore>(store: &S, id: &str) -> Approval {
+    store.get(id).unwrap().unwrap()
+}
+
+fn ids(approvals: &[Approval]) -> Vec<String> {
+    approvals.iter().map(|a| a.id().to_string()).collect()
+}
+
+/// Brings a fresh tool request `id` of `run-1` into `state` through legal moves only.
+pub async fn in_state<S: ApprovalStore>(store: &S, id: &str, state: ApprovalState) -> Approval {
+    store.put_request(tool(id, "run-1"), None).await.unwrap();
+    match state {
+        ApprovalState::Pending => {}
+        ApprovalState::Resolved => {
+            store.resolve_request(id, approve("ana")).await.unwrap();
+        }
+        ApprovalState::Expired => {
+            store.expire(id).await.unwrap();
+        }
+        ApprovalState::Acked | ApprovalState::Pruned => {
+            let d = store
+                .resolve_request(id, approve("ana"))
+                .await
+                .unwrap()
+                .approval
+                .decision
+                .unwrap();
+            store.ack_result(id, &d.decision_id).await.unwrap();
+            if state == ApprovalState::Pruned {
+                store.prune_result(id).await.unwrap();
+            }
+        }
+        ApprovalState::Cancelled => {
+            store.cancel(id, "runner", "run cancelled").await.unwrap();
+        }
+    }
+    let a = current(store, id);
+    assert_eq!(a.state, state);
+    a
+}
+
+/// PENDING approvals by a pass over every approval: what the stored count must equal.
+pub fn pending_by_scan<S: ApprovalStore>(store: &S) -> u64 {
+    let filter = Filter {
+        states: vec![ApprovalState::Pending],
+        ..Filter::default()
+    };
+    store
+        .list(&filter, 1000, None, now_ms())
+        .unwrap()
+        .items
+        .len() as u64
+}
+
+pub async fn put_is_idempotent_and_audited<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    let put = store
+        .put_request(request("r1", "run-1"), None)
+        .await
+        .unwrap();
+    assert!(put.created);
+    assert_eq!(put.approval.state, ApprovalState::Pending);
+    assert_eq!(put.approval.version, 1);
+    assert_eq!(put.approval.unknown_kind, None);
+    let again = store
+        .put_request(request("r1", "run-1"), None)
+        .await
+        .unwrap();
+    assert!(!again.created);
+    assert_eq!(again.approval, put.approval);
+    assert_eq!(current(&store, "r1"), put.approval);
+    assert_eq!(actions(&store, "r1"), vec![AuditAction::Requested]);
+
+    // An unknown kind is kept with the record; the lazy put is idempotent too.
+    let odd = store
+        .put_request_lazy(request("r2", "run-1"), Some(99))
+        .await
+        .unwrap();
+    assert!(odd.created);
+    assert_eq!(odd.approval.unknown_kind, Some(99));
+    let odd_again = store
+        .put_request_lazy(request("r2", "run-1"), None)
+        .await
+        .unwrap();
+    assert!(!odd_again.created);
+    assert_eq!(odd_again.approval, odd.approval);
+    assert_eq!(actions(&store, "r2"), vec![AuditAction::Requested]);
+}
+
+pub async fn resolve_is_single_winner_and_idempotent<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    store.put_request(tool("r1", "run-1"), None).await.unwrap();
+    let first = store
+        .resolve_request("r1", approve("ana").with_reason("looks fine"))
+        .await
+        .unwrap();
+    assert!(!first.duplicate);
+    let d = first.approval.decision.clone().unwrap();
+    assert_eq!(first.approval.state, ApprovalState::Resolved);
+    assert_eq!(first.approval.version, 2);
+    assert_eq!(
+        (d.kind, d.source, d.decided_by.as_str()),
+        (DecisionKind::Approve, DecisionSource::Person, "ana")
+    );
+    assert_eq!(
+        uuid::Uuid::parse_str(&d.decision_id)
+            .unwrap()
+            .get_version_num(),
+        7
+    );
+
+    // The same decision again, by someone else: OK, nothing changes, same decision id.
+    let again = store.resolve_request("r1", approve("bo")).await.unwrap();
+    assert!(again.duplicate);
+    assert_eq!(again.approval, first.approval);
+
+    // A different decision: FAILED_PRECONDITION, and the first one stands.
+    let err = store
+        .resolve_request("r1", NewDecision::person(DecisionKind::Reject, "bo"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::AlreadyDecided { .. }), "{err:?}");
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert_eq!(current(&store, "r1"), first.approval);
+    assert_eq!(
+        actions(&store, "r1"),
+        vec![AuditAction::Requested, AuditAction::Decided]
+    );
+}
+
+pub async fn edit_and_respond_need_the_runner_to_allow_them<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    store
+        .put_request(request("gate", "run-1"), None)
+        .await
+        .unwrap();
+    let before = current(&store, "gate");
+    let mut edit = NewDecision::person(DecisionKind::Edit, "ana");
+    edit.args = json!({"replicas": 1});
+    let err = store
+        .resolve_request("gate", edit.clone())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotAllowed { .. }), "{err:?}");
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert_eq!(current(&store, "gate"), before);
+    assert_eq!(actions(&store, "gate"), vec![AuditAction::Requested]);
+
+    store.put_request(tool("t", "run-1"), None).await.unwrap();
+    let r = store.resolve_request("t", edit).await.unwrap();
+    assert_eq!(
+        r.approval.decision.unwrap().runner_result(),
+        json!({"replicas": 1})
+    );
+}
+
+pub async fn concurrent_different_decisions_have_exactly_one_winner<B: Backend>(place: &B::Place) {
+    let store = Arc::new(B::open(place).await);
+    store.put_request(tool("r1", "run-1"), None).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut d = NewDecision::person(DecisionKind::Edit, format!("p{i}"));
+            d.args = json!({"replicas": i});
+            store.resolve_request("r1", d).await
+        }));
+    }
+    let mut winners = Vec::new();
+    let mut losers = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(r) => {
+                assert!(!r.duplicate);
+                winners.push(r.approval);
+            }
+            Err(Error::AlreadyDecided { .. }) => losers += 1,
+            Err(e) => panic!("unexpected {e:?}"),
+        }
+    }
+    assert_eq!((winners.len(), losers), (1, 15));
+    assert_eq!(current(&*store, "r1"), winners[0]);
+    let decided = actions(&*store, "r1")
+        .into_iter()
+        .filter(|a| *a == AuditAction::Decided)
+        .count();
+    assert_eq!(decided, 1);
+}
+
+pub async fn expiry_takes_the_on_timeout_decision<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    let mut r = request("late", "run-1");
+    r.deadline_ms = now_ms() + 60_000;
+    store.put_request(r.clone(), None).await.unwrap();
+    assert_eq!(store.next_deadline().unwrap().unwrap().1, "late");
+    let a = store.expire("late").await.unwrap();
+    assert_eq!(a.state, ApprovalState::Expired);
+    let d = a.decision.unwrap();
+    assert_eq!(
+        (d.kind, d.source, d.decided_by.as_str()),
+        (DecisionKind::Reject, DecisionSource::Timeout, "timeout")
+    );
+    assert_eq!(store.next_deadline().unwrap(), None);
+    assert_eq!(store.undelivered().unwrap().len(), 1);
+
+    r.request_id = "lenient".into();
+    r.on_timeout = TimeoutAction::Approve;
+    store.put_request(r, None).await.unwrap();
+    let a = store.expire("lenient").await.unwrap();
+    assert_eq!(a.decision.unwrap().kind, DecisionKind::Approve);
+    let entries = store
+        .audit(&AuditQuery::Request("lenient".into()), 10, None)
+        .unwrap()
+        .items;
+    let expired = entries.last().unwrap();
+    assert_eq!(expired.action, AuditAction::Expired);
+    assert_eq!(expired.actor, "timeout");
+    assert_eq!(expired.source, Some(DecisionSource::Timeout));
+
+    // A person's decision after expiry does not override the timeout's.
+    let err = store
+        .resolve_request("late", approve("ana"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert_eq!(
+        current(&store, "late").decision.unwrap().source,
+        DecisionSource::Timeout
+    );
+}
+
+pub async fn next_deadline_is_the_earliest_pending_one<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    assert_eq!(store.next_deadline().unwrap(), None);
+    let base = now_ms() + 3_600_000;
+    // No deadline (0) never shows; the others in deadline order, not arrival order.
+    store
+        .put_request(request("none", "run-1"), None)
+        .await
+        .unwrap();
+    for (id, at) in [
+        ("third", base + 3),
+        ("first", base + 1),
+        ("second", base + 2),
+    ] {
+        let mut r = tool(id, "run-1");
+        r.deadline_ms = at;
+        store.put_request(r, None).await.unwrap();
+    }
+    assert_eq!(
+        store.next_deadline().unwrap(),
+        Some((base + 1, "first".into()))
+    );
+    store
+        .resolve_request("first", approve("ana"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.next_deadline().unwrap(),
+        Some((base + 2, "second".into()))
+    );
+    store.cancel("second", "runner", "x").await.unwrap();
+    assert_eq!(
+        store.next_deadline().unwrap(),
+        Some((base + 3, "third".into()))
+    );
+    store.expire("third").await.unwrap();
+    assert_eq!(store.next_deadline().unwrap(), None);
+}
+
+pub async fn the_outbox_holds_a_decision_until_it_is_delivered_once<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    store.put_request(tool("r1", "run-1"), None).await.unwrap();
+    store.put_request(tool("r2", "run-1"), None).await.unwrap();
+    // Nothing to deliver while pending; delivery bookkeeping for it changes nothing.
+    assert!(store.undelivered().unwrap().is_empty());
+    let before = current(&store, "r1");
+    assert_eq!(
+        store
+            .record_delivery("r1", "no-decision", DeliveryOutcome::Accepted)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(current(&store, "r1"), before);
+
+    let d1 = store
+        .resolve_request("r1", approve("ana"))
+        .await
+        .unwrap()
+        .approval
+        .decision
+        .unwrap();
+    store.expire("r2").await.unwrap();
+    let mut waiting = ids(&store.undelivered().unwrap());
+    waiting.sort();
+    assert_eq!(waiting, ["r1", "r2"]);
+
+    // A failed attempt is counted and keeps it in the outbox.
+    let failed = store
+        .record_delivery(
+            "r1",
+            &d1.decision_id,
+            DeliveryOutcome::Failed("UNAVAILABLE".into()),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(failed.delivery_attempts, 1);
+    assert_eq!(failed.last_delivery_error, "UNAVAILABLE");
+    assert_eq!(failed.delivered_at_ms, 0);
+    assert_eq!(ids(&store.undelivered().unwrap()).len(), 2);
+
+    // Another decision id than the one held is not this approval's delivery.
+    assert_eq!(
+        store
+            .record_delivery("r1", "stale", DeliveryOutcome::Accepted)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(current(&store, "r1"), failed);
+
+    let accepted = store
+        .record_delivery("r1", &d1.decision_id, DeliveryOutcome::Accepted)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(accepted.delivery_attempts, 2);
+    assert!(accepted.delivered_at_ms > 0 && accepted.last_delivery_error.is_empty());
+    assert_eq!(accepted.state, ApprovalState::Resolved);
+    assert_eq!(ids(&store.undelivered().unwrap()), ["r2"]);
+
+    // Once accepted it is not delivered again, and is audited once.
+    assert_eq!(
+        store
+            .record_delivery("r1", &d1.decision_id, DeliveryOutcome::Accepted)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(current(&store, "r1"), accepted);
+    let delivered = actions(&store, "r1")
+        .into_iter()
+        .filter(|a| *a == AuditAction::Delivered)
+        .count();
+    assert_eq!(delivered, 1);
+}
+
+pub async fn delivery_ack_and_prune_keep_the_audit_and_a_tombstone<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    store.put_request(tool("r1", "run-1"), None).await.unwrap();
+    let mut respond = NewDecision::person(DecisionKind::Respond, "ana");
+    respond.result = json!({"receipt": "manual"});
+    let d = store
+        .resolve_request("r1", respond)
+        .await
+        .unwrap()
+        .approval
+        .decision
+        .unwrap();
+
+    let failed = DeliveryOutcome::Failed("UNAVAILABLE".into());
+    store
+        .record_delivery("r1", &d.decision_id, failed)
+        .await
+        .unwrap();
+    let a = store
+        .record_delivery("r1", &d.decision_id, DeliveryOutcome::Accepted)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.delivery_attempts, 2);
+    assert!(a.delivered_at_ms > 0 && a.last_delivery_error.is_empty());
+    assert!(store.undelivered().unwrap().is_empty());
+
+    // Only the decision the approval holds can be acked.
+    let err = store.ack_result("r1", "someone-else").await.unwrap_err();
+    assert!(matches!(err, Error::DecisionMismatch { .. }));
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert_eq!(current(&store, "r1").state, ApprovalState::Resolved);
+
+    let acked = store.ack_result("r1", &d.decision_id).await.unwrap();
+    assert_eq!(acked.state, ApprovalState::Acked);
+    let pruned = store.prune_result("r1").await.unwrap();
+    assert_eq!(pruned.state, ApprovalState::Pruned);
+    assert!(pruned.request.tool_args.is_null() && pruned.request.context.is_empty());
+    let kept = pruned.decision.unwrap();
+    assert_eq!(
+        (kept.kind, kept.decision_id.as_str()),
+        (DecisionKind::Respond, d.decision_id.as_str())
+    );
+    assert!(kept.result.is_null());
+    assert_eq!(
+        actions(&store, "r1"),
+        vec![
+            AuditAction::Requested,
+            AuditAction::Decided,
+            AuditAction::Delivered,
+            AuditAction::Acked,
+            AuditAction::Pruned
+        ]
+    );
+
+    // A late duplicate APPROVAL_REQUESTED does not bring the request back.
+    let late = store.put_request(tool("r1", "run-1"), None).await.unwrap();
+    assert!(!late.created);
+    assert_eq!(late.approval.state, ApprovalState::Pruned);
+    assert!(late.approval.request.tool_args.is_null());
+    // Nor does a late repeat of the decision it held: a duplicate, nothing changes.
+    let repeat = store.resolve_request("r1", {
+        let mut r = NewDecision::person(DecisionKind::Respond, "bo");
+        r.result = json!({"receipt": "manual"});
+        r
+    });
+    let repeat = repeat.await.unwrap();
+    assert!(repeat.duplicate);
+    assert_eq!(repeat.approval.state, ApprovalState::Pruned);
+    assert_eq!(actions(&store, "r1").len(), 5);
+}
+
+pub async fn ack_and_prune_is_one_step<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    // From PENDING nothing can be acked: refused, nothing changes.
+    let pending = in_state(&store, "p", ApprovalState::Pending).await;
+    let err = store.ack_and_prune("p", "d").await.unwrap_err();
+    assert!(matches!(err, Error::InvalidTransition { .. }), "{err:?}");
+    assert_eq!(current(&store, "p"), pending);
+
+    let resolved = in_state(&store, "r", ApprovalState::Resolved).await;
+    let held = resolved.decision.clone().unwrap().decision_id;
+    // A foreign decision id: neither the ack nor the prune happens.
+    let err = store.ack_and_prune("r", "foreign").await.unwrap_err();
+    assert!(matches!(err, Error::DecisionMismatch { .. }), "{err:?}");
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert_eq!(current(&store, "r"), resolved);
+    assert_eq!(
+        actions(&store, "r"),
+        vec![AuditAction::Requested, AuditAction::Decided]
+    );
+
+    let (acked, pruned) = store.ack_and_prune("r", &held).await.unwrap();
+    assert_eq!(acked.state, ApprovalState::Acked);
+    assert_eq!(pruned.state, ApprovalState::Pruned);
+    assert!(pruned.request.tool_args.is_null());
+    assert_eq!(current(&store, "r"), pruned);
+    assert_eq!(
+        actions(&store, "r"),
+        vec![
+            AuditAction::Requested,
+            AuditAction::Decided,
+            AuditAction::Acked,
+            AuditAction::Pruned
+        ]
+    );
+    assert!(store.undelivered().unwrap().is_empty());
+}
+
+pub async fn every_illegal_transition_is_refused_and_changes_nothing<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    let mut refused = 0;
+    for (i, from) in ApprovalState::ALL.into_iter().enumerate() {
+        for event in [
+            Transition::Decide,
+            Transition::Expire,
+            Transition::Ack,
+            Transition::Prune,
+            Transition::Cancel,
+        ] {
+            if from.apply(event).is_ok() {
+                continue;
+            }
+            refused += 1;
+            let id = format!("r-{i}-{event}");
+            let before = in_state(&store, &id, from).await;
+            let audit_before = actions(&store, &id);
+            let decision_id = before
+                .decision
+                .as_ref()
+                .map(|d| d.decision_id.clone())
+                .unwrap_or_default();
+            let err = match event {
+                // A different decision than any held (edit with fresh args).
+                Transition::Decide => {
+                    let mut d = NewDecision::person(DecisionKind::Edit, "zed");
+                    d.args = json!({"other": true});
+                    store.resolve_request(&id, d).await.map(|_| ())
+                }
+                Transition::Expire => store.expire(&id).await.map(|_| ()),
+                Transition::Ack => store.ack_result(&id, &decision_id).await.map(|_| ()),
+                Transition::Prune => store.prune_result(&id).await.map(|_| ()),
+                Transition::Cancel => store.cancel(&id, "runner", "x").await.map(|_| ()),
+            }
+            .expect_err(&format!("{from} --{event}--> must be refused"));
+            assert_eq!(
+                err.code(),
+                Code::FailedPrecondition,
+                "{from} {event}: {err}"
+            );
+            if event != Transition::Decide || from == ApprovalState::Cancelled {
+                assert!(
+                    matches!(&err, Error::InvalidTransition { source, .. }
+                        if source.from == from && source.event == event),
+                    "{from} {event}: {err:?}"
+                );
+            }
+            assert_eq!(
+                current(&store, &id),
+                before,
+                "{from} {event} changed the record"
+            );
+            assert_eq!(actions(&store, &id), audit_before);
+        }
+    }
+    assert!(refused > 10, "the lifecycle refuses only {refused} moves");
+}
+
+pub async fn unknown_ids_are_not_found<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    let err = store
+        .resolve_request("nope", approve("a"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotFound(_)), "{err:?}");
+    assert_eq!(err.code(), Code::NotFound);
+    assert_eq!(
+        store.expire("nope").await.unwrap_err().code(),
+        Code::NotFound
+    );
+    assert_eq!(
+        store.ack_result("nope", "d").await.unwrap_err().code(),
+        Code::NotFound
+    );
+    assert_eq!(
+        store.prune_result("nope").await.unwrap_err().code(),
+        Code::NotFound
+    );
+    assert_eq!(
+        store.ack_and_prune("nope", "d").await.unwrap_err().code(),
+        Code::NotFound
+    );
+    assert_eq!(
+        store
+            .cancel("nope", "runner", "x")
+            .await
+            .unwrap_err()
+            .code(),
+        Code::NotFound
+    );
+    assert!(store.get("nope").unwrap().is_none());
+    assert!(
+        store
+            .cancel_run("no-run", "runner", "x")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+pub async fn cancel_run_withdraws_what_the_run_can_still_abandon<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    in_state(&store, "pending", ApprovalState::Pending).await;
+    in_state(&store, "resolved", ApprovalState::Resolved).await;
+    in_state(&store, "expired", ApprovalState::Expired).await;
+    let acked = in_state(&store, "acked", ApprovalState::Acked).await;
+    let pruned = in_state(&store, "pruned", ApprovalState::Pruned).await;
+    store
+        .put_request(request("other-run", "run-2"), None)
+        .await
+        .unwrap();
+    let changed = store
+        .cancel_run("run-1", "runner", "run cancelled")
+        .await
+        .unwrap();
+    let mut changed_ids = ids(&changed);
+    changed_ids.sort();
+    assert_eq!(changed_ids, vec!["expired", "pending", "resolved"]);
+    assert!(changed.iter().all(|a| a.state == ApprovalState::Cancelled));
+    assert_eq!(current(&store, "pending").cancel_reason, "run cancelled");
+    assert_eq!(current(&store, "acked"), acked);
+    assert_eq!(current(&store, "pruned"), pruned);
+    assert_eq!(current(&store, "other-run").state, ApprovalState::Pending);
+    assert!(store.undelivered().unwrap().is_empty());
+    assert_eq!(store.pending_count().unwrap(), 1);
+    let cancelled = store
+        .audit(&AuditQuery::Request("resolved".into()), 10, None)
+        .unwrap()
+        .items;
+    let last = cancelled.last().unwrap();
+    assert_eq!(
+        (last.action, last.actor.as_str(), last.reason.as_str()),
+        (AuditAction::Cancelled, "runner", "run cancelled")
+    );
+    // A decision on a cancelled approval is refused, even the one it held.
+    let err = store
+        .resolve_request("resolved", approve("ana"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    // Cancelling the run again changes nothing.
+    assert!(
+        store
+            .cancel_run("run-1", "runner", "again")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(current(&store, "pending").cancel_reason, "run cancelled");
+}
+
+pub async fn everything_answered_survives_a_reopen<B: Backend>(place: &B::Place) {
+    let acked;
+    {
+        let store = B::open(place).await;
+        let mut r = request("r1", "run-1");
+        r.deadline_ms = now_ms() + 3_600_000;
+        store.put_request(r, None).await.unwrap();
+        in_state(&store, "r2", ApprovalState::Resolved).await;
+        acked = in_state(&store, "r3", ApprovalState::Acked).await;
+        in_state(&store, "r4", ApprovalState::Pruned).await;
+        // A lazy put is durable once `flush` answers.
+        store
+            .put_request_lazy(request("r5", "run-2"), None)
+            .await
+            .unwrap();
+        store.flush().await.unwrap();
+    }
+    let store = B::open(place).await;
+    assert_eq!(current(&store, "r1").state, ApprovalState::Pending);
+    assert_eq!(store.next_deadline().unwrap().unwrap().1, "r1");
+    assert_eq!(current(&store, "r2").state, ApprovalState::Resolved);
+    assert_eq!(ids(&store.undelivered().unwrap()), ["r2"]);
+    assert_eq!(actions(&store, "r2").len(), 2);
+    assert_eq!(current(&store, "r3"), acked);
+    assert_eq!(current(&store, "r4").state, ApprovalState::Pruned);
+    assert_eq!(actions(&store, "r4").len(), 4);
+    assert_eq!(current(&store, "r5").state, ApprovalState::Pending);
+    assert_eq!(store.pending_count().unwrap(), 2);
+    // The single winner holds across the restart too.
+    let err = store
+        .resolve_request("r2", NewDecision::person(DecisionKind::Reject, "bo"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::AlreadyDecided { .. }), "{err:?}");
+    // A known id stays known.
+    assert!(
+        !store
+            .put_request(tool("r4", "run-1"), None)
+            .await
+            .unwrap()
+            .created
+    );
+}
+
+/// Ends with one PENDING approval ("late", run-2) in `place`.
+pub async fn the_pending_count_moves_with_every_transition<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    assert_eq!(store.pending_count().unwrap(), 0);
+    for state in ApprovalState::ALL {
+        in_state(&store, &format!("{state:?}"), state).await;
+        in_state(&store, &format!("{state:?}-2"), state).await;
+    }
+    // A repeated request and a refused decision change nothing.
+    store
+        .put_request(tool("Pending", "run-1"), None)
+        .await
+        .unwrap();
+    store
+        .resolve_request("Resolved", NewDecision::person(DecisionKind::Reject, "bo"))
+        .await
+        .unwrap_err();
+    assert_eq!(store.pending_count().unwrap(), 2);
+    assert_eq!(pending_by_scan(&store), 2);
+    store
+        .cancel_run("run-1", "runner", "run cancelled")
+        .await
+        .unwrap();
+    assert_eq!(store.pending_count().unwrap(), 0);
+    assert_eq!(pending_by_scan(&store), 0);
+    store
+        .put_request(tool("late", "run-2"), None)
+        .await
+        .unwrap();
+    assert_eq!(store.pending_count().unwrap(), 1);
+    assert_eq!(pending_by_scan(&store), 1);
+}
+
+pub async fn list_filters_and_pages_in_creation_order<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    for i in 0..7 {
+        let run = if i % 2 == 0 { "even" } else { "odd" };
+        store
+            .put_request(tool(&format!("r{i}"), run), None)
+            .await
+            .unwrap();
+    }
+    store.resolve_request("r0", approve("a")).await.unwrap();
+    let filter = Filter {
+        run_id: "even".into(),
+        states: vec![ApprovalState::Pending],
+        ..Default::default()
+    };
+    let first = store.list(&filter, 2, None, now_ms()).unwrap();
+    assert_eq!(ids(&first.items), vec!["r2", "r4"]);
+    let second = store
+        .list(&filter, 2, first.next.as_deref(), now_ms())
+        .unwrap();
+    assert_eq!(ids(&second.items), vec!["r6"]);
+    assert!(second.next.is_none());
+
+    // Everything, in the order it arrived, page by page.
+    let mut all = Vec::new();
+    let mut token = None;
+    loop {
+        let page = store
+            .list(&Filter::default(), 3, token.as_deref(), now_ms())
+            .unwrap();
+        assert!(page.items.len() <= 3);
+        all.extend(ids(&page.items));
+        match page.next {
+            Some(t) => token = Some(t),
+            None => break,
+        }
+    }
+    assert_eq!(all, ["r0", "r1", "r2", "r3", "r4", "r5", "r6"]);
+
+    let old = Filter {
+        min_age_ms: 3_600_000,
+        ..Default::default()
+    };
+    assert!(
+        store
+            .list(&old, 10, None, now_ms())
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    let recent = Filter {
+        max_age_ms: 3_600_000,
+        ..Default::default()
+    };
+    assert_eq!(
+        store.list(&recent, 10, None, now_ms()).unwrap().items.len(),
+        7
+    );
+
+    // A token that no listing handed out is the caller's mistake, not a storage failure.
+    let err = store
+        .list(&filter, 2, Some("not-a-token"), now_ms())
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+}
+
+pub async fn the_audit_trail_pages_by_request_and_by_run<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    in_state(&store, "a", ApprovalState::Pruned).await;
+    in_state(&store, "b", ApprovalState::Resolved).await;
+    store
+        .put_request(request("c", "run-2"), None)
+        .await
+        .unwrap();
+    let about = current(&store, "b");
+    let note = store
+        .append_audit(
+            AuditEntry::about(&about, AuditAction::Delivered, "approval-svc").with_reason("note"),
+        )
+        .await
+        .unwrap();
+    assert!(note.id > 0 && note.time_ms > 0);
+
+    let by_request = |id: &str| {
+        store
+            .audit(&AuditQuery::Request(id.into()), 100, None)
+            .unwrap()
+            .items
+    };
+    let b = by_request("b");
+    assert_eq!(
+        b.iter().map(|e| e.action).collect::<Vec<_>>(),
+        [
+            AuditAction::Requested,
+            AuditAction::Decided,
+            AuditAction::Delivered
+        ]
+    );
+    assert_eq!(b.last().unwrap(), &note);
+    assert!(b.windows(2).all(|w| w[0].id < w[1].id));
+    assert!(b.iter().all(|e| e.request_id == "b" && e.run_id == "run-1"));
+
+    // A run's trail holds its requests' entries, oldest first, page by page.
+    let mut run = Vec::new();
+    let mut token = None;
+    loop {
+        let page = store
+            .audit(&AuditQuery::Run("run-1".into()), 2, token.as_deref())
+            .unwrap();
+        assert!(page.items.len() <= 2);
+        run.extend(page.items);
+        match page.next {
+            Some(t) => token = Some(t),
+            None => break,
+        }
+    }
+    assert_eq!(run.len(), by_request("a").len() + b.len());
+    assert!(run.windows(2).all(|w| w[0].id < w[1].id));
+    assert!(run.iter().all(|e| e.run_id == "run-1"));
+    assert_eq!(
+        store
+            .audit(&AuditQuery::Run("run-2".into()), 100, None)
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+    assert!(by_request("nope").is_empty());
+    let err = store
+        .audit(&AuditQuery::Run("run-1".into()), 2, Some("not-a-token"))
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+}
+
+pub async fn cursor_and_traces_are_remembered<B: Backend>(place: &B::Place) {
+    {
+        let store = B::open(place).await;
+        assert_eq!(store.cursor().unwrap(), None);
+        assert_eq!(store.cursor_acked_at().unwrap(), None);
+        assert_eq!(store.trace("r1").unwrap(), None);
+        let before = now_ms();
+        store.set_cursor(41).unwrap();
+        store.set_cursor(42).unwrap();
+        assert_eq!(store.cursor().unwrap(), Some(42));
+        let at = store.cursor_acked_at().unwrap().unwrap();
+        assert!(at >= before && at <= now_ms(), "{at}");
+        store.put_trace("r1", "00-aaaa-bbbb-01").unwrap();
+        store.put_request(tool("r1", "run-1"), None).await.unwrap();
+        // A replayed event writes the trace again.
+        store.put_trace("r1", "00-aaaa-bbbb-01").unwrap();
+        assert_eq!(
+            store.trace("r1").unwrap().as_deref(),
+            Some("00-aaaa-bbbb-01")
+        );
+        store.flush().await.unwrap();
+    }
+    let store = B::open(place).await;
+    assert_eq!(store.cursor().unwrap(), Some(42));
+    assert!(store.cursor_acked_at().unwrap().is_some());
+    assert_eq!(
+        store.trace("r1").unwrap().as_deref(),
+        Some("00-aaaa-bbbb-01")
+    );
+    assert_eq!(store.trace("r2").unwrap(), None);
+}
+
+fn audit_len<S: ApprovalStore>(store: &S, query: AuditQuery) -> usize {
+    store.audit(&query, 1000, None).unwrap().items.len()
+}
+
+fn listed<S: ApprovalStore>(store: &S) -> Vec<String> {
+    ids(&store
+        .list(&Filter::default(), 1000, None, now_ms())
+        .unwrap()
+        .items)
+}
+
+/// A fresh approval `id` of run `run-1` with a trace, brought into `state` the way the service
+/// does (a RESOLVED one delivered, a PRUNED one acked and pruned in one step).
+async fn make<S: ApprovalStore>(store: &S, id: &str, state: ApprovalState) {
+    store.put_request(tool(id, "run-1"), None).await.unwrap();
+    store.put_trace(id, "00-trace-span-01").unwrap();
+    let decide = || async {
+        store
+            .resolve_request(id, approve("ana"))
+            .await
+            .unwrap()
+            .approval
+            .decision
+            .unwrap()
+            .decision_id
+    };
+    match state {
+        ApprovalState::Pending => {}
+        ApprovalState::Resolved => {
+            // Delivered, but the run has not consumed it: it must stay.
+            let d = decide().await;
+            store
+                .record_delivery(id, &d, DeliveryOutcome::Accepted)
+                .await
+                .unwrap();
+        }
+        ApprovalState::Expired => {
+            store.expire(id).await.unwrap();
+        }
+        ApprovalState::Acked => {
+            let d = decide().await;
+            store.ack_result(id, &d).await.unwrap();
+        }
+        ApprovalState::Pruned => {
+            let d = decide().await;
+            store.ack_and_prune(id, &d).await.unwrap();
+        }
+        ApprovalState::Cancelled => {
+            store.cancel(id, "runner", "run cancelled").await.unwrap();
+        }
+    }
+    assert_eq!(store.get(id).unwrap().unwrap().state, state);
+}
+
+/// Retention: final approvals (PRUNED, CANCELLED) past the cutoff go with their audit trail,
+/// their index entries and their trace; PENDING, RESOLVED, EXPIRED and delivered-but-unacked
+/// approvals stay however old; compaction is idempotent; the store still opens afterwards even
+/// when the newest audit entries went.
+pub async fn final_approvals_and_their_audit_go_the_rest_stays<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    let keep = [
+        ("pending", ApprovalState::Pending),
+        ("resolved", ApprovalState::Resolved),
+        ("expired", ApprovalState::Expired),
+        ("acked", ApprovalState::Acked),
+    ];
+    let doomed = [
+        ("cancelled", ApprovalState::Cancelled),
+        ("pruned", ApprovalState::Pruned),
+    ];
+    for (id, state) in keep.iter().chain(&doomed) {
+        make(&store, id, *state).await;
+    }
+    let kept_audit: Vec<usize> = keep
+        .iter()
+        .map(|(id, _)| audit_len(&store, AuditQuery::Request((*id).into())))
+        .collect();
+    let doomed_audit: usize = doomed
+        .iter()
+        .map(|(id, _)| audit_len(&store, AuditQuery::Request((*id).into())))
+        .sum();
+    assert!(doomed_audit > 0);
+    let run_audit = audit_len(&store, AuditQuery::Run("run-1".into()));
+    let after_all = now_ms();
+
+    // A cutoff before the last change keeps everything.
+    let nothing = store
+        .compact(after_all.saturating_sub(60_000))
+        .await
+        .unwrap();
+    assert_eq!(nothing, Compacted::default());
+
+    let done = store.compact(after_all).await.unwrap();
+    assert_eq!(done.approvals, 2);
+    assert_eq!(done.audit_entries as usize, doomed_audit);
+    for (id, _) in doomed {
+        assert!(store.get(id).unwrap().is_none(), "{id} is gone");
+        assert_eq!(audit_len(&store, AuditQuery::Request(id.into())), 0);
+        assert_eq!(store.trace(id).unwrap(), None, "{id}'s trace is gone");
+    }
+    for ((id, state), n) in keep.iter().zip(kept_audit) {
+        assert_eq!(store.get(id).unwrap().unwrap().state, *state, "{id} stays");
+        assert_eq!(audit_len(&store, AuditQuery::Request((*id).into())), n);
+        assert!(store.trace(id).unwrap().is_some());
+    }
+    assert_eq!(
+        audit_len(&store, AuditQuery::Run("run-1".into())),
+        run_audit - doomed_audit
+    );
+    assert_eq!(listed(&store), ["pending", "resolved", "expired", "acked"]);
+    assert_eq!(store.next_deadline().unwrap(), None);
+    assert_eq!(store.undelivered().unwrap().len(), 1, "the expired one");
+    assert_eq!(store.pending_count().unwrap(), 1);
+
+    // Idempotent: nothing is left to remove, whatever the cutoff.
+    assert_eq!(store.compact(now_ms()).await.unwrap(), Compacted::default());
+    assert_eq!(
+        store.compact(u64::MAX).await.unwrap(),
+        Compacted::default(),
+        "in-flight approvals stay however old"
+    );
+
+    // The newest audit entries (the prune of `pruned`) went; the store must still open
+    // (for a backend with an integrity check: progress never goes backwards).
+    store.record_progress().await.unwrap();
+    drop(store);
+    let store = B::open(place).await;
+    assert_eq!(listed(&store), ["pending", "resolved", "expired", "acked"]);
+    // A request id that comes back is new: it starts PENDING again.
+    make(&store, "pruned", ApprovalState::Pending).await;
+    assert_eq!(actions(&store, "pruned"), vec![AuditAction::Requested]);
+}
+
+pub async fn compaction_of_many_keeps_the_survivors_between<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    // More than one batch of a batching backend, with survivors in between.
+    for i in 0..300 {
+        let state = if i % 7 == 0 {
+            ApprovalState::Pending
+        } else {
+            ApprovalState::Cancelled
+        };
+        make(&store, &format!("r{i:04}"), state).await;
+    }
+    let done = store.compact(now_ms()).await.unwrap();
+    assert_eq!(done.approvals, 300 - 43);
+    let survivors = listed(&store);
+    assert_eq!(survivors.len(), 43);
+    assert!(
+        survivors
+            .iter()
+            .all(|id| current(&store, id).state == ApprovalState::Pending)
+    );
+    assert_eq!(store.pending_count().unwrap(), 43);
+    assert_eq!(store.compact(now_ms()).await.unwrap(), Compacted::default());
+}
