@@ -75,16 +75,17 @@ fn suspended_tree(n: usize) -> TreeSpec {
 
 struct Bench {
     tools: ToolRegistry,
-    _db: sled::Db,
+    _dir: tempfile::TempDir,
 }
 
 impl Bench {
     fn new() -> Self {
-        let db = sled::Config::new().temporary(true).open().unwrap();
-        let ledger = LedgerTool::new(db.open_tree("ledger").unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let store = arbor_runner_svc::store::Store::open(dir.path(), 1 << 20).unwrap();
+        let ledger = LedgerTool::new(store).unwrap();
         Self {
             tools: ToolRegistry::with_builtins(ledger, GuardConfig::default()),
-            _db: db,
+            _dir: dir,
         }
     }
 

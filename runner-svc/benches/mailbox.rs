@@ -17,7 +17,7 @@ use std::{
 };
 
 use arbor_runner_svc::{
-    mailbox::{EnqueueRequest, MailboxConfig, SledMailbox, SystemClock},
+    mailbox::{EnqueueRequest, Mailbox, MailboxConfig, SystemClock},
     store::Store,
 };
 use arbor_shared::procstat::cpu_seconds;
@@ -44,7 +44,8 @@ fn raw_fsync_rate(dir: &std::path::Path, window: Duration) -> f64 {
 
 /// Transactions the committer thread has run, and the commits they carried.
 fn batch_stats(store: &Store) -> (u64, u64) {
-    (store.batches().batch_count(), store.batches().body_count())
+    let stats = store.stats();
+    (stats.batches, stats.bodies)
 }
 
 struct Outcome {
@@ -81,7 +82,7 @@ fn written_bytes(dir: &std::path::Path) -> u64 {
 async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), 64 << 20).unwrap();
-    let (mailbox, _) = SledMailbox::open(
+    let (mailbox, _) = Mailbox::open(
         store.clone(),
         Arc::new(SystemClock::default()),
         MailboxConfig::default(),

@@ -45,15 +45,9 @@ impl RunnerError {
     }
 }
 
-impl From<sled::Error> for RunnerError {
-    fn from(e: sled::Error) -> Self {
-        Self::Storage(e.to_string())
-    }
-}
-
-impl From<arbor_shared::sled_backend::commit::FlushError> for RunnerError {
-    fn from(e: arbor_shared::sled_backend::commit::FlushError) -> Self {
-        Self::Storage(e.to_string())
+impl From<crate::store::StoreError> for RunnerError {
+    fn from(e: crate::store::StoreError) -> Self {
+        Self::Storage(e.0)
     }
 }
 
@@ -81,12 +75,6 @@ impl From<MailboxError> for RunnerError {
             MailboxError::Corrupt(c) => Self::Corrupt(c),
             MailboxError::Storage(s) => Self::Storage(s),
         }
-    }
-}
-
-impl From<arbor_shared::sled_backend::commit::CommitError<RunnerError>> for RunnerError {
-    fn from(e: arbor_shared::sled_backend::commit::CommitError<RunnerError>) -> Self {
-        e.flatten()
     }
 }
 

@@ -4,6 +4,7 @@
 //! `main.rs` parses flags and calls [`run`]; tests call the same `run` on port 0.
 
 pub mod cli;
+pub mod counts;
 pub mod engine;
 pub mod error;
 pub mod events;
@@ -97,14 +98,11 @@ pub enum ServeError {
     Metrics(String, std::io::Error),
 }
 
-/// The tree name under which the ledger tool keeps its records.
-pub const LEDGER_TREE: &str = "ledger";
-
 /// Opens the runner's database and core without serving (also used by tests and tools that
 /// inspect a stopped runner's data).
 pub async fn open_runner(cfg: &ServeConfig) -> Result<Arc<Runner>, ServeError> {
     let store = Store::open_waiting(&cfg.data_dir, cfg.cache_bytes, LOCK_WAIT).await?;
-    let ledger = store.ledger();
+    let ledger = engine::LedgerTool::new(store.clone()).map_err(error::RunnerError::from)?;
     let tools = Arc::new(ToolRegistry::with_builtins(ledger, cfg.guards.clone()));
     let opts = RunnerOptions {
         mailbox: MailboxConfig {
@@ -314,7 +312,7 @@ async fn serve_opened(
         tracing::warn!("workers did not stop within the drain timeout");
     }
     runner.flush().await?;
-    if let Err(e) = runner.store().record_progress().await {
+    if let Err(e) = runner.record_progress().await {
         tracing::error!(error = %e, "cannot record the final progress in the integrity marker");
     }
     tracing::info!("runner-svc stopped");
@@ -347,7 +345,7 @@ async fn record_progress(runner: Arc<Runner>, stop: CancellationToken) {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(PROGRESS_RECORD_INTERVAL) => {}
         }
-        if let Err(e) = runner.store().record_progress().await {
+        if let Err(e) = runner.record_progress().await {
             tracing::error!(error = %e, "cannot record durable progress in the integrity marker");
         }
     }

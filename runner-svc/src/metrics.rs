@@ -1,6 +1,6 @@
 //! runner-svc's Prometheus metrics. Nothing is double-booked: run, suspension and job counts are
 //! the state counts the store keeps in the same transactions as the records they count
-//! (`store::counts`), and the counters come from where the runner already counts (group commit,
+//! (`counts`), and the counters come from where the runner already counts (group commit,
 //! reaper). A scrape therefore agrees with what `ListRuns` / `ListJobs` would answer, and costs
 //! the same however many runs are stored.
 
@@ -9,7 +9,7 @@ use std::sync::Arc;
 use arbor_shared::metrics::{Samples, ScrapeCollector};
 use prometheus_client::registry::Registry;
 
-use crate::{runs::Runner, store::counts::Counted};
+use crate::{counts::Counted, runs::Runner};
 
 /// A registry whose one collector reads `runner` on every scrape.
 pub fn registry(runner: Arc<Runner>) -> Registry {
@@ -20,7 +20,7 @@ pub fn registry(runner: Arc<Runner>) -> Registry {
 
 fn sample(runner: &Runner, s: &mut Samples) {
     let store = runner.store();
-    match store.counts() {
+    match crate::counts::Tally::stored(store) {
         Ok(tally) => {
             for c in Counted::all() {
                 let g = c.gauge();

@@ -6,13 +6,11 @@
 use std::time::Duration;
 
 use crate::{
+    counts::{self, Counted},
     error::RunnerError,
     mailbox::{Job, state::is_final},
     runs::{RunRecord, Runner},
-    store::{
-        T, codec,
-        counts::{self, Counted},
-    },
+    store::{T, codec},
 };
 
 /// How long things are kept.
@@ -80,7 +78,11 @@ impl Runner {
         loop {
             let first = self.events().first_seq()?;
             let mut doomed = Vec::new();
-            for entry in self.store().tree(T::Events).range(codec::u64_key(first)..) {
+            for entry in self
+                .store()
+                .tree(T::Events)
+                .range_from(codec::u64_key(first))
+            {
                 let (key, bytes) = entry?;
                 let seq = codec::read_u64(&key);
                 let event: arbor_shared::domain::Event = codec::decode("event", &bytes)?;

@@ -48,8 +48,9 @@ fn the_design_demo_tree_as_written_is_refused_for_its_duplicate_name() {
 
 #[test]
 fn the_demo_tree_runs_to_completion_across_restarts() {
-    let db = sled::Config::new().temporary(true).open().unwrap();
-    let ledger = LedgerTool::new(db.open_tree("ledger").unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let store = arbor_runner_svc::store::Store::open(dir.path(), 1 << 20).unwrap();
+    let ledger = LedgerTool::new(store).unwrap();
     let tools = ToolRegistry::with_builtins(ledger.clone(), GuardConfig::default());
     let spec = parse_tree(DEMO, TreeFormat::Json).unwrap();
     assert_eq!(spec.node_count(), 5);
@@ -134,8 +135,9 @@ fn the_demo_tree_runs_to_completion_across_restarts() {
 
 #[test]
 fn cancelling_a_run_withdraws_its_pending_approval() {
-    let db = sled::Config::new().temporary(true).open().unwrap();
-    let ledger = LedgerTool::new(db.open_tree("ledger").unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let store = arbor_runner_svc::store::Store::open(dir.path(), 1 << 20).unwrap();
+    let ledger = LedgerTool::new(store).unwrap();
     let tools = ToolRegistry::with_builtins(ledger.clone(), GuardConfig::default());
     let spec = parse_tree(DEMO, TreeFormat::Json).unwrap();
     let mut ck = Checkpoint::new(&spec, "thread-1", Map::new());

@@ -46,8 +46,8 @@ struct World {
 
 fn world() -> World {
     let dir = tempfile::tempdir().unwrap();
-    let db = sled::open(dir.path()).unwrap();
-    let ledger = LedgerTool::new(db.open_tree("ledger").unwrap());
+    let store = arbor_runner_svc::store::Store::open(dir.path(), 1 << 20).unwrap();
+    let ledger = LedgerTool::new(store).unwrap();
     let keys = Arc::new(Mutex::new(Vec::new()));
     let mut tools = ToolRegistry::new(GuardConfig::default());
     tools.register(CountingLedger {

@@ -52,7 +52,7 @@ const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "na
 async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), 16 << 20).unwrap();
-    let ledger = store.ledger();
+    let ledger = arbor_runner_svc::engine::LedgerTool::new(store.clone()).unwrap();
     let (entered_tx, entered_rx) = mpsc::channel();
     let (release_tx, release_rx) = mpsc::channel();
     let mut tools = ToolRegistry::with_builtins(ledger, GuardConfig::default());
@@ -165,6 +165,9 @@ async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
     );
     // The state counts moved with every supersede, cancel and withdrawal.
     let store = runner.store();
-    assert_eq!(store.counts().unwrap(), store.count_by_scan().unwrap());
+    assert_eq!(
+        arbor_runner_svc::counts::Tally::stored(&store).unwrap(),
+        arbor_runner_svc::counts::Tally::scan(&store).unwrap()
+    );
     stop.cancel();
 }

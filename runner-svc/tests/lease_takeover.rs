@@ -14,7 +14,7 @@ use std::{
 };
 
 use arbor_runner_svc::{
-    engine::{GuardConfig, Tool, ToolCall, ToolError, ToolRegistry, TreeFormat},
+    engine::{GuardConfig, LedgerTool, Tool, ToolCall, ToolError, ToolRegistry, TreeFormat},
     mailbox::{MailboxConfig, MailboxStore, SystemClock},
     runs::{Runner, RunnerOptions, SubmitInput},
     store::Store,
@@ -61,7 +61,7 @@ const TREE: &str = r#"{
 async fn a_stalled_worker_loses_its_lease_and_its_late_write_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), 16 << 20).unwrap();
-    let ledger = store.ledger();
+    let ledger = LedgerTool::new(store.clone()).unwrap();
     let (release_tx, release_rx) = mpsc::channel();
     let (entered_tx, entered_rx) = mpsc::channel();
     let mut tools = ToolRegistry::with_builtins(ledger.clone(), GuardConfig::default());

@@ -9,21 +9,21 @@ use std::{
 };
 
 use arbor_runner_svc::{
-    mailbox::{Claim, EnqueueRequest, MailboxConfig, MailboxStore, SledMailbox, SystemClock},
+    mailbox::{Claim, EnqueueRequest, Mailbox, MailboxConfig, MailboxStore, SystemClock},
     store::Store,
 };
 use arbor_shared::domain::JobStatus;
 
 /// A mailbox holding `jobs` queued jobs spread over 64 threads (whose jobs must never be claimed
 /// at the same time) and three priorities.
-fn mailbox_with_jobs(jobs: usize) -> (tempfile::TempDir, Arc<SledMailbox>) {
+fn mailbox_with_jobs(jobs: usize) -> (tempfile::TempDir, Arc<Mailbox>) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), 64 << 20).unwrap();
     let cfg = MailboxConfig {
         lease: Duration::from_secs(60),
         ..MailboxConfig::default()
     };
-    let (mailbox, _) = SledMailbox::open(store, Arc::new(SystemClock::default()), cfg).unwrap();
+    let (mailbox, _) = Mailbox::open(store, Arc::new(SystemClock::default()), cfg).unwrap();
     for i in 0..jobs {
         mailbox
             .enqueue(EnqueueRequest {
@@ -73,7 +73,7 @@ impl Seen {
     }
 
     /// Every one of `jobs` jobs was claimed exactly once and is Accepted after one attempt.
-    fn check_every_job_once(&self, mailbox: &SledMailbox, jobs: usize) {
+    fn check_every_job_once(&self, mailbox: &Mailbox, jobs: usize) {
         let claims = self.claims.lock().unwrap();
         assert_eq!(claims.len(), jobs, "every job claimed");
         assert!(claims.values().all(|n| *n == 1), "no job claimed twice");

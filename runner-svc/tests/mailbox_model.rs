@@ -6,9 +6,7 @@
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use arbor_runner_svc::{
-    mailbox::{
-        EnqueueRequest, MailboxConfig, MailboxError, MailboxStore, ManualClock, SledMailbox,
-    },
+    mailbox::{EnqueueRequest, Mailbox, MailboxConfig, MailboxError, MailboxStore, ManualClock},
     store::Store,
 };
 use arbor_shared::domain::JobStatus;
@@ -238,7 +236,7 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let store = Store::open(dir.path(), 8 << 20).unwrap();
     let counted = store.clone();
     let clock = Arc::new(ManualClock::new(START_MS));
-    let (mb, _) = SledMailbox::open(store, clock.clone(), cfg()).unwrap();
+    let (mb, _) = Mailbox::open(store, clock.clone(), cfg()).unwrap();
     let mut m = Model {
         wall: START_MS,
         ..Model::default()
@@ -482,15 +480,15 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
         );
     }
     // The job counts `/metrics` reports moved with every transition: they equal the model's.
-    let stored = counted.counts().unwrap();
-    for (i, status) in arbor_runner_svc::store::counts::JOB_STATUSES
-        .iter()
-        .enumerate()
-    {
+    let stored = arbor_runner_svc::counts::Tally::stored(&counted).unwrap();
+    for (i, status) in arbor_runner_svc::counts::JOB_STATUSES.iter().enumerate() {
         let want = m.jobs.values().filter(|j| j.status == *status).count() as u64;
         prop_assert_eq!(stored.jobs[i], want, "jobs {:?}", status);
     }
-    prop_assert_eq!(stored, counted.count_by_scan().unwrap());
+    prop_assert_eq!(
+        stored,
+        arbor_runner_svc::counts::Tally::scan(&counted).unwrap()
+    );
     Ok(())
 }
 

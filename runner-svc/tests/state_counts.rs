@@ -11,11 +11,12 @@ use common::{approve_first, wait_status};
 use std::{sync::Arc, time::Duration};
 
 use arbor_runner_svc::{
-    engine::{GuardConfig, ToolRegistry, TreeFormat},
-    mailbox::{EnqueueRequest, MailboxConfig, MailboxStore, SledMailbox, SystemClock},
+    counts::{self, Tally},
+    engine::{GuardConfig, LedgerTool, ToolRegistry, TreeFormat},
+    mailbox::{EnqueueRequest, Mailbox, MailboxConfig, MailboxStore, SystemClock},
     retention::RetentionConfig,
     runs::{Runner, RunnerOptions, SubmitInput, records},
-    store::{Store, T, counts::Tally},
+    store::{Store, T},
     worker,
 };
 use arbor_shared::domain::RunStatus;
@@ -27,15 +28,15 @@ const GATED: &str = r#"{"id": "gated", "version": 1, "root":
 
 /// Index of a run status in `Tally::runs`, of a job status in `Tally::jobs`.
 fn run(s: RunStatus) -> usize {
-    arbor_runner_svc::store::counts::RUN_STATUSES
+    arbor_runner_svc::counts::RUN_STATUSES
         .iter()
         .position(|x| *x == s)
         .unwrap()
 }
 
 fn stored_equals_scan(store: &Store) -> Tally {
-    let stored = store.counts().unwrap();
-    let scanned = store.count_by_scan().unwrap();
+    let stored = Tally::stored(&store).unwrap();
+    let scanned = Tally::scan(&store).unwrap();
     assert_eq!(
         stored, scanned,
         "stored counts differ from a pass over the records"
@@ -48,7 +49,7 @@ fn stored_equals_scan(store: &Store) -> Tally {
 async fn counts_follow_runs_through_suspension_resume_cancel_and_retention() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), 16 << 20).unwrap();
-    let ledger = store.ledger();
+    let ledger = LedgerTool::new(store.clone()).unwrap();
     let tools = ToolRegistry::with_builtins(ledger, GuardConfig::default());
     let runner = Runner::open(
         store.clone(),
@@ -144,7 +145,7 @@ async fn a_database_from_before_the_counts_gets_them_at_open() {
     let dir = tempfile::tempdir().unwrap();
     {
         let store = Store::open(dir.path(), 8 << 20).unwrap();
-        let (mailbox, _) = SledMailbox::open(
+        let (mailbox, _) = Mailbox::open(
             store.clone(),
             Arc::new(SystemClock::default()),
             MailboxConfig::default(),
@@ -165,17 +166,28 @@ async fn a_database_from_before_the_counts_gets_them_at_open() {
             mailbox.ack(&claim.job.job_id, &claim.token).unwrap();
         }
         // What an older release left behind: the records, no counts.
-        let meta = store.tree(T::Meta);
-        for key in meta.scan_prefix(b"count/").keys() {
-            meta.remove(key.unwrap()).unwrap();
-        }
-        meta.flush().unwrap();
-        assert_eq!(store.counts().unwrap().jobs, [0; 6]);
+        let keys: Vec<Vec<u8>> = store
+            .tree(T::Meta)
+            .scan_prefix(b"count/")
+            .keys()
+            .map(Result::unwrap)
+            .collect();
+        store
+            .transact(|tx| {
+                for key in &keys {
+                    tx.tree(T::Meta).remove(key)?;
+                }
+                Ok::<_, arbor_runner_svc::store::Abort<()>>(())
+            })
+            .unwrap();
+        store.durable().await.unwrap();
+        assert_eq!(Tally::stored(&store).unwrap().jobs, [0; 6]);
     }
     // The store's threads let go of the database shortly after the last handle is dropped.
     let store = Store::open_waiting(dir.path(), 8 << 20, Duration::from_secs(10))
         .await
         .unwrap();
+    assert!(counts::ensure(&store).await.unwrap().is_some());
     let c = stored_equals_scan(&store);
     // Queued, claimed, accepted (acked), …
     assert_eq!(c.jobs, [3, 0, 2, 0, 0, 0]);

@@ -8,6 +8,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use arbor_runner_svc::{counts::Tally, store::T};
 use arbor_shared::proto::runner::v1::{self as rpb, runner_service_client::RunnerServiceClient};
 use arbor_tests::{Binaries, Profile, Service, ServiceKind, WAIT, eventually};
 
@@ -163,14 +164,10 @@ async fn every_acknowledged_submission_survives_a_kill_and_completes_once() {
     let opened = arbor_runner_svc::open_runner(&cfg).await.unwrap();
     // The state counts `/metrics` reports came through the kill exactly: they equal a pass over
     // every record.
-    let counts = opened.store().counts().unwrap();
-    assert_eq!(counts, opened.store().count_by_scan().unwrap());
+    let counts = Tally::stored(opened.store()).unwrap();
+    assert_eq!(counts, Tally::scan(opened.store()).unwrap());
     assert_eq!(counts.runs.iter().sum::<u64>(), runs.len() as u64);
-    let ledger = opened
-        .store()
-        .db()
-        .open_tree(arbor_runner_svc::LEDGER_TREE)
-        .unwrap();
+    let ledger = opened.store().tree(T::Ledger);
     let ledger_runs: Vec<String> = ledger
         .iter()
         .keys()

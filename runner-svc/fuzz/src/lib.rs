@@ -7,6 +7,7 @@ use arbor_runner_svc::engine::{
     self, Checkpoint, Decision, GuardConfig, LedgerTool, TickEnv, ToolRegistry, TreeFormat,
     TreeSpec, parse_tree, validate_decision,
 };
+use arbor_runner_svc::store::Store;
 use arbor_shared::domain::{RunMode, SuspensionCategory, SuspensionState};
 use serde_json::{Value as Json, json};
 
@@ -32,23 +33,21 @@ pub fn specs() -> &'static [TreeSpec] {
     })
 }
 
-/// Builtin tools over a temporary sled ledger (one per process: a fuzz loop must not open a
+/// Builtin tools over a ledger in a scratch store (one per process: a fuzz loop must not open a
 /// database per input).
 pub fn tools() -> &'static ToolRegistry {
-    static TOOLS: OnceLock<(sled::Db, ToolRegistry)> = OnceLock::new();
-    let (_, tools) = TOOLS.get_or_init(|| {
-        let db = match sled::Config::new().temporary(true).open() {
-            Ok(db) => db,
-            Err(e) => panic!("cannot open a temporary ledger: {e}"),
-        };
-        let tree = match db.open_tree("ledger") {
-            Ok(t) => t,
-            Err(e) => panic!("cannot open the ledger tree: {e}"),
-        };
-        let tools = ToolRegistry::with_builtins(LedgerTool::new(tree), GuardConfig::default());
-        (db, tools)
-    });
-    tools
+    static TOOLS: OnceLock<ToolRegistry> = OnceLock::new();
+    TOOLS.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("arbor-fuzz-ledger-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let ledger = Store::open(&dir, 1 << 20)
+            .map_err(|e| e.to_string())
+            .and_then(|store| LedgerTool::new(store).map_err(|e| e.to_string()));
+        match ledger {
+            Ok(ledger) => ToolRegistry::with_builtins(ledger, GuardConfig::default()),
+            Err(e) => panic!("cannot open a scratch ledger: {e}"),
+        }
+    })
 }
 
 pub const RUN_ID: &str = "fuzz-run";

@@ -9,23 +9,21 @@ use arbor_shared::{
 };
 use tokio::sync::watch;
 
-use crate::store::{Store, T, Tx, TxResult, abort, codec};
+use crate::store::{FIRST_SEQ, NEXT_SEQ, Store, StoreError, T, Tx, TxResult, abort, codec};
 
-pub(crate) const NEXT_SEQ: &[u8] = b"next_seq";
-const FIRST_SEQ: &[u8] = b"first_seq";
-
-/// The last seq ever assigned, as recorded in the runner's `meta` tree (0: none yet).
-pub(crate) fn last_seq_in(meta: &sled::Tree) -> Result<u64, sled::Error> {
-    Ok(meta
+/// The last seq ever assigned (0: none yet).
+pub(crate) fn last_seq_in(store: &Store) -> Result<u64, StoreError> {
+    Ok(store
+        .tree(T::Meta)
         .get(NEXT_SEQ)?
         .map(|b| codec::read_u64(&b).saturating_sub(1))
         .unwrap_or(0))
 }
 
-/// The oldest seq still retained, as recorded in the runner's `meta` tree (1 until retention
-/// removes events).
-pub(crate) fn first_seq_in(meta: &sled::Tree) -> Result<u64, sled::Error> {
-    Ok(meta
+/// The oldest seq still retained (1 until retention removes events).
+pub(crate) fn first_seq_in(store: &Store) -> Result<u64, StoreError> {
+    Ok(store
+        .tree(T::Meta)
         .get(FIRST_SEQ)?
         .map(|b| codec::read_u64(&b))
         .unwrap_or(1))
@@ -94,7 +92,7 @@ pub enum EventLogError {
     #[error(transparent)]
     Corrupt(#[from] codec::Corrupt),
     #[error("storage error: {0}")]
-    Storage(#[from] sled::Error),
+    Storage(#[from] StoreError),
 }
 
 /// Appends events inside a runner transaction; returns them with their seqs. Each event carries
@@ -217,12 +215,12 @@ impl EventLog {
 
     /// The last seq ever assigned (durable or not).
     pub fn last_seq(&self) -> Result<u64, EventLogError> {
-        Ok(last_seq_in(self.store.tree(T::Meta))?)
+        Ok(last_seq_in(&self.store)?)
     }
 
     /// Oldest seq still retained (1 until retention removes events).
     pub fn first_seq(&self) -> Result<u64, EventLogError> {
-        Ok(first_seq_in(self.store.tree(T::Meta))?)
+        Ok(first_seq_in(&self.store)?)
     }
 
     /// Durable events with `after < seq <= durable_seq`, at most `limit`.
@@ -232,9 +230,15 @@ impl EventLog {
         if after >= upto {
             return Ok(out);
         }
-        let range = codec::u64_key(after + 1)..=codec::u64_key(upto);
-        for entry in self.store.tree(T::Events).range(range).take(limit) {
-            let (_, bytes) = entry?;
+        let entries = self
+            .store
+            .tree(T::Events)
+            .range_from(codec::u64_key(after + 1));
+        for entry in entries.take(limit) {
+            let (key, bytes) = entry?;
+            if codec::read_u64(&key) > upto {
+                break;
+            }
             out.push(codec::decode("event", &bytes)?);
         }
         Ok(out)

@@ -6,11 +6,11 @@
 //! restart; lease expiry is judged on the server's monotonic clock only (never a client's clock).
 
 mod clock;
-mod sled_store;
 pub mod state;
+mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use sled_store::{SledMailbox, tx};
+pub use store::{Mailbox, tx};
 
 use std::time::Duration;
 
@@ -111,9 +111,9 @@ pub enum MailboxError {
     Storage(String),
 }
 
-impl From<sled::Error> for MailboxError {
-    fn from(e: sled::Error) -> Self {
-        Self::Storage(e.to_string())
+impl From<crate::store::StoreError> for MailboxError {
+    fn from(e: crate::store::StoreError) -> Self {
+        Self::Storage(e.0)
     }
 }
 
@@ -123,18 +123,6 @@ impl From<crate::store::TxError<MailboxError>> for MailboxError {
             crate::store::TxError::Abort(e) => e,
             crate::store::TxError::Storage(e) => e.into(),
         }
-    }
-}
-
-impl From<arbor_shared::sled_backend::commit::CommitError<MailboxError>> for MailboxError {
-    fn from(e: arbor_shared::sled_backend::commit::CommitError<MailboxError>) -> Self {
-        e.flatten()
-    }
-}
-
-impl From<arbor_shared::sled_backend::commit::FlushError> for MailboxError {
-    fn from(e: arbor_shared::sled_backend::commit::FlushError) -> Self {
-        Self::Storage(e.to_string())
     }
 }
 

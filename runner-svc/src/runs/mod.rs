@@ -30,7 +30,7 @@ use crate::{
     engine::{ToolRegistry, TreeFormat, TreeSpec, parse_tree},
     error::RunnerError,
     events::EventLog,
-    mailbox::{Clock, MailboxConfig, MailboxStore, Reaped, SledMailbox},
+    mailbox::{Clock, Mailbox, MailboxConfig, MailboxStore, Reaped},
     store::{Store, T, Tx, TxResult, codec},
 };
 
@@ -57,7 +57,7 @@ impl Default for RunnerOptions {
 /// The runner core. One per process; shared by handlers and workers behind an `Arc`.
 pub struct Runner {
     store: Store,
-    mailbox: SledMailbox,
+    mailbox: Mailbox,
     events: EventLog,
     tools: Arc<ToolRegistry>,
     opts: RunnerOptions,
@@ -80,7 +80,15 @@ impl Runner {
         tools: Arc<ToolRegistry>,
         opts: RunnerOptions,
     ) -> Result<Arc<Self>, RunnerError> {
-        let (mailbox, recovered) = SledMailbox::open(store.clone(), clock, opts.mailbox.clone())?;
+        if let Some(tally) = crate::counts::ensure(&store).await?
+            && tally.unreadable > 0
+        {
+            tracing::warn!(
+                unreadable = tally.unreadable,
+                "records that do not decode were left out of the state counts"
+            );
+        }
+        let (mailbox, recovered) = Mailbox::open(store.clone(), clock, opts.mailbox.clone())?;
         let events = EventLog::open(store.clone())?;
         let (changes, _) = watch::channel(0);
         let runner = Arc::new(Self {
@@ -112,7 +120,7 @@ impl Runner {
         &self.events
     }
 
-    pub fn mailbox(&self) -> &SledMailbox {
+    pub fn mailbox(&self) -> &Mailbox {
         &self.mailbox
     }
 
@@ -136,7 +144,7 @@ impl Runner {
         &self,
         body: impl Fn(&Tx<'_>) -> TxResult<(R, Vec<Event>), RunnerError> + Send + 'static,
     ) -> Result<R, RunnerError> {
-        let (r, events) = self.store.batches().commit(body).await?;
+        let (r, events) = self.store.commit(body).await?;
         if let Some(last) = events.last() {
             self.events.publish(last.seq);
         }
@@ -197,12 +205,10 @@ impl Runner {
     pub fn tree_record(&self, id: &str, version: u32) -> Result<TreeRecord, RunnerError> {
         let tree = self.store.tree(T::Trees);
         let found = if version == 0 {
-            tree.scan_prefix(codec::prefix(id))
-                .next_back()
-                .transpose()?
+            tree.last_with_prefix(codec::prefix(id))?
         } else {
             tree.get(records::tree_key(id, version))?
-                .map(|v| (sled::IVec::default(), v))
+                .map(|v| (Vec::new(), v))
         };
         match found {
             Some((_, bytes)) => Ok(codec::decode("tree", &bytes)?),
@@ -317,7 +323,7 @@ impl Runner {
                     .get(run.run_id.as_bytes())?
                     .and_then(|b| crate::engine::Checkpoint::decode(&b).ok());
                 if let Some(mut ck) = stored {
-                    let replaced = crate::store::counts::active(&ck);
+                    let replaced = crate::counts::active(&ck);
                     let effects = crate::engine::withdraw_open(
                         spec.as_deref(),
                         &mut ck,
@@ -354,8 +360,15 @@ impl Runner {
         .await
     }
 
-    /// Flushes sled (used at shutdown).
+    /// Makes everything committed so far durable (used at shutdown).
     pub async fn flush(&self) -> Result<(), RunnerError> {
         Ok(self.store.durable().await?)
+    }
+
+    /// Records the progress the store reached (the last event seq assigned) once it is durable,
+    /// so that losing it later is detected when the store opens.
+    pub async fn record_progress(&self) -> Result<(), RunnerError> {
+        let progress = self.events.last_seq()?;
+        Ok(self.store.record_progress(progress).await?)
     }
 }

@@ -107,15 +107,10 @@ impl Runner {
         let mut more = false;
         let ids: Box<dyn Iterator<Item = Result<String, RunnerError>>> =
             if filter.thread_id.is_empty() {
-                let start = if page_token.is_empty() {
-                    std::ops::Bound::Unbounded
-                } else {
-                    std::ops::Bound::Excluded(page_token.as_bytes().to_vec())
-                };
                 Box::new(
                     self.store
                         .tree(T::Runs)
-                        .range::<Vec<u8>, _>((start, std::ops::Bound::Unbounded))
+                        .after(page_token)
                         .keys()
                         .map(|k| Ok(String::from_utf8_lossy(&k?).into_owned())),
                 )

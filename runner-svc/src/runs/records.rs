@@ -4,12 +4,10 @@ use arbor_shared::domain::{RunMode, RunStatus};
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    counts::{self, Counted},
     engine::{Checkpoint, Decision},
     error::RunnerError,
-    store::{
-        T, Tx, TxResult, abort, codec,
-        counts::{self, Counted},
-    },
+    store::{T, Tx, TxResult, abort, codec},
 };
 
 /// A registered tree version.

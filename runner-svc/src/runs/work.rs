@@ -11,11 +11,12 @@ use super::{
     state::{self, RunEvent},
 };
 use crate::{
+    counts,
     engine::{self, Checkpoint, Decision, Effect, TickEnv, TickStatus},
     error::RunnerError,
     events::{self, NewEvent},
     mailbox::{Claim, EnqueueRequest, MailboxStore, tx as mtx},
-    store::{T, abort, codec, counts, lift},
+    store::{T, abort, codec, lift},
 };
 
 /// Ticks one wake may take back to back before yielding the worker.

@@ -1,22 +1,30 @@
-//! The runner's sled database: one `Store` owns the named trees, runs multi-tree transactions
-//! (checkpoint + events + inbox + mailbox in one atomic step) and the group commit that makes a
-//! committed step durable before any RPC answers OK: sled's flush, then an `fsync` of its log.
+//! The runner's storage seam: everything above this module reads and writes the runner's state
+//! through [`Store`], over a [`Backend`] that implements a handful of operations on byte tables.
+//!
+//! The unit of change is one transaction ([`Txn`]) over any of the tables: one step of a run
+//! (checkpoint, events, inbox and mailbox changes, with the fencing check of the job's claim
+//! token) is one transaction, atomic in every backend. A transaction reads and writes single keys
+//! only; scans run outside transactions and are re-checked inside one (a claim reads its
+//! candidates' records again, retention re-reads what it deletes), which is how a SQL backend
+//! does it too: each transaction is one SQL transaction with row locks on what it reads.
+//!
+//! Durability: [`Store::commit`] answers once its transaction is on the device; [`Store::apply`]
+//! and [`Store::transact`] once it is committed, and [`Store::durable`] waits for everything
+//! committed before it. The embedded backend is sled ([`open`](Store::open)).
 
 pub mod codec;
-pub mod counts;
+mod sled_backend;
 
-use std::{path::Path, sync::Arc};
-
-use arbor_shared::{
-    sled_backend::commit::{BatchCommit, BatchResult, FlushError, GroupCommit, TxSet},
-    sled_backend::integrity::{self, Integrity, IntegrityError},
-};
-use sled::{
-    Transactional,
-    transaction::{ConflictableTransactionError, TransactionError, TransactionalTree},
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex},
 };
 
-/// The trees of the runner database, in the fixed order transactions see them.
+pub use sled_backend::OpenError;
+
+/// The runner's tables, in the fixed order transactions see them. Keys and values are bytes;
+/// what each holds is written next to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
 pub enum T {
@@ -49,11 +57,12 @@ pub enum T {
     /// `{kind}{finished_at BE}{id}` → () for finished runs (`r`) and jobs (`j`), oldest first,
     /// so retention walks only what it may delete.
     Finished,
-    /// idempotency key → receipt of the `ledger.append` tool (`crate::LEDGER_TREE`).
+    /// idempotency key → receipt of the `ledger.append` tool.
     Ledger,
 }
 
-const TREE_NAMES: [&str; 15] = [
+/// The tables' names, in the order of [`T`].
+pub const TABLE_NAMES: [&str; 15] = [
     "trees",
     "runs",
     "thread_runs",
@@ -68,31 +77,81 @@ const TREE_NAMES: [&str; 15] = [
     "mailboxes",
     "mailbox_jobs",
     "finished",
-    crate::LEDGER_TREE,
+    "ledger",
 ];
 
-/// A view of every runner tree inside one sled transaction.
-pub struct Tx<'a> {
-    trees: &'a [TransactionalTree],
+/// A stored value, or a key.
+pub type Value = Vec<u8>;
+
+/// A storage failure. Its text is for the log; callers are told only that storage failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct StoreError(pub String);
+
+/// Why an operation inside a transaction failed.
+#[derive(Debug, Clone)]
+pub enum Fault {
+    /// Another transaction got in the way: the backend runs the body again.
+    Conflict,
+    Storage(StoreError),
 }
 
-impl<'a> Tx<'a> {
-    pub fn tree(&self, t: T) -> &'a TransactionalTree {
-        &self.trees[t as usize]
-    }
+/// Why a transaction body stopped: its own domain error (nothing it wrote is kept), or a fault.
+#[derive(Debug, Clone)]
+pub enum Abort<E> {
+    Domain(E),
+    Conflict,
+    Storage(StoreError),
+}
 
-    /// `tree(t).get(key)`.
-    pub fn get(
-        &self,
-        t: T,
-        key: &[u8],
-    ) -> Result<Option<sled::IVec>, sled::transaction::UnabortableTransactionError> {
-        self.tree(t).get(key)
+impl<E> From<Fault> for Abort<E> {
+    fn from(f: Fault) -> Self {
+        match f {
+            Fault::Conflict => Abort::Conflict,
+            Fault::Storage(e) => Abort::Storage(e),
+        }
     }
 }
 
-/// Result of a transaction body: abort with a domain error, or let sled retry on conflict.
-pub type TxResult<R, E> = Result<R, ConflictableTransactionError<E>>;
+/// Result of a transaction body.
+pub type TxResult<R, E> = Result<R, Abort<E>>;
+
+/// Reads and writes inside one transaction. A read sees the transaction's own writes.
+pub trait Txn {
+    fn get(&self, t: T, key: &[u8]) -> Result<Option<Value>, Fault>;
+    fn put(&self, t: T, key: &[u8], value: &[u8]) -> Result<(), Fault>;
+    fn delete(&self, t: T, key: &[u8]) -> Result<(), Fault>;
+}
+
+/// What a transaction body is given.
+pub type Tx<'a> = dyn Txn + 'a;
+
+impl<'a> dyn Txn + 'a {
+    /// One table of the transaction.
+    pub fn tree(&self, t: T) -> TxTable<'_, 'a> {
+        TxTable { tx: self, t }
+    }
+}
+
+/// One table inside a transaction.
+pub struct TxTable<'t, 'a> {
+    tx: &'t (dyn Txn + 'a),
+    t: T,
+}
+
+impl TxTable<'_, '_> {
+    pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Value>, Fault> {
+        self.tx.get(self.t, key.as_ref())
+    }
+
+    pub fn insert(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<(), Fault> {
+        self.tx.put(self.t, key.as_ref(), value.as_ref())
+    }
+
+    pub fn remove(&self, key: impl AsRef<[u8]>) -> Result<(), Fault> {
+        self.tx.delete(self.t, key.as_ref())
+    }
+}
 
 /// A failed transaction: the body aborted with a domain error, or storage failed.
 #[derive(Debug, thiserror::Error)]
@@ -100,15 +159,272 @@ pub enum TxError<E> {
     #[error(transparent)]
     Abort(E),
     #[error("storage error: {0}")]
-    Storage(#[from] sled::Error),
+    Storage(#[from] StoreError),
 }
 
-impl<E> From<TransactionError<E>> for TxError<E> {
-    fn from(e: TransactionError<E>) -> Self {
-        match e {
-            TransactionError::Abort(e) => TxError::Abort(e),
-            TransactionError::Storage(e) => TxError::Storage(e),
+/// How a type-erased transaction ended in the backend.
+#[derive(Debug, Clone)]
+pub enum Failed {
+    /// The body aborted; nothing it wrote was kept.
+    Aborted,
+    Storage(StoreError),
+}
+
+/// A transaction body with its result erased (the result goes to a slot the caller holds).
+pub type Body<'a> = dyn Fn(&Tx<'_>) -> TxResult<(), ()> + Send + 'a;
+
+/// A boxed future of a backend.
+pub type Pending<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Entries of one table in key order, each `(key, value)`.
+pub struct Entries<'a>(Box<dyn Iterator<Item = Result<(Value, Value), StoreError>> + Send + 'a>);
+
+impl<'a> Entries<'a> {
+    pub fn new(
+        inner: impl Iterator<Item = Result<(Value, Value), StoreError>> + Send + 'a,
+    ) -> Self {
+        Self(Box::new(inner))
+    }
+
+    pub fn keys(self) -> impl Iterator<Item = Result<Value, StoreError>> + Send + 'a {
+        self.0.map(|r| r.map(|(k, _)| k))
+    }
+
+    pub fn values(self) -> impl Iterator<Item = Result<Value, StoreError>> + Send + 'a {
+        self.0.map(|r| r.map(|(_, v)| v))
+    }
+}
+
+impl Iterator for Entries<'_> {
+    type Item = Result<(Value, Value), StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next()
+    }
+}
+
+/// What a storage backend of the runner implements. Reads outside a transaction see every
+/// committed transaction.
+pub trait Backend: Send + Sync + 'static {
+    fn get(&self, t: T, key: &[u8]) -> Result<Option<Value>, StoreError>;
+    /// Entries whose key starts with `prefix` and is not below `from`, in key order.
+    fn scan(&self, t: T, prefix: &[u8], from: &[u8]) -> Entries<'static>;
+    /// The entry with the highest key that starts with `prefix`.
+    fn last(&self, t: T, prefix: &[u8]) -> Result<Option<(Value, Value)>, StoreError>;
+    /// Runs `body` as one transaction on the calling thread (again on a conflict); returns once
+    /// committed, before it is durable.
+    fn transact(&self, body: &Body<'_>) -> Result<(), Failed>;
+    /// Runs `body` in a transaction that may be shared with other queued bodies (each body
+    /// aborts alone). Resolves once that transaction is durable, or, with `durable` false, as
+    /// soon as it committed.
+    fn commit(&self, body: Box<Body<'static>>, durable: bool) -> Pending<Result<(), Failed>>;
+    /// Resolves once everything committed before the call is durable.
+    fn durable(&self) -> Pending<Result<(), StoreError>>;
+    /// A fresh id, unique and increasing across restarts.
+    fn next_id(&self) -> Result<u64, StoreError>;
+    /// Records `progress` (the last event seq ever assigned, which only grows) as reached, once
+    /// everything before it is durable; a backend that can lose data checks it at open.
+    fn record_progress(&self, progress: u64) -> Pending<Result<(), StoreError>>;
+    /// Bytes the database occupies on disk.
+    fn size_on_disk(&self) -> u64;
+    /// (durability flushes, transactions of batched commits, bodies they ran) so far.
+    fn stats(&self) -> Stats;
+}
+
+/// Counters of a backend's commit path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub flushes: u64,
+    pub batches: u64,
+    pub bodies: u64,
+}
+
+/// Handle to the runner's storage. Cheap to clone.
+#[derive(Clone)]
+pub struct Store(Arc<dyn Backend>);
+
+/// One table, read outside any transaction.
+pub struct Table<'s> {
+    backend: &'s dyn Backend,
+    t: T,
+}
+
+impl Table<'_> {
+    pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Value>, StoreError> {
+        self.backend.get(self.t, key.as_ref())
+    }
+
+    pub fn contains_key(&self, key: impl AsRef<[u8]>) -> Result<bool, StoreError> {
+        Ok(self.get(key)?.is_some())
+    }
+
+    pub fn iter(&self) -> Entries<'static> {
+        self.backend.scan(self.t, &[], &[])
+    }
+
+    pub fn scan_prefix(&self, prefix: impl AsRef<[u8]>) -> Entries<'static> {
+        self.backend.scan(self.t, prefix.as_ref(), &[])
+    }
+
+    /// Entries from `from` on.
+    pub fn range_from(&self, from: impl AsRef<[u8]>) -> Entries<'static> {
+        self.backend.scan(self.t, &[], from.as_ref())
+    }
+
+    /// Entries with keys above `key` (every entry when `key` is empty).
+    pub fn after(&self, key: impl AsRef<[u8]>) -> Entries<'static> {
+        let key = key.as_ref();
+        match key.is_empty() {
+            true => self.iter(),
+            // The least key above `key` is `key` followed by a zero byte.
+            false => self.range_from([key, &[0]].concat()),
         }
+    }
+
+    pub fn last(&self) -> Result<Option<(Value, Value)>, StoreError> {
+        self.backend.last(self.t, &[])
+    }
+
+    /// The entry with the highest key that starts with `prefix`.
+    pub fn last_with_prefix(
+        &self,
+        prefix: impl AsRef<[u8]>,
+    ) -> Result<Option<(Value, Value)>, StoreError> {
+        self.backend.last(self.t, prefix.as_ref())
+    }
+}
+
+/// Where a body's typed result waits while the backend runs the erased body.
+type Slot<R, E> = Arc<Mutex<Option<Result<R, E>>>>;
+
+fn erase<R, E>(
+    body: impl Fn(&Tx<'_>) -> TxResult<R, E>,
+    slot: Slot<R, E>,
+) -> impl Fn(&Tx<'_>) -> TxResult<(), ()> {
+    move |tx| {
+        let (kept, verdict) = match body(tx) {
+            Ok(r) => (Some(Ok(r)), Ok(())),
+            Err(Abort::Domain(e)) => (Some(Err(e)), Err(Abort::Domain(()))),
+            Err(Abort::Conflict) => (None, Err(Abort::Conflict)),
+            Err(Abort::Storage(s)) => (None, Err(Abort::Storage(s))),
+        };
+        if let Ok(mut slot) = slot.lock() {
+            *slot = kept;
+        }
+        verdict
+    }
+}
+
+fn take<R, E>(ran: Result<(), Failed>, slot: &Slot<R, E>) -> Result<R, TxError<E>> {
+    let last = slot.lock().ok().and_then(|mut s| s.take());
+    match (ran, last) {
+        (Ok(()), Some(Ok(r))) => Ok(r),
+        (Err(Failed::Aborted), Some(Err(e))) => Err(TxError::Abort(e)),
+        (Err(Failed::Storage(e)), _) => Err(TxError::Storage(e)),
+        _ => Err(TxError::Storage(StoreError(
+            "a transaction ended without its body's result".into(),
+        ))),
+    }
+}
+
+impl Store {
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        Self(backend)
+    }
+
+    /// One table, for reads outside a transaction.
+    pub fn tree(&self, t: T) -> Table<'_> {
+        Table {
+            backend: &*self.0,
+            t,
+        }
+    }
+
+    /// Runs `body` as one serialisable transaction over every table, on the calling thread and
+    /// outside the batched commit. It returns once committed, before it is on disk: await
+    /// [`durable`](Self::durable) for that. The body may run more than once, so it must be free
+    /// of side effects.
+    pub fn transact<R, E>(
+        &self,
+        body: impl Fn(&Tx<'_>) -> TxResult<R, E> + Send,
+    ) -> Result<R, TxError<E>>
+    where
+        R: Send,
+        E: Send,
+    {
+        let slot: Slot<R, E> = Arc::default();
+        let ran = self.0.transact(&erase(body, slot.clone()));
+        take(ran, &slot)
+    }
+
+    /// Runs `body` in one transaction with whatever other commits are queued and resolves once
+    /// that transaction is durable: the way every write that answers an RPC commits. The body
+    /// may run more than once, so it must be free of side effects outside the transaction.
+    pub async fn commit<R, E, F>(&self, body: F) -> Result<R, TxError<E>>
+    where
+        R: Send + 'static,
+        E: Send + 'static,
+        F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
+    {
+        self.batched(body, true).await
+    }
+
+    /// [`commit`](Self::commit) that resolves as soon as the transaction has committed, without
+    /// waiting for it to be durable: for writes a crash may lose (a claim, which start-up undoes
+    /// anyway).
+    pub async fn apply<R, E, F>(&self, body: F) -> Result<R, TxError<E>>
+    where
+        R: Send + 'static,
+        E: Send + 'static,
+        F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
+    {
+        self.batched(body, false).await
+    }
+
+    async fn batched<R, E, F>(&self, body: F, durable: bool) -> Result<R, TxError<E>>
+    where
+        R: Send + 'static,
+        E: Send + 'static,
+        F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
+    {
+        let slot: Slot<R, E> = Arc::default();
+        let ran = self
+            .0
+            .commit(Box::new(erase(body, slot.clone())), durable)
+            .await;
+        take(ran, &slot)
+    }
+
+    /// Waits until everything committed so far is durable (one flush shared with every other
+    /// waiter).
+    pub async fn durable(&self) -> Result<(), StoreError> {
+        self.0.durable().await
+    }
+
+    /// Records the progress the database reached (the last event seq ever assigned) once
+    /// everything before it is durable, so losing it later is detected at start-up.
+    pub async fn record_progress(&self, progress: u64) -> Result<(), StoreError> {
+        self.0.record_progress(progress).await
+    }
+
+    /// A fresh unique, increasing id (survives restarts).
+    pub fn next_id(&self) -> Result<u64, StoreError> {
+        self.0.next_id()
+    }
+
+    /// Bytes the database occupies on disk.
+    pub fn size_on_disk(&self) -> u64 {
+        self.0.size_on_disk()
+    }
+
+    /// Counters of the commit path.
+    pub fn stats(&self) -> Stats {
+        self.0.stats()
+    }
+
+    /// Flushes issued so far to make commits durable.
+    pub fn flush_count(&self) -> u64 {
+        self.stats().flushes
     }
 }
 
@@ -121,313 +437,21 @@ pub fn finished_key(kind: u8, at_ms: u64, id: &str) -> Vec<u8> {
     k
 }
 
-/// Opening the database failed.
-#[derive(Debug, thiserror::Error)]
-pub enum OpenError {
-    #[error("cannot open the runner database at {path}: {source}")]
-    Open { path: String, source: sled::Error },
-    #[error(transparent)]
-    Damaged(#[from] IntegrityError),
-}
-
-/// Handle to the runner database. Cheap to clone.
-#[derive(Clone)]
-pub struct Store {
-    db: sled::Db,
-    trees: Vec<sled::Tree>,
-    all: AllTrees,
-    gc: GroupCommit,
-    batches: BatchCommit<AllTrees>,
-    integrity: Arc<Integrity>,
-}
-
-/// Every runner tree, in the order of [`T`].
-#[derive(Clone)]
-pub struct AllTrees {
-    trees: Vec<sled::Tree>,
-}
-
-impl AllTrees {
-    /// Runs `body` as one transaction over every tree.
-    fn run<R, E>(
-        &self,
-        body: impl Fn(&Tx<'_>) -> TxResult<R, E>,
-    ) -> Result<R, TransactionError<E>> {
-        self.trees[..].transaction(|trees: &Vec<TransactionalTree>| body(&Tx { trees }))
-    }
-}
-
-impl TxSet for AllTrees {
-    type Tx<'a> = Tx<'a>;
-
-    fn transaction(
-        &self,
-        body: &dyn Fn(&Tx<'_>) -> BatchResult,
-    ) -> Result<(), TransactionError<usize>> {
-        self.run(body)
-    }
-}
-
-/// What the integrity marker measures the runner database's progress by: the last event seq
-/// ever assigned, which only grows (retention removes events, never the counter).
-const PROGRESS: &str = "event seq";
-
-/// How often sled's background thread wakes to write out buffered log data and clean
-/// segments (sled's own default). It spends at most half of each interval rewriting pages.
-const GC_INTERVAL_MS: u64 = 500;
-
-impl Store {
-    /// Opens (or creates) the database in `dir`. `cache_bytes` bounds sled's page cache, which
-    /// is what keeps parked runs cheap in memory.
-    pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self, OpenError> {
-        let err = |source| OpenError::Open {
-            path: dir.display().to_string(),
-            source,
-        };
-        Integrity::precheck(dir)?;
-        let db = arbor_shared::sled_backend::sled_config(dir, cache_bytes)
-            // Durability comes from the group commit; this background flusher is also the
-            // thread that relocates live pages out of mostly-dead log segments so they can be
-            // reused. Without it the `db` file grows with every write, deleted or not.
-            .flush_every_ms(Some(GC_INTERVAL_MS))
-            .open()
-            .map_err(err)?;
-        let trees = TREE_NAMES
-            .iter()
-            .map(|name| db.open_tree(name))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(err)?;
-        // Before anything writes: sled opens a damaged log as an older or empty database.
-        let progress = crate::events::last_seq_in(&trees[T::Meta as usize]).map_err(err)?;
-        let integrity = Arc::new(Integrity::check(dir, &db, PROGRESS, progress)?);
-        integrity::guarded(dir, |place| check_references(&trees, place))?;
-        if let Some(tally) = counts::ensure(&trees).map_err(err)? {
-            arbor_shared::sled_backend::flush_and_sync(&db, dir, std::time::SystemTime::UNIX_EPOCH)
-                .map_err(err)?;
-            if tally.unreadable > 0 {
-                tracing::warn!(
-                    unreadable = tally.unreadable,
-                    "records that do not decode were left out of the state counts"
-                );
-            }
-        }
-        let all = AllTrees {
-            trees: trees.clone(),
-        };
-        let gc = GroupCommit::start(db.clone(), dir.to_path_buf());
-        let batches = BatchCommit::start(all.clone(), gc.clone());
-        Ok(Self {
-            db,
-            trees,
-            all,
-            gc,
-            batches,
-            integrity,
-        })
-    }
-
-    /// Makes everything committed so far durable, then records the progress it reached in the
-    /// integrity marker, so losing it later is detected at start-up.
-    pub async fn record_progress(&self) -> Result<(), String> {
-        let progress = crate::events::last_seq_in(self.tree(T::Meta))
-            .map_err(|e| format!("cannot read progress: {e}"))?;
-        self.durable().await.map_err(|e| e.to_string())?;
-        self.integrity
-            .clone()
-            .record_blocking(progress)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    pub fn tree(&self, t: T) -> &sled::Tree {
-        &self.trees[t as usize]
-    }
-
-    pub fn db(&self) -> &sled::Db {
-        &self.db
-    }
-
-    /// Runs `body` as one serialisable transaction over every runner tree, on the calling
-    /// thread and outside the batched commit. It returns once committed, before it is on
-    /// disk: await [`durable`](Self::durable) for that. The body may run more than
-    /// once (sled retries on conflict), so it must be free of side effects.
-    pub fn transact<R, E>(
-        &self,
-        body: impl Fn(&Tx<'_>) -> TxResult<R, E>,
-    ) -> Result<R, TxError<E>> {
-        self.all.run(body).map_err(TxError::from)
-    }
-
-    /// [`open`](Self::open), waiting up to `wait` for whoever holds the database's lock (a
-    /// previous process still flushing, or this process's own store whose threads are still
-    /// letting go of it) to release it.
-    pub async fn open_waiting(
-        dir: &Path,
-        cache_bytes: u64,
-        wait: std::time::Duration,
-    ) -> Result<Self, OpenError> {
-        let deadline = tokio::time::Instant::now() + wait;
-        let mut told = false;
-        loop {
-            match Self::open(dir, cache_bytes) {
-                Err(OpenError::Open { source, .. })
-                    if source.to_string().contains("could not acquire lock")
-                        && tokio::time::Instant::now() < deadline =>
-                {
-                    if !told {
-                        tracing::warn!(data_dir = %dir.display(), "database is locked by another process; waiting for it");
-                        told = true;
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-                other => return other,
-            }
-        }
-    }
-
-    /// The state counts as stored (what `/metrics` reports).
-    pub fn counts(&self) -> Result<counts::Tally, sled::Error> {
-        counts::Tally::stored(self.tree(T::Meta))
-    }
-
-    /// The state counts by one pass over every record: what [`counts`](Self::counts) must equal.
-    pub fn count_by_scan(&self) -> Result<counts::Tally, sled::Error> {
-        counts::Tally::scan(&self.trees)
-    }
-
-    /// The batched commit: `commit(body)` runs `body` in one transaction with whatever other
-    /// commits are queued and resolves once that transaction is durable, the way every write
-    /// that answers an RPC commits; `apply(body)` resolves as soon as it has committed. A body
-    /// may run more than once, so it must be free of side effects outside the transaction.
-    pub fn batches(&self) -> &BatchCommit<AllTrees> {
-        &self.batches
-    }
-
-    /// Waits until everything committed so far is on disk (one flush shared with every other
-    /// waiter).
-    pub async fn durable(&self) -> Result<(), FlushError> {
-        self.gc.flush().await
-    }
-
-    /// Flushes issued so far to make commits durable (sled's background flushes not counted).
-    pub fn flush_count(&self) -> u64 {
-        self.gc.flush_count()
-    }
-
-    /// A fresh unique, increasing id (survives restarts).
-    pub fn next_id(&self) -> Result<u64, sled::Error> {
-        self.db.generate_id()
-    }
-
-    /// The `ledger.append` tool writing through this store: each record is a transaction of its
-    /// own, so it is durable no later than the checkpoint that holds its receipt (sled's log is
-    /// recovered as a prefix, and that checkpoint's flush covers every record before it).
-    pub fn ledger(&self) -> crate::engine::LedgerTool {
-        let store = self.clone();
-        crate::engine::LedgerTool::with_writer(
-            self.tree(T::Ledger).clone(),
-            Arc::new(move |key: &[u8], value: Vec<u8>| {
-                store
-                    .transact(|t| {
-                        let ledger = t.tree(T::Ledger);
-                        match ledger.get(key)? {
-                            Some(first) => Ok(Some(first)),
-                            None => {
-                                ledger.insert(key, value.clone())?;
-                                Ok(None)
-                            }
-                        }
-                    })
-                    .map_err(|e: TxError<std::convert::Infallible>| e.to_string())
-            }),
-        )
-    }
-
-    /// Bytes the database occupies on disk.
-    pub fn size_on_disk(&self) -> u64 {
-        self.db.size_on_disk().unwrap_or(0)
-    }
-}
-
-/// Every index entry must name a record that exists. Index entries are small and stay in the
-/// log while big records (checkpoints) may live in blob files, and sled drops a record whose blob
-/// file is gone without an error: an index entry without its record is how such a loss shows.
-fn check_references(trees: &[sled::Tree], place: &std::sync::Mutex<String>) -> Result<(), String> {
-    let tree = |t: T| &trees[t as usize];
-    let at = |name: &str| {
-        if let Ok(mut p) = place.lock() {
-            *p = name.to_string();
-        }
-    };
-    let read = |e: sled::Error| e.to_string();
-    at("runs");
-    for key in tree(T::Runs).iter().keys() {
-        let run_id = key.map_err(read)?;
-        if !tree(T::Checkpoints).contains_key(&run_id).map_err(read)? {
-            return Err(format!(
-                "run '{}' has lost its checkpoint",
-                String::from_utf8_lossy(&run_id)
-            ));
-        }
-    }
-    at("thread_runs");
-    for key in tree(T::ThreadRuns).iter().keys() {
-        let key = key.map_err(read)?;
-        let run_id = key.split(|b| *b == 0).nth(1).unwrap_or_default();
-        if !tree(T::Runs).contains_key(run_id).map_err(read)? {
-            return Err(format!(
-                "thread index names run '{}', which is gone",
-                String::from_utf8_lossy(run_id)
-            ));
-        }
-    }
-    // The event log is gap-free between its first retained seq and the last one assigned
-    // (appends and retention each move the bounds in the same transaction as the events), so a
-    // missing or extra seq means pages of the log were lost.
-    at("events");
-    let meta = tree(T::Meta);
-    let first = crate::events::first_seq_in(meta).map_err(read)?;
-    let last = crate::events::last_seq_in(meta).map_err(read)?;
-    let mut expected = first;
-    for key in tree(T::Events).iter().keys() {
-        let seq = codec::read_u64(&key.map_err(read)?);
-        if seq != expected {
-            return Err(format!(
-                "the event log has lost events: seq {expected} is missing (next found: {seq})"
-            ));
-        }
-        expected += 1;
-    }
-    if last >= first && expected != last + 1 {
-        return Err(format!(
-            "the event log has lost events: it ends at seq {}, but seq {last} was assigned",
-            expected - 1
-        ));
-    }
-    at("queue");
-    for key in tree(T::Queue).iter().keys() {
-        let key = key.map_err(read)?;
-        let job_id = key.get(12..).unwrap_or_default();
-        if !tree(T::Jobs).contains_key(job_id).map_err(read)? {
-            return Err(format!(
-                "queue names job '{}', which is gone",
-                String::from_utf8_lossy(job_id)
-            ));
-        }
-    }
-    Ok(())
-}
+/// `meta` key of the next event seq to assign (the event log's counter).
+pub const NEXT_SEQ: &[u8] = b"next_seq";
+/// `meta` key of the oldest event seq still retained (absent: 1).
+pub const FIRST_SEQ: &[u8] = b"first_seq";
 
 /// Converts a transaction body's abort error into another error type.
 pub fn lift<R, E1, E2: From<E1>>(r: TxResult<R, E1>) -> TxResult<R, E2> {
     r.map_err(|e| match e {
-        ConflictableTransactionError::Abort(e) => ConflictableTransactionError::Abort(e.into()),
-        ConflictableTransactionError::Conflict => ConflictableTransactionError::Conflict,
-        ConflictableTransactionError::Storage(e) => ConflictableTransactionError::Storage(e),
+        Abort::Domain(e) => Abort::Domain(e.into()),
+        Abort::Conflict => Abort::Conflict,
+        Abort::Storage(e) => Abort::Storage(e),
     })
 }
 
 /// Aborts the transaction with `e`.
 pub fn abort<R, E>(e: impl Into<E>) -> TxResult<R, E> {
-    Err(ConflictableTransactionError::Abort(e.into()))
+    Err(Abort::Domain(e.into()))
 }

@@ -52,9 +52,15 @@ pub async fn open_runner(
     dir: &std::path::Path,
     register: impl FnOnce(&mut arbor_runner_svc::engine::ToolRegistry),
 ) -> std::sync::Arc<Runner> {
-    use arbor_runner_svc::{engine::GuardConfig, engine::ToolRegistry, mailbox::SystemClock};
+    use arbor_runner_svc::{
+        engine::{GuardConfig, LedgerTool, ToolRegistry},
+        mailbox::SystemClock,
+    };
     let store = arbor_runner_svc::store::Store::open(dir, 16 << 20).unwrap();
-    let mut tools = ToolRegistry::with_builtins(store.ledger(), GuardConfig::default());
+    let mut tools = ToolRegistry::with_builtins(
+        LedgerTool::new(store.clone()).unwrap(),
+        GuardConfig::default(),
+    );
     register(&mut tools);
     Runner::open(
         store,

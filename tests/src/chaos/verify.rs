@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use arbor_runner_svc::{LEDGER_TREE, ServeConfig, open_runner};
+use arbor_runner_svc::{ServeConfig, open_runner, store::T};
 use arbor_shared::{
     json::from_proto_struct,
     proto::{
@@ -143,12 +143,10 @@ pub async fn read_ledger(data_dir: &std::path::Path) -> BTreeMap<String, Json> {
         Ok(r) => r,
         Err(e) => panic!("cannot open the stopped runner's data: {e}"),
     };
-    let tree = runner
+    runner
         .store()
-        .db()
-        .open_tree(LEDGER_TREE)
-        .expect("ledger tree");
-    tree.iter()
+        .tree(T::Ledger)
+        .iter()
         .map(|entry| {
             let (k, v) = entry.expect("ledger entry");
             (

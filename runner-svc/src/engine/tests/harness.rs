@@ -1,4 +1,4 @@
-//! A run under test: a parsed spec, its checkpoint, a tool registry over a temporary sled ledger,
+//! A run under test: a parsed spec, its checkpoint, a tool registry over a ledger in a temporary store,
 //! and a movable clock.
 
 use arbor_shared::domain::{RunMode, SuspensionState};
@@ -19,7 +19,7 @@ pub struct Harness {
     pub now: u64,
     pub mode: RunMode,
     pub run_id: String,
-    _db: sled::Db,
+    _dir: tempfile::TempDir,
 }
 
 pub fn spec(doc: &Json) -> TreeSpec {
@@ -39,8 +39,9 @@ impl Harness {
     }
 
     pub fn with_guards(root: Json, guards: GuardConfig) -> Self {
-        let db = sled::Config::new().temporary(true).open().unwrap();
-        let ledger = LedgerTool::new(db.open_tree("ledger").unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(dir.path(), 1 << 20).unwrap();
+        let ledger = LedgerTool::new(store).unwrap();
         let spec = spec(&tree(root));
         let ck = Checkpoint::new(&spec, "thread-1", Map::new());
         Self {
@@ -51,7 +52,7 @@ impl Harness {
             now: T0,
             mode: RunMode::Yield,
             run_id: "run-1".into(),
-            _db: db,
+            _dir: dir,
         }
     }
 

@@ -1,22 +1,17 @@
-//! `ledger.append`: writes one idempotency-keyed record to a sled tree, so tests (and operators)
+//! `ledger.append`: writes one idempotency-keyed record to the runner's ledger table, so tests (and operators)
 //! can prove a side effect happened exactly once.
 
 use serde_json::{Value as Json, json};
 
 use super::{Tool, ToolCall, ToolError};
-
-/// Writes `value` under `key` unless the key holds a value already, which it returns instead.
-pub type InsertNew =
-    std::sync::Arc<dyn Fn(&[u8], Vec<u8>) -> Result<Option<sled::IVec>, String> + Send + Sync>;
+use crate::store::{Store, StoreError, T, TxError, Value};
 
 /// Appends `args.entry` (or the whole args when there is no `entry`) under the call's idempotency
 /// key. A second append with the same key returns the first receipt and writes nothing.
 #[derive(Clone)]
 pub struct LedgerTool {
-    tree: sled::Tree,
-    insert_new: InsertNew,
-    /// Records written so far. `sled::Tree::len` walks the whole tree, so the count is taken
-    /// once here and kept in step with every append.
+    store: Store,
+    /// Records written so far, counted once at start and kept in step with every append.
     appended: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -27,38 +22,25 @@ impl std::fmt::Debug for LedgerTool {
 }
 
 impl LedgerTool {
-    /// A ledger written straight into `tree` (`compare_and_swap` keeps the first receipt if two
-    /// callers race on one key), durable whenever the database is.
-    pub fn new(tree: sled::Tree) -> Self {
-        let cas = tree.clone();
-        Self::with_writer(
-            tree,
-            std::sync::Arc::new(move |key: &[u8], value: Vec<u8>| {
-                match cas
-                    .compare_and_swap(key, None as Option<&[u8]>, Some(value))
-                    .map_err(|e| e.to_string())?
-                {
-                    Ok(()) => Ok(None),
-                    Err(current) => Ok(current.current),
-                }
-            }),
-        )
-    }
-
-    /// A ledger whose records `insert_new` writes (the runner's: through its journal, so a
-    /// record is durable no later than the checkpoint that holds its receipt); `tree` is read.
-    pub fn with_writer(tree: sled::Tree, insert_new: InsertNew) -> Self {
-        let appended = tree.len() as u64;
-        Self {
-            tree,
-            insert_new,
-            appended: std::sync::Arc::new(appended.into()),
+    /// The ledger in `store`'s ledger table. Each record is a transaction of its own, so it is
+    /// durable no later than the checkpoint that holds its receipt, whose commit waits for
+    /// everything committed before it.
+    pub fn new(store: Store) -> Result<Self, StoreError> {
+        let mut appended = 0;
+        for entry in store.tree(T::Ledger).iter().keys() {
+            entry?;
+            appended += 1;
         }
+        Ok(Self {
+            store,
+            appended: std::sync::Arc::new(appended.into()),
+        })
     }
 
     /// (idempotency key, stored receipt) in key order.
     pub fn entries(&self) -> Vec<(String, Json)> {
-        self.tree
+        self.store
+            .tree(T::Ledger)
             .iter()
             .filter_map(Result::ok)
             .map(|(k, v)| {
@@ -70,7 +52,23 @@ impl LedgerTool {
     }
 
     pub fn count(&self) -> usize {
-        self.tree.len()
+        self.entries().len()
+    }
+
+    /// Writes `value` under `key` unless the key holds a value already, which it returns.
+    fn insert_new(&self, key: &[u8], value: Vec<u8>) -> Result<Option<Value>, String> {
+        self.store
+            .transact(|t| {
+                let ledger = t.tree(T::Ledger);
+                match ledger.get(key)? {
+                    Some(first) => Ok(Some(first)),
+                    None => {
+                        ledger.insert(key, &value)?;
+                        Ok(None)
+                    }
+                }
+            })
+            .map_err(|e: TxError<std::convert::Infallible>| e.to_string())
     }
 }
 
@@ -81,8 +79,8 @@ impl Tool for LedgerTool {
 
     fn call(&self, call: &ToolCall) -> Result<Json, ToolError> {
         let key = call.idempotency_key.as_bytes();
-        let storage = |e: sled::Error| ToolError::Storage(e.to_string());
-        if let Some(existing) = self.tree.get(key).map_err(storage)? {
+        let storage = |e: StoreError| ToolError::Storage(e.to_string());
+        if let Some(existing) = self.store.tree(T::Ledger).get(key).map_err(storage)? {
             return serde_json::from_slice(&existing)
                 .map_err(|e| ToolError::Storage(e.to_string()));
         }
@@ -102,7 +100,7 @@ impl Tool for LedgerTool {
         });
         let bytes = serde_json::to_vec(&receipt).map_err(|e| ToolError::Storage(e.to_string()))?;
         // The first receipt wins if two callers race on one key.
-        match (self.insert_new)(key, bytes).map_err(ToolError::Storage)? {
+        match self.insert_new(key, bytes).map_err(ToolError::Storage)? {
             None => Ok(receipt),
             Some(first) => Ok(serde_json::from_slice(&first).unwrap_or(Json::Null)),
         }

@@ -1,6 +1,6 @@
-//! The sled implementation of `MailboxStore`. The `tx` functions work inside any runner
+//! The mailbox over the runner's store (`MailboxStore`). The `tx` functions work inside any runner
 //! transaction, so the runner can commit a checkpoint, its events and the job's ack (with the
-//! fencing check) as one atomic step; `SledMailbox` wraps each in a transaction of its own.
+//! fencing check) as one atomic step; `Mailbox` wraps each in a transaction of its own.
 
 use std::{
     collections::HashMap,
@@ -15,9 +15,9 @@ use super::{
     MailboxInterrupt, MailboxStore, Reaped,
     state::{JobEvent, transition},
 };
-use crate::store::{
-    Store, T, Tx, TxResult, abort, codec,
+use crate::{
     counts::{self, Counted},
+    store::{Store, T, Tx, TxResult, abort, codec},
 };
 
 /// Mailbox operations usable inside a larger runner transaction.
@@ -468,9 +468,9 @@ struct Lease {
     deadline: Duration,
 }
 
-/// The sled mailbox. Leases are tracked here on the monotonic clock; the token in sled is the
+/// The durable mailbox. Leases are tracked here on the monotonic clock; the token in the store is the
 /// fencing authority.
-pub struct SledMailbox {
+pub struct Mailbox {
     store: Store,
     clock: Arc<dyn Clock>,
     cfg: MailboxConfig,
@@ -479,7 +479,7 @@ pub struct SledMailbox {
     aimed: Mutex<std::collections::HashSet<String>>,
 }
 
-impl SledMailbox {
+impl Mailbox {
     /// Opens the mailbox. Jobs left Claimed by a previous process lost their worker with it: they
     /// go back to Queued now (the crash counts as an attempt).
     pub fn open(
@@ -521,16 +521,12 @@ impl SledMailbox {
     /// commit: resolves once the job is durable, sharing one transaction and one flush with
     /// every other commit queued meanwhile.
     pub async fn enqueue_durable(&self, req: EnqueueRequest) -> Result<Enqueued, MailboxError> {
-        Ok(self.store.batches().commit(self.enqueue_body(req)?).await?)
+        Ok(self.store.commit(self.enqueue_body(req)?).await?)
     }
 
     /// [`MailboxStore::ack`] through the batched commit: resolves once the ack is durable.
     pub async fn ack_durable(&self, job_id: &str, token: &str) -> Result<Job, MailboxError> {
-        let job = self
-            .store
-            .batches()
-            .commit(self.ack_body(job_id, token))
-            .await?;
+        let job = self.store.commit(self.ack_body(job_id, token)).await?;
         self.forget_lease(job_id);
         Ok(job)
     }
@@ -599,7 +595,7 @@ impl SledMailbox {
     }
 }
 
-impl MailboxStore for SledMailbox {
+impl MailboxStore for Mailbox {
     fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, MailboxError> {
         Ok(self.store.transact(self.enqueue_body(req)?)?)
     }
@@ -721,15 +717,7 @@ impl MailboxStore for SledMailbox {
                 && (filter.statuses.is_empty() || filter.statuses.contains(&job.status))
         };
         if filter.mailbox_id.is_empty() {
-            let start = match after {
-                "" => std::ops::Bound::Unbounded,
-                a => std::ops::Bound::Excluded(a.as_bytes().to_vec()),
-            };
-            for entry in self
-                .store
-                .tree(T::Jobs)
-                .range::<Vec<u8>, _>((start, std::ops::Bound::Unbounded))
-            {
+            for entry in self.store.tree(T::Jobs).after(after) {
                 let (_, bytes) = entry?;
                 let job: Job = codec::decode("job", &bytes)?;
                 if matches(&job) {
@@ -779,7 +767,7 @@ impl MailboxStore for SledMailbox {
     }
 }
 
-impl SledMailbox {
+impl Mailbox {
     /// Claims like `MailboxStore::claim`; when nothing can be claimed, also says when the next
     /// delayed job becomes available (found on the same scan), so an idle worker knows how long
     /// it may sleep. One transaction takes the first of several candidates that is still free,
@@ -820,7 +808,6 @@ impl SledMailbox {
         let _aim = self.aim(&mut candidates);
         let won = self
             .store
-            .batches()
             .apply(move |t| tx::claim_first(t, &candidates, &worker, &token_in, now, lease))
             .await?;
         Ok(self.claimed(won, token, now))
@@ -918,7 +905,7 @@ impl SledMailbox {
     }
 }
 
-/// A pool claim's mark on the job it tries first (see `SledMailbox::aim`).
+/// A pool claim's mark on the job it tries first (see `Mailbox::aim`).
 struct Aim<'a> {
     aimed: &'a Mutex<std::collections::HashSet<String>>,
     job_id: String,

@@ -12,8 +12,12 @@
 
 use arbor_shared::domain::{JobStatus, RunStatus, SuspensionCategory, SuspensionState};
 
-use super::{T, Tx, TxResult, codec};
-use crate::{engine::Checkpoint, mailbox::Job, runs::RunRecord};
+use crate::{
+    engine::Checkpoint,
+    mailbox::Job,
+    runs::RunRecord,
+    store::{Store, StoreError, T, Tx, TxResult, codec},
+};
 
 pub const RUN_STATUSES: [RunStatus; 7] = [
     RunStatus::Queued,
@@ -212,9 +216,9 @@ impl Tally {
         }
     }
 
-    /// Counts what `trees` hold now.
-    pub fn scan(trees: &[sled::Tree]) -> Result<Self, sled::Error> {
-        let tree = |t: T| &trees[t as usize];
+    /// Counts what `store` holds now.
+    pub fn scan(store: &Store) -> Result<Self, StoreError> {
+        let tree = |t: T| store.tree(t);
         let mut tally = Self::default();
         for entry in tree(T::Runs).iter() {
             let (_, bytes) = entry?;
@@ -247,7 +251,8 @@ impl Tally {
     }
 
     /// The counters as stored (0 for one never moved).
-    pub fn stored(meta: &sled::Tree) -> Result<Self, sled::Error> {
+    pub fn stored(store: &Store) -> Result<Self, StoreError> {
+        let meta = store.tree(T::Meta);
         let mut tally = Self::default();
         for c in Counted::all() {
             if let Some(b) = meta.get(c.key())? {
@@ -259,19 +264,26 @@ impl Tally {
 }
 
 /// Builds the counters of a database that has none yet (one written before they existed), by
-/// one pass over the records. Runs at open, before anything else writes.
-pub fn ensure(trees: &[sled::Tree]) -> Result<Option<Tally>, sled::Error> {
-    let meta = &trees[T::Meta as usize];
-    if meta.contains_key(READY)? {
+/// one pass over the records, and makes them durable. Runs at open, before anything else writes.
+pub async fn ensure(store: &Store) -> Result<Option<Tally>, StoreError> {
+    if store.tree(T::Meta).contains_key(READY)? {
         return Ok(None);
     }
-    let tally = Tally::scan(trees)?;
-    let mut batch = sled::Batch::default();
-    for c in Counted::all() {
-        batch.insert(c.key(), &(tally.get(c) as i64).to_be_bytes());
-    }
-    batch.insert(READY, &[]);
-    meta.apply_batch(batch)?;
-    meta.flush()?;
+    let tally = Tally::scan(store)?;
+    let counters = tally.clone();
+    store
+        .transact(|tx| {
+            for c in Counted::all() {
+                tx.tree(T::Meta)
+                    .insert(c.key(), (counters.get(c) as i64).to_be_bytes())?;
+            }
+            tx.tree(T::Meta).insert(READY, [])?;
+            Ok::<_, crate::store::Abort<std::convert::Infallible>>(())
+        })
+        .map_err(|e| match e {
+            crate::store::TxError::Storage(e) => e,
+            crate::store::TxError::Abort(never) => match never {},
+        })?;
+    store.durable().await?;
     Ok(Some(tally))
 }

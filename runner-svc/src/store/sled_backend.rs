@@ -1,0 +1,350 @@
+//! The embedded backend: the runner's tables as sled trees in one database directory.
+//!
+//! A transaction is one sled transaction over every tree. The batched commit runs every body
+//! queued meanwhile as one such transaction and answers once sled's flush and an `fsync` of its
+//! files have put it on the device (`arbor_shared::sled_backend`). At open, damage that sled
+//! itself would not report is refused: a database that lost progress it had recorded, and index
+//! entries whose records are gone.
+
+use std::{path::Path, sync::Arc};
+
+use arbor_shared::sled_backend::{
+    commit::{BatchCommit, BatchResult, CommitError, GroupCommit, TxSet},
+    integrity::{self, Integrity, IntegrityError},
+};
+use sled::{
+    Transactional,
+    transaction::{
+        ConflictableTransactionError, TransactionError, TransactionalTree,
+        UnabortableTransactionError,
+    },
+};
+
+use super::{
+    Abort, Backend, Body, Entries, FIRST_SEQ, Failed, Fault, NEXT_SEQ, Pending, Stats, Store,
+    StoreError, T, TABLE_NAMES, Txn, Value, codec,
+};
+
+/// Opening the database failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("cannot open the runner database at {path}: {source}")]
+    Open { path: String, source: sled::Error },
+    #[error(transparent)]
+    Damaged(#[from] IntegrityError),
+}
+
+fn storage(e: sled::Error) -> StoreError {
+    StoreError(e.to_string())
+}
+
+/// The runner's trees inside one sled transaction.
+struct SledTx<'a> {
+    trees: &'a [TransactionalTree],
+}
+
+fn fault(e: UnabortableTransactionError) -> Fault {
+    match e {
+        UnabortableTransactionError::Conflict => Fault::Conflict,
+        UnabortableTransactionError::Storage(e) => Fault::Storage(storage(e)),
+    }
+}
+
+impl Txn for SledTx<'_> {
+    fn get(&self, t: T, key: &[u8]) -> Result<Option<Value>, Fault> {
+        self.trees[t as usize]
+            .get(key)
+            .map(|v| v.map(|v| v.to_vec()))
+            .map_err(fault)
+    }
+
+    fn put(&self, t: T, key: &[u8], value: &[u8]) -> Result<(), Fault> {
+        self.trees[t as usize]
+            .insert(key, value)
+            .map(drop)
+            .map_err(fault)
+    }
+
+    fn delete(&self, t: T, key: &[u8]) -> Result<(), Fault> {
+        self.trees[t as usize].remove(key).map(drop).map_err(fault)
+    }
+}
+
+/// An erased body's outcome as sled's transaction wants it.
+fn to_sled<E>(r: Result<(), Abort<E>>) -> Result<(), ConflictableTransactionError<E>> {
+    r.map_err(|e| match e {
+        Abort::Domain(e) => ConflictableTransactionError::Abort(e),
+        Abort::Conflict => ConflictableTransactionError::Conflict,
+        Abort::Storage(e) => {
+            ConflictableTransactionError::Storage(sled::Error::Io(std::io::Error::other(e.0)))
+        }
+    })
+}
+
+/// Every runner tree, in the order of [`T`].
+#[derive(Clone)]
+struct AllTrees {
+    trees: Vec<sled::Tree>,
+}
+
+impl TxSet for AllTrees {
+    type Tx<'a> = SledTx<'a>;
+
+    fn transaction(
+        &self,
+        body: &dyn Fn(&SledTx<'_>) -> BatchResult,
+    ) -> Result<(), TransactionError<usize>> {
+        self.trees[..].transaction(|trees: &Vec<TransactionalTree>| body(&SledTx { trees }))
+    }
+}
+
+/// The sled backend of one database directory.
+struct SledBackend {
+    db: sled::Db,
+    trees: Vec<sled::Tree>,
+    gc: GroupCommit,
+    batches: BatchCommit<AllTrees>,
+    integrity: Arc<Integrity>,
+}
+
+/// What the integrity marker measures the runner database's progress by: the last event seq
+/// ever assigned, which only grows (retention removes events, never the counter).
+const PROGRESS: &str = "event seq";
+
+/// How often sled's background thread wakes to write out buffered log data and clean
+/// segments (sled's own default). It spends at most half of each interval rewriting pages.
+const GC_INTERVAL_MS: u64 = 500;
+
+/// The last event seq ever assigned, from the `meta` tree.
+fn last_seq(meta: &sled::Tree) -> Result<u64, sled::Error> {
+    Ok(meta
+        .get(NEXT_SEQ)?
+        .map_or(0, |b| codec::read_u64(&b).saturating_sub(1)))
+}
+
+impl Store {
+    /// Opens (or creates) the sled database in `dir`. `cache_bytes` bounds sled's page cache,
+    /// which is what keeps parked runs cheap in memory.
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self, OpenError> {
+        let err = |source| OpenError::Open {
+            path: dir.display().to_string(),
+            source,
+        };
+        Integrity::precheck(dir)?;
+        let db = arbor_shared::sled_backend::sled_config(dir, cache_bytes)
+            // Durability comes from the group commit; this background flusher is also the
+            // thread that relocates live pages out of mostly-dead log segments so they can be
+            // reused. Without it the `db` file grows with every write, deleted or not.
+            .flush_every_ms(Some(GC_INTERVAL_MS))
+            .open()
+            .map_err(err)?;
+        let trees = TABLE_NAMES
+            .iter()
+            .map(|name| db.open_tree(name))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(err)?;
+        // Before anything writes: sled opens a damaged log as an older or empty database.
+        let progress = last_seq(&trees[T::Meta as usize]).map_err(err)?;
+        let integrity = Arc::new(Integrity::check(dir, &db, PROGRESS, progress)?);
+        integrity::guarded(dir, |place| check_references(&trees, place))?;
+        let gc = GroupCommit::start(db.clone(), dir.to_path_buf());
+        let batches = BatchCommit::start(
+            AllTrees {
+                trees: trees.clone(),
+            },
+            gc.clone(),
+        );
+        Ok(Self::new(Arc::new(SledBackend {
+            db,
+            trees,
+            gc,
+            batches,
+            integrity,
+        })))
+    }
+
+    /// [`open`](Self::open), waiting up to `wait` for whoever holds the database's lock (a
+    /// previous process still flushing, or this process's own store whose threads are still
+    /// letting go of it) to release it.
+    pub async fn open_waiting(
+        dir: &Path,
+        cache_bytes: u64,
+        wait: std::time::Duration,
+    ) -> Result<Self, OpenError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut told = false;
+        loop {
+            match Self::open(dir, cache_bytes) {
+                Err(OpenError::Open { source, .. })
+                    if source.to_string().contains("could not acquire lock")
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    if !told {
+                        tracing::warn!(data_dir = %dir.display(), "database is locked by another process; waiting for it");
+                        told = true;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+impl Backend for SledBackend {
+    fn get(&self, t: T, key: &[u8]) -> Result<Option<Value>, StoreError> {
+        self.trees[t as usize]
+            .get(key)
+            .map(|v| v.map(|v| v.to_vec()))
+            .map_err(storage)
+    }
+
+    fn scan(&self, t: T, prefix: &[u8], from: &[u8]) -> Entries<'static> {
+        let start = if from > prefix { from } else { prefix }.to_vec();
+        let prefix = prefix.to_vec();
+        Entries::new(
+            self.trees[t as usize]
+                .range(start..)
+                .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(storage))
+                .take_while(move |r| r.as_ref().map_or(true, |(k, _)| k.starts_with(&prefix))),
+        )
+    }
+
+    fn last(&self, t: T, prefix: &[u8]) -> Result<Option<(Value, Value)>, StoreError> {
+        self.trees[t as usize]
+            .scan_prefix(prefix)
+            .next_back()
+            .transpose()
+            .map(|e| e.map(|(k, v)| (k.to_vec(), v.to_vec())))
+            .map_err(storage)
+    }
+
+    fn transact(&self, body: &Body<'_>) -> Result<(), Failed> {
+        self.trees[..]
+            .transaction(|trees: &Vec<TransactionalTree>| to_sled(body(&SledTx { trees })))
+            .map_err(|e| match e {
+                TransactionError::Abort(()) => Failed::Aborted,
+                TransactionError::Storage(e) => Failed::Storage(storage(e)),
+            })
+    }
+
+    fn commit(&self, body: Box<Body<'static>>, durable: bool) -> Pending<Result<(), Failed>> {
+        let batches = self.batches.clone();
+        Box::pin(async move {
+            let body = move |tx: &SledTx<'_>| to_sled(body(tx));
+            let ran = match durable {
+                true => batches.commit(body).await,
+                false => batches.apply(body).await,
+            };
+            ran.map_err(|e| match e {
+                CommitError::Abort(()) => Failed::Aborted,
+                CommitError::Storage(e) => Failed::Storage(storage(e)),
+                CommitError::Flush(e) => Failed::Storage(StoreError(e.to_string())),
+            })
+        })
+    }
+
+    fn durable(&self) -> Pending<Result<(), StoreError>> {
+        let gc = self.gc.clone();
+        Box::pin(async move { gc.flush().await.map_err(|e| StoreError(e.to_string())) })
+    }
+
+    fn next_id(&self) -> Result<u64, StoreError> {
+        self.db.generate_id().map_err(storage)
+    }
+
+    fn record_progress(&self, progress: u64) -> Pending<Result<(), StoreError>> {
+        let (gc, integrity) = (self.gc.clone(), self.integrity.clone());
+        Box::pin(async move {
+            gc.flush().await.map_err(|e| StoreError(e.to_string()))?;
+            integrity
+                .record_blocking(progress)
+                .await
+                .map_err(|e| StoreError(e.to_string()))
+        })
+    }
+
+    fn size_on_disk(&self) -> u64 {
+        self.db.size_on_disk().unwrap_or(0)
+    }
+
+    fn stats(&self) -> Stats {
+        Stats {
+            flushes: self.gc.flush_count(),
+            batches: self.batches.batch_count(),
+            bodies: self.batches.body_count(),
+        }
+    }
+}
+
+/// Every index entry must name a record that exists. Index entries are small and stay in the
+/// log while big records (checkpoints) may live in blob files, and sled drops a record whose blob
+/// file is gone without an error: an index entry without its record is how such a loss shows.
+fn check_references(trees: &[sled::Tree], place: &std::sync::Mutex<String>) -> Result<(), String> {
+    let tree = |t: T| &trees[t as usize];
+    let at = |name: &str| {
+        if let Ok(mut p) = place.lock() {
+            *p = name.to_string();
+        }
+    };
+    let read = |e: sled::Error| e.to_string();
+    at("runs");
+    for key in tree(T::Runs).iter().keys() {
+        let run_id = key.map_err(read)?;
+        if !tree(T::Checkpoints).contains_key(&run_id).map_err(read)? {
+            return Err(format!(
+                "run '{}' has lost its checkpoint",
+                String::from_utf8_lossy(&run_id)
+            ));
+        }
+    }
+    at("thread_runs");
+    for key in tree(T::ThreadRuns).iter().keys() {
+        let key = key.map_err(read)?;
+        let run_id = key.split(|b| *b == 0).nth(1).unwrap_or_default();
+        if !tree(T::Runs).contains_key(run_id).map_err(read)? {
+            return Err(format!(
+                "thread index names run '{}', which is gone",
+                String::from_utf8_lossy(run_id)
+            ));
+        }
+    }
+    // The event log is gap-free between its first retained seq and the last one assigned
+    // (appends and retention each move the bounds in the same transaction as the events), so a
+    // missing or extra seq means pages of the log were lost.
+    at("events");
+    let meta = tree(T::Meta);
+    let first = meta
+        .get(FIRST_SEQ)
+        .map_err(read)?
+        .map_or(1, |b| codec::read_u64(&b));
+    let last = last_seq(meta).map_err(read)?;
+    let mut expected = first;
+    for key in tree(T::Events).iter().keys() {
+        let seq = codec::read_u64(&key.map_err(read)?);
+        if seq != expected {
+            return Err(format!(
+                "the event log has lost events: seq {expected} is missing (next found: {seq})"
+            ));
+        }
+        expected += 1;
+    }
+    if last >= first && expected != last + 1 {
+        return Err(format!(
+            "the event log has lost events: it ends at seq {}, but seq {last} was assigned",
+            expected - 1
+        ));
+    }
+    at("queue");
+    for key in tree(T::Queue).iter().keys() {
+        let key = key.map_err(read)?;
+        let job_id = key.get(12..).unwrap_or_default();
+        if !tree(T::Jobs).contains_key(job_id).map_err(read)? {
+            return Err(format!(
+                "queue names job '{}', which is gone",
+                String::from_utf8_lossy(job_id)
+            ));
+        }
+    }
+    Ok(())
+}
