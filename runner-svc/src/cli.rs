@@ -144,7 +144,7 @@ pub struct ServeArgs {
     pub lease_ms: u64,
     #[arg(long, env = "ARBOR_MAX_ATTEMPTS", default_value_t = 5)]
     pub max_attempts: u32,
-    /// sled page-cache bound in MiB.
+    /// Page-cache bound of the embedded store, in MiB.
     #[arg(long, env = "ARBOR_CACHE_MB", default_value_t = 64)]
     pub cache_mb: u64,
     /// Tokens file (TOML) enabling authentication.

@@ -5,7 +5,7 @@
 //! reads sixteen keys instead of every record (which took ~0.9 s with 100,000 parked runs).
 //!
 //! Inside a batched commit the counter keys are written once per transaction however many
-//! bodies moved them: sled keeps a transaction's writes in memory until it commits.
+//! bodies moved them: a transaction keeps its writes until it commits.
 //!
 //! A database written before the counts existed has none: [`ensure`] builds them once, by one
 //! pass over the records, when the store opens.

@@ -1,44 +1,95 @@
 //! The runner's one error type and its one mapping to gRPC status codes (DESIGN §7).
 
-use arbor_shared::status::{FieldViolation, invalid_argument};
+use arbor_shared::{
+    domain::RunStatus,
+    status::{FieldViolation, clip, invalid_argument},
+};
 use tonic::Status;
 
 use crate::{events::EventLogError, mailbox::MailboxError, store::codec::Corrupt};
 
+/// Everything that can go wrong in the runner, said in the runner's terms. Each variant's gRPC
+/// code is chosen once, in `From<RunnerError> for Status`.
 #[derive(Debug, thiserror::Error)]
 pub enum RunnerError {
+    /// The request is malformed; each violation names its field.
     #[error("{summary}")]
-    InvalidArgument {
+    Invalid {
         summary: String,
         violations: Vec<FieldViolation>,
     },
+    #[error("run '{}' not found", clip(.0))]
+    RunNotFound(String),
+    /// Version 0: the latest.
+    #[error("{}", tree_not_found(.id, *.version))]
+    TreeNotFound { id: String, version: u32 },
+    #[error("request '{}' not found in run '{run_id}'", clip(.request_id))]
+    RequestNotFound { run_id: String, request_id: String },
+    #[error("job {0} not found")]
+    JobNotFound(String),
+    #[error(
+        "tree '{id}' version {version} is already registered with a different document; \
+         register a new version"
+    )]
+    TreeVersionTaken { id: String, version: u32 },
+    #[error("run '{0}' already exists (restore_policy NEVER)")]
+    RunExists(String),
+    #[error("run '{0}' has no checkpoint to restore (restore_policy REQUIRED)")]
+    NothingToRestore(String),
+    #[error("run '{run_id}' already finished with {}", .status.as_str())]
+    RunFinished { run_id: String, status: RunStatus },
+    #[error("request '{request_id}' was already decided by decision '{decision_id}'")]
+    AlreadyDecided {
+        request_id: String,
+        decision_id: String,
+    },
+    #[error("request '{0}' was withdrawn and can no longer be decided")]
+    Withdrawn(String),
+    /// A decision of a kind the request does not offer.
+    #[error("decision refused for request '{request_id}': {reason}")]
+    DecisionNotOffered { request_id: String, reason: String },
+    /// Only approval-svc may resolve approval requests.
+    #[error(
+        "only the approval service (role 'service') may resolve approval requests; decide \
+         through ApprovalService.Resolve"
+    )]
+    ApprovalNeedsService,
+    /// A state change the run's or the job's state machine does not allow.
     #[error("{0}")]
-    NotFound(String),
+    InvalidTransition(String),
+    /// The caller's claim on a job is no longer current (fencing): the lease was lost.
     #[error("{0}")]
-    AlreadyExists(String),
-    /// The request conflicts with the current state (stale request id, other decision, …).
-    #[error("{0}")]
-    FailedPrecondition(String),
-    /// The caller's claim on a job is no longer current (fencing).
-    #[error("{0}")]
-    Aborted(String),
-    #[error("{0}")]
-    OutOfRange(String),
-    #[error("{0}")]
-    ResourceExhausted(String),
-    #[error("{0}")]
-    PermissionDenied(String),
-    #[error("{0}")]
-    Unavailable(String),
+    ClaimLost(String),
+    /// A stream cursor before the oldest retained event.
+    #[error(
+        "cursor {cursor} is older than the oldest retained event {first}: events were compacted \
+         away; reconcile state, then resume after seq {}",
+        .first - 1
+    )]
+    CursorCompacted { cursor: u64, first: u64 },
+    /// A stream cursor past the last event ever written.
+    #[error(
+        "cursor {cursor} is beyond the last event {last}: this log never had those events; \
+         reconcile state, then resume from a cursor of at most {last}"
+    )]
+    CursorAhead { cursor: u64, last: u64 },
     #[error(transparent)]
     Corrupt(#[from] Corrupt),
+    /// Storage failed; the text is for the log only.
     #[error("storage error: {0}")]
     Storage(String),
 }
 
+fn tree_not_found(id: &str, version: u32) -> String {
+    match version {
+        0 => format!("tree '{}' not found", clip(id)),
+        v => format!("tree '{}' version {v} not found", clip(id)),
+    }
+}
+
 impl RunnerError {
     pub fn invalid(field: &str, description: impl Into<String>) -> Self {
-        Self::InvalidArgument {
+        Self::Invalid {
             summary: "invalid request".into(),
             violations: vec![FieldViolation::new(field, description)],
         }
@@ -53,7 +104,7 @@ impl From<crate::store::StoreError> for RunnerError {
 
 impl From<crate::runs::state::InvalidTransition> for RunnerError {
     fn from(e: crate::runs::state::InvalidTransition) -> Self {
-        Self::FailedPrecondition(e.to_string())
+        Self::InvalidTransition(e.to_string())
     }
 }
 
@@ -69,9 +120,9 @@ impl From<EventLogError> for RunnerError {
 impl From<MailboxError> for RunnerError {
     fn from(e: MailboxError) -> Self {
         match e {
-            MailboxError::NotFound(id) => Self::NotFound(format!("job {id} not found")),
-            MailboxError::StaleClaim { .. } => Self::Aborted(e.to_string()),
-            MailboxError::InvalidTransition(t) => Self::FailedPrecondition(t.to_string()),
+            MailboxError::NotFound(id) => Self::JobNotFound(id),
+            MailboxError::StaleClaim { .. } => Self::ClaimLost(e.to_string()),
+            MailboxError::InvalidTransition(t) => Self::InvalidTransition(t.to_string()),
             MailboxError::Corrupt(c) => Self::Corrupt(c),
             MailboxError::Storage(s) => Self::Storage(s),
         }
@@ -95,29 +146,37 @@ impl From<arbor_shared::convert::ConvertError> for RunnerError {
 
 impl From<RunnerError> for Status {
     fn from(e: RunnerError) -> Self {
+        use RunnerError as E;
+        let message = e.to_string();
         match e {
-            RunnerError::InvalidArgument {
+            E::Invalid {
                 summary,
                 violations,
             } => invalid_argument(&summary, &violations),
-            RunnerError::NotFound(m) => Status::not_found(m),
-            RunnerError::AlreadyExists(m) => Status::already_exists(m),
-            RunnerError::FailedPrecondition(m) => Status::failed_precondition(m),
-            RunnerError::Aborted(m) => Status::aborted(m),
-            RunnerError::OutOfRange(m) => Status::out_of_range(m),
-            RunnerError::ResourceExhausted(m) => Status::resource_exhausted(m),
-            RunnerError::PermissionDenied(m) => Status::permission_denied(m),
-            RunnerError::Unavailable(m) => Status::unavailable(m),
+            E::RunNotFound(_)
+            | E::TreeNotFound { .. }
+            | E::RequestNotFound { .. }
+            | E::JobNotFound(_) => Status::not_found(message),
+            E::TreeVersionTaken { .. } | E::RunExists(_) => Status::already_exists(message),
+            E::NothingToRestore(_)
+            | E::RunFinished { .. }
+            | E::AlreadyDecided { .. }
+            | E::Withdrawn(_)
+            | E::DecisionNotOffered { .. }
+            | E::InvalidTransition(_) => Status::failed_precondition(message),
+            E::ApprovalNeedsService => Status::permission_denied(message),
+            E::ClaimLost(_) => Status::aborted(message),
+            E::CursorCompacted { .. } | E::CursorAhead { .. } => Status::out_of_range(message),
             // The details may name files or hold record bytes: they go to the log, the caller
             // learns what kind of thing failed.
-            RunnerError::Corrupt(c) => {
+            E::Corrupt(c) => {
                 tracing::error!(error = %c, "corrupt record answered as DATA_LOSS");
                 Status::data_loss(format!(
                     "a stored {} record is damaged; see the runner's log",
                     c.what
                 ))
             }
-            RunnerError::Storage(m) => {
+            E::Storage(m) => {
                 tracing::error!(error = %m, "storage failure answered as INTERNAL");
                 Status::internal("runner storage failed; see the runner's log")
             }

@@ -1,4 +1,4 @@
-//! Arbor's runner: ticks behaviour trees, checkpoints every run to sled, keeps the durable
+//! Arbor's runner: ticks behaviour trees, checkpoints every run to its store, keeps the durable
 //! mailbox of run requests and serves the durable, resumable event log over gRPC.
 //!
 //! `main.rs` parses flags and calls [`run`]; tests call the same `run` on port 0.
@@ -43,7 +43,7 @@ pub struct ServeConfig {
     pub workers: usize,
     pub lease: Duration,
     pub max_attempts: u32,
-    /// Upper bound of sled's page cache.
+    /// Upper bound of the embedded store's page cache.
     pub cache_bytes: u64,
     pub auth: Authenticator,
     pub guards: GuardConfig,
@@ -123,7 +123,7 @@ const LOCK_WAIT: Duration = Duration::from_secs(10);
 /// the start: NOT_SERVING while the database is opened and the previous process's claims are
 /// recovered, SERVING once the runner is ready. On shutdown: NOT_SERVING first and everything
 /// keeps serving for `drain_grace` (so load balancers stop routing here), then streams end with
-/// UNAVAILABLE, workers stop, in-flight calls drain (bounded by `drain`) and sled is flushed.
+/// UNAVAILABLE, workers stop, in-flight calls drain (bounded by `drain`) and the store is flushed.
 pub async fn run(
     cfg: ServeConfig,
     listener: TcpListener,
@@ -318,7 +318,7 @@ async fn serve_opened(
     tracing::info!("runner-svc stopped");
     match served {
         Some(r) => Ok(r?),
-        // Aborted after the drain timeout, or the server task panicked: sled is flushed anyway.
+        // Aborted after the drain timeout, or the server task panicked: the store is flushed anyway.
         None => Ok(()),
     }
 }

@@ -1,4 +1,4 @@
-//! Retention: keeps sled's size bounded by the rate of work, not its history. Events are
+//! Retention: keeps the store's size bounded by the rate of work, not its history. Events are
 //! compacted once every durable subscriber has acked them and they are old enough (or,
 //! regardless, once they pass the maximum age — a subscriber that far behind is told OUT_OF_RANGE
 //! rather than silently skipped); finished runs and final jobs go after their retention.

@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::{
     sync::{Arc, Mutex, mpsc},
     time::Duration,
@@ -13,7 +15,6 @@ use arbor_runner_svc::{
     engine::{GuardConfig, Tool, ToolCall, ToolError, ToolRegistry, TreeFormat},
     mailbox::{JobFilter, MailboxStore, SystemClock},
     runs::{Runner, RunnerOptions, SubmitInput},
-    store::Store,
     worker,
 };
 use arbor_shared::{
@@ -51,7 +52,7 @@ const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "na
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), 16 << 20).unwrap();
+    let store = common::open_store(dir.path());
     let ledger = arbor_runner_svc::engine::LedgerTool::new(store.clone()).unwrap();
     let (entered_tx, entered_rx) = mpsc::channel();
     let (release_tx, release_rx) = mpsc::channel();

@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::{
     sync::{
         Arc, Mutex,
@@ -17,7 +19,6 @@ use arbor_runner_svc::{
     engine::{GuardConfig, LedgerTool, Tool, ToolCall, ToolError, ToolRegistry, TreeFormat},
     mailbox::{MailboxConfig, MailboxStore, SystemClock},
     runs::{Runner, RunnerOptions, SubmitInput},
-    store::Store,
 };
 use arbor_shared::domain::{EventKind, JobStatus, RunStatus};
 use serde_json::{Value as Json, json};
@@ -60,7 +61,7 @@ const TREE: &str = r#"{
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stalled_worker_loses_its_lease_and_its_late_write_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), 16 << 20).unwrap();
+    let store = common::open_store(dir.path());
     let ledger = LedgerTool::new(store.clone()).unwrap();
     let (release_tx, release_rx) = mpsc::channel();
     let (entered_tx, entered_rx) = mpsc::channel();

@@ -2,15 +2,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use arbor_runner_svc::{
-    mailbox::{Claim, EnqueueRequest, Mailbox, MailboxConfig, MailboxStore, SystemClock},
-    store::Store,
+use arbor_runner_svc::mailbox::{
+    Claim, EnqueueRequest, Mailbox, MailboxConfig, MailboxStore, SystemClock,
 };
 use arbor_shared::domain::JobStatus;
 
@@ -18,7 +19,7 @@ use arbor_shared::domain::JobStatus;
 /// at the same time) and three priorities.
 fn mailbox_with_jobs(jobs: usize) -> (tempfile::TempDir, Arc<Mailbox>) {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), 64 << 20).unwrap();
+    let store = common::open_store(dir.path());
     let cfg = MailboxConfig {
         lease: Duration::from_secs(60),
         ..MailboxConfig::default()

@@ -3,11 +3,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use arbor_runner_svc::{
-    mailbox::{EnqueueRequest, Mailbox, MailboxConfig, MailboxError, MailboxStore, ManualClock},
-    store::Store,
+use arbor_runner_svc::mailbox::{
+    EnqueueRequest, Mailbox, MailboxConfig, MailboxError, MailboxStore, ManualClock,
 };
 use arbor_shared::domain::JobStatus;
 use proptest::prelude::*;
@@ -233,7 +234,7 @@ proptest! {
 
 fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), 8 << 20).unwrap();
+    let store = common::open_store(dir.path());
     let counted = store.clone();
     let clock = Arc::new(ManualClock::new(START_MS));
     let (mb, _) = Mailbox::open(store, clock.clone(), cfg()).unwrap();

@@ -48,7 +48,7 @@ fn stored_equals_scan(store: &Store) -> Tally {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counts_follow_runs_through_suspension_resume_cancel_and_retention() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), 16 << 20).unwrap();
+    let store = common::open_store(dir.path());
     let ledger = LedgerTool::new(store.clone()).unwrap();
     let tools = ToolRegistry::with_builtins(ledger, GuardConfig::default());
     let runner = Runner::open(
@@ -144,7 +144,7 @@ async fn counts_follow_runs_through_suspension_resume_cancel_and_retention() {
 async fn a_database_from_before_the_counts_gets_them_at_open() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let store = Store::open(dir.path(), 8 << 20).unwrap();
+        let store = common::open_store(dir.path());
         let (mailbox, _) = Mailbox::open(
             store.clone(),
             Arc::new(SystemClock::default()),
@@ -184,9 +184,7 @@ async fn a_database_from_before_the_counts_gets_them_at_open() {
         assert_eq!(Tally::stored(&store).unwrap().jobs, [0; 6]);
     }
     // The store's threads let go of the database shortly after the last handle is dropped.
-    let store = Store::open_waiting(dir.path(), 8 << 20, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let store = common::reopen_store(dir.path()).await;
     assert!(counts::ensure(&store).await.unwrap().is_some());
     let c = stored_equals_scan(&store);
     // Queued, claimed, accepted (acked), …

@@ -1,6 +1,6 @@
 //! Arbor's shared crate: the generated gRPC code, JSON/proto conversions, the one way errors
-//! become statuses, authentication, the sled backend both services share (group commit, fsync, damage detection), the serving plumbing both
-//! binaries use, Prometheus metrics and W3C trace context.
+//! become statuses, authentication, what both services' embedded backends share (group commit,
+//! fsync, damage detection), the serving plumbing both binaries use, Prometheus metrics and W3C trace context.
 
 pub mod auth;
 pub mod convert;

@@ -1,5 +1,5 @@
 //! The Prometheus side both services share: the `--metrics-listen` setting, a collector for
-//! values computed at scrape time (read from sled or from counters the code already keeps), and
+//! values computed at scrape time (read from the store or from counters the code already keeps), and
 //! a tiny HTTP/1.1 server that answers `GET /metrics` in the OpenMetrics text format.
 //!
 //! The endpoint runs on its own port so a mesh or a NetworkPolicy can expose it to the monitoring
@@ -205,7 +205,7 @@ async fn respond<B>(registry: Arc<Registry>, req: Request<B>) -> Response<Full<B
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return plain(StatusCode::METHOD_NOT_ALLOWED, "GET /metrics\n");
     }
-    // Scrape-time collectors read sled; keep that off the async workers.
+    // Scrape-time collectors read the store; keep that off the async workers.
     match tokio::task::spawn_blocking(move || render(&registry)).await {
         Ok(Ok(text)) => Response::builder()
             .header(hyper::header::CONTENT_TYPE, CONTENT_TYPE)

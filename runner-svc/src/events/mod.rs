@@ -182,7 +182,7 @@ pub struct EventLog {
 }
 
 impl EventLog {
-    /// Everything sled recovered at open is durable, so the watermark starts at the last seq.
+    /// Everything the store holds at open is durable, so the watermark starts at the last seq.
     pub fn open(store: Store) -> Result<Self, EventLogError> {
         let last = store
             .tree(T::Events)

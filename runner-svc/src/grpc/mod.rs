@@ -25,18 +25,14 @@ use crate::{
     runs::{ResolveInput, RunFilter, Runner},
 };
 
-/// Events read from sled per batch when a stream catches up.
+/// Events read from the store per batch when a stream catches up.
 const STREAM_BATCH: usize = 512;
 /// Events buffered per stream before the reader waits for the client.
 const STREAM_BUFFER: usize = 1024;
 
 /// The error for a cursor whose next events were compacted away.
 fn compacted(cursor: u64, first: u64) -> RunnerError {
-    RunnerError::OutOfRange(format!(
-        "cursor {cursor} is older than the oldest retained event {first}: events were compacted \
-         away; reconcile state, then resume after seq {}",
-        first - 1
-    ))
+    RunnerError::CursorCompacted { cursor, first }
 }
 
 #[derive(Clone)]
@@ -302,10 +298,7 @@ impl RunnerService for RunnerGrpc {
         // next events silently; refuse, like a compacted cursor, so the subscriber reconciles.
         let last = events.last_seq().map_err(RunnerError::from)?;
         if cursor > last {
-            return Err(RunnerError::OutOfRange(format!(
-                "cursor {cursor} is beyond the last event {last}: this log never had those \
-                 events; reconcile state, then resume from a cursor of at most {last}"
-            ))
+            return Err(RunnerError::CursorAhead { cursor, last }
             .into());
         }
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER);

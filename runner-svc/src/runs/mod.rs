@@ -212,14 +212,10 @@ impl Runner {
         };
         match found {
             Some((_, bytes)) => Ok(codec::decode("tree", &bytes)?),
-            None if version == 0 => Err(RunnerError::NotFound(format!(
-                "tree '{}' not found",
-                arbor_shared::status::clip(id)
-            ))),
-            None => Err(RunnerError::NotFound(format!(
-                "tree '{}' version {version} not found",
-                arbor_shared::status::clip(id)
-            ))),
+            None => Err(RunnerError::TreeNotFound {
+                id: id.into(),
+                version,
+            }),
         }
     }
 
@@ -248,10 +244,7 @@ impl Runner {
     pub fn run_record(&self, run_id: &str) -> Result<RunRecord, RunnerError> {
         match self.store.tree(T::Runs).get(run_id.as_bytes())? {
             Some(b) => Ok(codec::decode("run", &b)?),
-            None => Err(RunnerError::NotFound(format!(
-                "run '{}' not found",
-                arbor_shared::status::clip(run_id)
-            ))),
+            None => Err(RunnerError::RunNotFound(run_id.into())),
         }
     }
 

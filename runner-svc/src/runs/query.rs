@@ -228,10 +228,10 @@ impl Runner {
         submit::check_id("run_id", run_id)?;
         let run = self.run_record(run_id)?;
         if run.status.is_terminal() {
-            return Err(RunnerError::FailedPrecondition(format!(
-                "run '{run_id}' already finished with {}",
-                run.status.as_str()
-            )));
+            return Err(RunnerError::RunFinished {
+                run_id: run_id.into(),
+                status: run.status,
+            });
         }
         let reason = if reason.is_empty() {
             "cancelled"

@@ -64,15 +64,7 @@ pub fn get_run(tx: &Tx<'_>, run_id: &str) -> TxResult<Option<RunRecord>, RunnerE
 }
 
 pub fn must_get_run(tx: &Tx<'_>, run_id: &str) -> TxResult<RunRecord, RunnerError> {
-    get_run(tx, run_id)?.map_or_else(
-        || {
-            abort(RunnerError::NotFound(format!(
-                "run '{}' not found",
-                codec_clip(run_id)
-            )))
-        },
-        Ok,
-    )
+    get_run(tx, run_id)?.map_or_else(|| abort(RunnerError::RunNotFound(run_id.into())), Ok)
 }
 
 /// Writes a run record and moves the state counts with it: the run's status, and the active
@@ -173,8 +165,4 @@ pub fn inbox_remove(tx: &Tx<'_>, run_id: &str, request_id: &str) -> TxResult<(),
     tx.tree(T::Inbox)
         .remove(codec::pair_key(run_id, request_id))?;
     Ok(())
-}
-
-fn codec_clip(s: &str) -> String {
-    arbor_shared::status::clip(s)
 }

@@ -80,11 +80,7 @@ impl Runner {
                 if record.category == SuspensionCategory::RequireApproval
                     && !input.may_resolve_approvals
                 {
-                    return abort(RunnerError::PermissionDenied(
-                        "only the approval service (role 'service') may resolve approval \
-                         requests; decide through ApprovalService.Resolve"
-                            .into(),
-                    ));
+                    return abort(RunnerError::ApprovalNeedsService);
                 }
                 let duplicate = |existing: &str| -> TxResult<(Resolved, _), RunnerError> {
                     if existing == input.decision_id {
@@ -96,10 +92,10 @@ impl Runner {
                             Vec::new(),
                         ))
                     } else {
-                        abort(RunnerError::FailedPrecondition(format!(
-                            "request '{}' was already decided by decision '{existing}'",
-                            input.request_id
-                        )))
+                        abort(RunnerError::AlreadyDecided {
+                            request_id: input.request_id.clone(),
+                            decision_id: existing.to_string(),
+                        })
                     }
                 };
                 match record.state {
@@ -108,10 +104,7 @@ impl Runner {
                         return duplicate(&existing);
                     }
                     SuspensionState::Inactive => {
-                        return abort(RunnerError::FailedPrecondition(format!(
-                            "request '{}' was withdrawn and can no longer be decided",
-                            input.request_id
-                        )));
+                        return abort(RunnerError::Withdrawn(input.request_id.clone()));
                     }
                     SuspensionState::Active => {}
                 }
@@ -122,22 +115,21 @@ impl Runner {
                     return duplicate(&pending.decision_id);
                 }
                 if run.status.is_terminal() {
-                    return abort(RunnerError::FailedPrecondition(format!(
-                        "run '{}' already finished with {}",
-                        run.run_id,
-                        run.status.as_str()
-                    )));
+                    return abort(RunnerError::RunFinished {
+                        run_id: run.run_id.clone(),
+                        status: run.status,
+                    });
                 }
                 let normalised = match validate_decision(record, decision.clone()) {
                     Ok(d) => d,
                     Err(e) if e.not_allowed => {
-                        return abort(RunnerError::FailedPrecondition(format!(
-                            "decision refused for request '{}': {}",
-                            input.request_id, e.description
-                        )));
+                        return abort(RunnerError::DecisionNotOffered {
+                            request_id: input.request_id.clone(),
+                            reason: e.description,
+                        });
                     }
                     Err(e) => {
-                        return abort(RunnerError::InvalidArgument {
+                        return abort(RunnerError::Invalid {
                             summary: format!(
                                 "decision rejected for request '{}'",
                                 input.request_id
@@ -206,9 +198,8 @@ impl Runner {
 }
 
 fn not_found(input: &ResolveInput) -> RunnerError {
-    RunnerError::NotFound(format!(
-        "request '{}' not found in run '{}'",
-        arbor_shared::status::clip(&input.request_id),
-        input.run_id
-    ))
+    RunnerError::RequestNotFound {
+        run_id: input.run_id.clone(),
+        request_id: input.request_id.clone(),
+    }
 }

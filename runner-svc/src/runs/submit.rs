@@ -16,7 +16,7 @@ use crate::{
     store::{T, Tx, TxResult, abort, codec, lift},
 };
 
-/// Ids are path- and key-safe: they end up in sled keys with NUL separators.
+/// Ids are path- and key-safe: they end up in store keys with NUL separators.
 pub(crate) fn check_id(field: &str, value: &str) -> Result<(), RunnerError> {
     let ok = !value.is_empty()
         && value.len() <= 128
@@ -71,13 +71,13 @@ impl Runner {
         format: TreeFormat,
     ) -> Result<(TreeRecord, bool), RunnerError> {
         let spec =
-            parse_tree(document, format).map_err(|violations| RunnerError::InvalidArgument {
+            parse_tree(document, format).map_err(|violations| RunnerError::Invalid {
                 summary: "invalid tree".into(),
                 violations,
             })?;
         let unknown = spec.unknown_tools(&self.tools.names());
         if !unknown.is_empty() {
-            return Err(RunnerError::InvalidArgument {
+            return Err(RunnerError::Invalid {
                 summary: "invalid tree: unknown tools".into(),
                 violations: unknown,
             });
@@ -102,11 +102,10 @@ impl Runner {
                     if existing.digest == record.digest {
                         return Ok(((existing, true), Vec::new()));
                     }
-                    return abort(RunnerError::AlreadyExists(format!(
-                        "tree '{}' version {} is already registered with a different document; \
-                     register a new version",
-                        record.id, record.version
-                    )));
+                    return abort(RunnerError::TreeVersionTaken {
+                        id: record.id.clone(),
+                        version: record.version,
+                    });
                 }
                 tx.tree(T::Trees)
                     .insert(key.clone(), codec::encode(&record))?;
@@ -135,7 +134,7 @@ impl Runner {
         let order = self.store.next_id()?;
         let fresh = Checkpoint::new(&spec, &thread_id, input.input.clone());
         let default_max = self.mailbox.config().default_max_attempts;
-        // Chosen outside the transaction body, which sled may run more than once.
+        // Chosen outside the transaction body, which the store may run more than once.
         let trace = input
             .trace
             .unwrap_or_else(arbor_shared::trace::TraceContext::new_root);
@@ -383,17 +382,13 @@ fn restore_conflict(
     existing: Option<&RunRecord>,
 ) -> Option<RunnerError> {
     match (policy, existing) {
-        (RestorePolicy::Never, Some(_)) => Some(RunnerError::AlreadyExists(format!(
-            "run '{run_id}' already exists (restore_policy NEVER)"
-        ))),
-        (RestorePolicy::Required, None) => Some(RunnerError::FailedPrecondition(format!(
-            "run '{run_id}' has no checkpoint to restore (restore_policy REQUIRED)"
-        ))),
+        (RestorePolicy::Never, Some(_)) => Some(RunnerError::RunExists(run_id.into())),
+        (RestorePolicy::Required, None) => Some(RunnerError::NothingToRestore(run_id.into())),
         (_, Some(run)) if run.status.is_terminal() => {
-            Some(RunnerError::FailedPrecondition(format!(
-                "run '{run_id}' already finished with {}",
-                run.status.as_str()
-            )))
+            Some(RunnerError::RunFinished {
+                run_id: run_id.into(),
+                status: run.status,
+            })
         }
         _ => None,
     }

@@ -65,7 +65,7 @@ impl Runner {
                 self.mailbox.forget_lease(&job.job_id);
                 Processed::Done(status)
             }
-            Err(RunnerError::Aborted(m)) => {
+            Err(RunnerError::ClaimLost(m)) => {
                 tracing::warn!(job = %job.job_id, run = %job.run_id, "claim lost, write refused: {m}");
                 self.mailbox.forget_lease(&job.job_id);
                 Processed::LostClaim
@@ -127,7 +127,7 @@ impl Runner {
         let now = arbor_shared::time::now_ms();
         let run = match self.run_record(&job.run_id) {
             Ok(run) => run,
-            Err(RunnerError::NotFound(_)) => return Ok(Prepared::Nothing(RunStatus::Cancelled)),
+            Err(RunnerError::RunNotFound(_)) => return Ok(Prepared::Nothing(RunStatus::Cancelled)),
             Err(e) => return Err(e),
         };
         if run.status.is_terminal() {
@@ -285,7 +285,7 @@ impl Runner {
     ) -> Result<RunStatus, RunnerError> {
         let job = &claim.job;
         if !self.mailbox.lease_valid(&job.job_id, &claim.token) {
-            return Err(RunnerError::Aborted(format!(
+            return Err(RunnerError::ClaimLost(format!(
                 "lease on job {} expired before the step could commit",
                 job.job_id
             )));
@@ -302,7 +302,7 @@ impl Runner {
         self.commit(move |tx| {
             lift(mtx::check_fence(tx, &job.job_id, &token))?;
             let Some(mut run) = records::get_run(tx, &job.run_id)? else {
-                return abort(RunnerError::NotFound(job.run_id.clone()));
+                return abort(RunnerError::RunNotFound(job.run_id.clone()));
             };
             let size = records::put_checkpoint(tx, &run, &step.ck, replaced)?;
             for request_id in &step.consumed_inbox {

@@ -43,7 +43,7 @@ impl InFlight {
 
 /// The pool's size unless configured. A worker is a task, and each has at most one claim or
 /// ack in a commit batch, so the pool bounds how many commits share one transaction and one
-/// journal sync: 32 measured ~1.3× the durable mailbox cycles of 16 on this project's 2-core
+/// flush: 32 measured ~1.3× the durable mailbox cycles of 16 on this project's 2-core
 /// machine (BENCHMARKS.md), with the full suspend/resume cycle no slower.
 pub const DEFAULT_WORKERS: usize = 32;
 

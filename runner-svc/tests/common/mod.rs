@@ -1,4 +1,11 @@
 //! Helpers the runner's integration tests share.
+//!
+//! **The storage conformance suite.** The tests of this directory that exercise the mailbox
+//! (`mailbox_model`, `mailbox_concurrency`, `lease_takeover`, `interrupt`), the event log and its
+//! cursors (`slow_subscriber`, `retention`) and the state counts (`state_counts`) reach storage
+//! only through `store::Store`, opened by [`open_store`]: they are written against the storage
+//! seam, not against sled. A new backend passes the same suite by being what [`open_store`]
+//! returns.
 
 #![allow(clippy::unwrap_used, clippy::panic, dead_code)]
 
@@ -46,6 +53,18 @@ pub async fn approve_first(runner: &Runner, run_id: &str, decision_id: &str) {
         .unwrap();
 }
 
+/// The store under test, on a new or existing database in `dir` (sled, the embedded backend).
+pub fn open_store(dir: &std::path::Path) -> arbor_runner_svc::store::Store {
+    arbor_runner_svc::store::Store::open(dir, 16 << 20).unwrap()
+}
+
+/// [`open_store`] on a database whose previous handle is still letting go of it.
+pub async fn reopen_store(dir: &std::path::Path) -> arbor_runner_svc::store::Store {
+    arbor_runner_svc::store::Store::open_waiting(dir, 16 << 20, Duration::from_secs(10))
+        .await
+        .unwrap()
+}
+
 /// A runner on a new database in `dir`, with the built-in tools plus what `register` adds, and
 /// no workers: a test claims and processes jobs itself, or spawns workers.
 pub async fn open_runner(
@@ -56,7 +75,7 @@ pub async fn open_runner(
         engine::{GuardConfig, LedgerTool, ToolRegistry},
         mailbox::SystemClock,
     };
-    let store = arbor_runner_svc::store::Store::open(dir, 16 << 20).unwrap();
+    let store = open_store(dir);
     let mut tools = ToolRegistry::with_builtins(
         LedgerTool::new(store.clone()).unwrap(),
         GuardConfig::default(),
