@@ -96,6 +96,9 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("cannot listen for metrics on {0}: {1}")]
     Metrics(String, std::io::Error),
+    /// The background check of the store found damage.
+    #[error("{0}")]
+    Damaged(String),
 }
 
 /// Opens the runner's database and core without serving (also used by tests and tools that
@@ -256,13 +259,8 @@ async fn serve_opened(
     metrics_listener: Option<TcpListener>,
 ) -> Result<(), ServeError> {
     let stop = CancellationToken::new();
-    let mut workers = worker::spawn(runner.clone(), cfg.workers, stop.clone());
-    workers.spawn(retention::compactor(
-        runner.clone(),
-        cfg.retention.clone(),
-        stop.clone(),
-    ));
-    workers.spawn(record_progress(runner.clone(), stop.clone()));
+    let mut background = tokio::task::JoinSet::new();
+    background.spawn(record_progress(runner.clone(), stop.clone()));
     front.api.set(InterceptedService::new(
         RunnerServiceServer::new(grpc::RunnerGrpc::new(
             runner.clone(),
@@ -275,7 +273,7 @@ async fn serve_opened(
     ));
     if let Some(l) = metrics_listener {
         let registry = Arc::new(metrics::registry(runner.clone()));
-        workers.spawn(arbor_shared::metrics::serve(
+        background.spawn(arbor_shared::metrics::serve(
             l,
             registry,
             stop.clone().cancelled_owned(),
@@ -289,9 +287,41 @@ async fn serve_opened(
         "runner-svc serving"
     );
 
-    let server_ended = tokio::select! {
-        _ = &mut shutdown => None,
-        r = &mut front.server => Some(r),
+    // The whole-store check runs now, in the background, so start-up does not grow with the
+    // data. Workers and retention, which change runs on their own, start once it has passed;
+    // damage it finds stops the service with an error, as damage found at open does.
+    let store = runner.store().clone();
+    let mut verify = tokio::task::spawn_blocking(move || store.verify());
+    let mut workers = None;
+    let server_ended = loop {
+        tokio::select! {
+            _ = &mut shutdown => break None,
+            r = &mut front.server => break Some(r),
+            checked = &mut verify, if workers.is_none() => match checked {
+                Ok(Ok(())) => {
+                    tracing::info!("store verified; workers starting");
+                    let mut pool = worker::spawn(runner.clone(), cfg.workers, stop.clone());
+                    pool.spawn(retention::compactor(
+                        runner.clone(),
+                        cfg.retention.clone(),
+                        stop.clone(),
+                    ));
+                    workers = Some(pool);
+                }
+                damaged => {
+                    let message = match damaged {
+                        Ok(Err(e)) => e.0,
+                        Err(e) => format!("the store check stopped: {e}"),
+                        Ok(Ok(())) => String::new(),
+                    };
+                    set_health(&health, ServingStatus::NotServing).await;
+                    stop.cancel();
+                    front.close(cfg.drain).await;
+                    background.join_all().await;
+                    return Err(ServeError::Damaged(message));
+                }
+            },
+        }
     };
     set_health(&health, ServingStatus::NotServing).await;
     if server_ended.is_none() && !cfg.drain_grace.is_zero() {
@@ -305,10 +335,13 @@ async fn serve_opened(
         Some(Err(_)) => None,
         None => front.close(cfg.drain).await,
     };
-    if tokio::time::timeout(cfg.drain, workers.join_all())
-        .await
-        .is_err()
-    {
+    let joined = async {
+        if let Some(pool) = workers {
+            pool.join_all().await;
+        }
+        background.join_all().await;
+    };
+    if tokio::time::timeout(cfg.drain, joined).await.is_err() {
         tracing::warn!("workers did not stop within the drain timeout");
     }
     runner.flush().await?;

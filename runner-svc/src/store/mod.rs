@@ -227,6 +227,10 @@ pub trait Backend: Send + Sync + 'static {
     fn record_progress(&self, progress: u64) -> Pending<Result<(), StoreError>>;
     /// Bytes the database occupies on disk.
     fn size_on_disk(&self) -> u64;
+    /// Looks for damage that opening did not look for, by reading the whole store once: time
+    /// grows with the data, so the runner runs it in the background once it serves. `Err`
+    /// says what is damaged.
+    fn verify(&self) -> Result<(), StoreError>;
     /// (durability flushes, transactions of batched commits, bodies they ran) so far.
     fn stats(&self) -> Stats;
 }
@@ -415,6 +419,11 @@ impl Store {
     /// Bytes the database occupies on disk.
     pub fn size_on_disk(&self) -> u64 {
         self.0.size_on_disk()
+    }
+
+    /// See [`Backend::verify`]. Blocking: call it off the async runtime's threads.
+    pub fn verify(&self) -> Result<(), StoreError> {
+        self.0.verify()
     }
 
     /// Counters of the commit path.

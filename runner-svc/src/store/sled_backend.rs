@@ -2,9 +2,11 @@
 //!
 //! A transaction is one sled transaction over every tree. The batched commit runs every body
 //! queued meanwhile as one such transaction and answers once sled's flush and an `fsync` of its
-//! files have put it on the device (`arbor_shared::sled_backend`). At open, damage that sled
-//! itself would not report is refused: a database that lost progress it had recorded, and index
-//! entries whose records are gone.
+//! files have put it on the device (`arbor_shared::sled_backend`). Damage that sled itself would
+//! not report is refused in two steps: at open, a database that is not the store its marker
+//! names or that lost progress it had recorded (constant time); then [`Backend::verify`], which
+//! the runner runs in the background once it serves, reads every value and checks that every
+//! index entry names a record that exists (time grows with the data).
 
 use std::{path::Path, sync::Arc};
 
@@ -100,6 +102,7 @@ impl TxSet for AllTrees {
 
 /// The sled backend of one database directory.
 struct SledBackend {
+    dir: std::path::PathBuf,
     db: sled::Db,
     trees: Vec<sled::Tree>,
     gc: GroupCommit,
@@ -145,8 +148,7 @@ impl Store {
             .map_err(err)?;
         // Before anything writes: sled opens a damaged log as an older or empty database.
         let progress = last_seq(&trees[T::Meta as usize]).map_err(err)?;
-        let integrity = Arc::new(Integrity::check(dir, &db, PROGRESS, progress)?);
-        integrity::guarded(dir, |place| check_references(&trees, place))?;
+        let integrity = Arc::new(Integrity::check_marker(dir, &db, PROGRESS, progress)?);
         let gc = GroupCommit::start(db.clone(), dir.to_path_buf());
         let batches = BatchCommit::start(
             AllTrees {
@@ -155,6 +157,7 @@ impl Store {
             gc.clone(),
         );
         Ok(Self::new(Arc::new(SledBackend {
+            dir: dir.to_path_buf(),
             db,
             trees,
             gc,
@@ -266,6 +269,14 @@ impl Backend for SledBackend {
 
     fn size_on_disk(&self) -> u64 {
         self.db.size_on_disk().unwrap_or(0)
+    }
+
+    fn verify(&self) -> Result<(), StoreError> {
+        integrity::verify_readable(&self.dir, &self.db)
+            .and_then(|()| {
+                integrity::guarded(&self.dir, |place| check_references(&self.trees, place))
+            })
+            .map_err(|e| StoreError(e.to_string()))
     }
 
     fn stats(&self) -> Stats {

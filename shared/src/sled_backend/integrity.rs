@@ -157,13 +157,25 @@ impl Integrity {
         what: &'static str,
         progress: u64,
     ) -> Result<Integrity, IntegrityError> {
+        verify_readable(dir, db)?;
+        Self::check_marker(dir, db, what, progress)
+    }
+
+    /// [`check`](Self::check) without reading every value: the store id and the progress only,
+    /// so it takes the same time however much the database holds. A service that uses it runs
+    /// [`verify_readable`] later (in the background).
+    pub fn check_marker(
+        dir: &Path,
+        db: &sled::Db,
+        what: &'static str,
+        progress: u64,
+    ) -> Result<Integrity, IntegrityError> {
         let path = dir.join(MARKER_FILE);
         let dir_s = dir.display().to_string();
         let storage = |source| IntegrityError::Storage {
             dir: dir_s.clone(),
             source,
         };
-        verify_readable(dir, db)?;
         let found = db
             .get(STORE_ID_KEY)
             .map_err(storage)?
@@ -363,7 +375,9 @@ pub fn guarded(
 
 /// Reads every key and value of every tree, forwards and backwards: sled reads blob files and
 /// cold pages lazily, so damage would otherwise surface only when a request happens to touch it.
-fn verify_readable(dir: &Path, db: &sled::Db) -> Result<(), IntegrityError> {
+/// Reads every value of every tree, forwards and backwards (which also reads every blob file),
+/// turning a read error or a sled panic into a damage report.
+pub fn verify_readable(dir: &Path, db: &sled::Db) -> Result<(), IntegrityError> {
     guarded(dir, |place| {
         scan(db, place).map_err(|e| {
             let tree = place.lock().map(|p| p.clone()).unwrap_or_default();

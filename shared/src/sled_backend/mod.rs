@@ -49,16 +49,17 @@ pub fn sled_config(dir: &Path, cache_bytes: u64) -> sled::Config {
 /// sled's own `flush` writes its log buffers out with `sync_file_range`, which waits for the
 /// data pages but neither for the file's size nor for the device's write cache, and it writes
 /// values too big for the log (over a quarter of a segment) to blob files that it never syncs.
-/// So after `flush` the log file is `fsync`ed, and so are the blob files modified since
-/// `blobs_since` (with two seconds of slack for coarse timestamps) and their directory.
+/// So after `flush` the log file is `fdatasync`ed (its data and its size, and the device's
+/// cache flushed), and the blob files modified since `blobs_since` (with two seconds of slack
+/// for coarse timestamps) and their directory are `fsync`ed.
 pub fn flush_and_sync(
     db: &sled::Db,
     dir: &Path,
     blobs_since: SystemTime,
 ) -> Result<(), sled::Error> {
     db.flush()?;
+    std::fs::File::open(dir.join("db")).and_then(|f| f.sync_data())?;
     let sync = |path: &Path| std::fs::File::open(path).and_then(|f| f.sync_all());
-    sync(&dir.join("db"))?;
     let blobs = dir.join("blobs");
     let after = blobs_since
         .checked_sub(Duration::from_secs(2))
@@ -66,6 +67,7 @@ pub fn flush_and_sync(
     let Ok(entries) = std::fs::read_dir(&blobs) else {
         return Ok(());
     };
+    let mut synced = false;
     for entry in entries.flatten() {
         let recent = entry
             .metadata()
@@ -77,9 +79,14 @@ pub fn flush_and_sync(
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 other => other?,
             }
+            synced = true;
         }
     }
-    Ok(sync(&blobs)?)
+    // The directory entries of the new files.
+    if synced {
+        sync(&blobs)?;
+    }
+    Ok(())
 }
 
 /// [`flush_and_sync`] again and again, each time syncing only the blob files written since the
