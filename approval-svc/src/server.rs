@@ -7,13 +7,13 @@ use std::{future::Future, sync::Arc, time::Duration};
 
 use arbor_shared::{
     auth::AuthInterceptor,
-    proto::approval::v1::approval_service_server::{ApprovalServiceServer, SERVICE_NAME},
-    server::{Deferred, MAX_MESSAGE_BYTES, incoming, reflection_services},
+    proto::approval::v1::approval_service_server::ApprovalServiceServer,
+    server::{Front, MAX_MESSAGE_BYTES},
 };
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
-use tonic_health::{ServingStatus, server::HealthReporter};
+use tonic_health::ServingStatus;
 
 use crate::{
     approvals::Approvals,
@@ -36,17 +36,12 @@ pub enum ServeError {
     Store(Error),
     #[error("bad runner settings: {0}")]
     Runner(Error),
-    #[error("reflection: {0}")]
-    Reflection(String),
+    #[error(transparent)]
+    Front(#[from] arbor_shared::server::FrontError),
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error("cannot listen for metrics on {0}: {1}")]
     Metrics(String, std::io::Error),
-}
-
-async fn set_all(health: &HealthReporter, status: ServingStatus) {
-    health.set_service_status("", status).await;
-    health.set_service_status(SERVICE_NAME, status).await;
 }
 
 /// Serves until `shutdown` resolves, then drains and returns. Tests call this on port 0.
@@ -74,33 +69,18 @@ async fn serve<S: ApprovalStore>(
     let metrics_listener = arbor_shared::metrics::bind(cfg.metrics_listen)
         .await
         .map_err(|e| ServeError::Metrics(cfg.metrics_listen.to_string(), e))?;
-    let (health, health_service) = tonic_health::server::health_reporter();
-    set_all(&health, ServingStatus::NotServing).await;
+    let mut front: Front<ApiService<S>> = Front::start(
+        listener,
+        tonic_health::server::health_reporter(),
+        cfg.max_in_flight,
+        cfg.tls.clone(),
+    )
+    .await?;
+    let health = front.health().clone();
     health
         .set_service_status(SUBSCRIPTION_HEALTH, ServingStatus::NotServing)
         .await;
-    let deferred: Deferred<ApiService<S>> = Deferred::new();
-    let (reflection_v1, reflection_v1alpha) =
-        reflection_services().map_err(|e| ServeError::Reflection(e.to_string()))?;
-    let local = listener.local_addr().ok();
     let stop = CancellationToken::new();
-    let drained = stop.clone();
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = cfg.tls.clone() {
-        builder = builder.tls_config(tls)?;
-    }
-    let mut server = tokio::spawn(
-        builder
-            .layer(arbor_shared::limits::LoadShedLayer::new(cfg.max_in_flight))
-            .add_service(health_service)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
-            .add_service(deferred.clone())
-            .serve_with_incoming_shutdown(
-                incoming(listener),
-                async move { drained.cancelled().await },
-            ),
-    );
 
     let mut shutdown = std::pin::pin!(shutdown);
     let opened = tokio::select! {
@@ -110,8 +90,7 @@ async fn serve<S: ApprovalStore>(
     let store = match opened {
         Some(Ok(store)) => store,
         other => {
-            stop.cancel();
-            let _ = tokio::time::timeout(cfg.tuning.drain_timeout, &mut server).await;
+            front.close(cfg.tuning.drain_timeout).await;
             return match other {
                 Some(Err(e)) => Err(ServeError::Store(e)),
                 _ => Ok(()),
@@ -125,8 +104,7 @@ async fn serve<S: ApprovalStore>(
     ) {
         Ok(c) => c,
         Err(e) => {
-            stop.cancel();
-            let _ = tokio::time::timeout(cfg.tuning.drain_timeout, &mut server).await;
+            front.close(cfg.tuning.drain_timeout).await;
             return Err(ServeError::Runner(e));
         }
     };
@@ -184,7 +162,7 @@ async fn serve<S: ApprovalStore>(
         )));
     }
 
-    deferred.set(InterceptedService::new(
+    front.api.set(InterceptedService::new(
         ApprovalServiceServer::new(ApprovalApi::new(
             approvals.clone(),
             cfg.auth.is_enabled(),
@@ -194,30 +172,23 @@ async fn serve<S: ApprovalStore>(
         .max_encoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES),
         AuthInterceptor(cfg.auth.clone()),
     ));
-    set_all(&health, ServingStatus::Serving).await;
-    tracing::info!(addr = ?local, "approval-svc serving");
+    front.set_health(ServingStatus::Serving).await;
+    tracing::info!(addr = ?front.addr, "approval-svc serving");
 
     let outcome = tokio::select! {
         _ = &mut shutdown => None,
-        r = &mut server => Some(r),
+        r = front.stopped() => Some(r),
     };
-    set_all(&health, ServingStatus::NotServing).await;
-    if outcome.is_none() && !cfg.drain_grace.is_zero() {
-        tracing::info!(grace = ?cfg.drain_grace, "shutdown requested: NOT_SERVING, still serving during the drain grace");
-        tokio::time::sleep(cfg.drain_grace).await;
-    }
-    tracing::info!("approval-svc draining");
+    front
+        .grace(cfg.drain_grace, outcome.is_none(), "approval-svc")
+        .await;
     stop.cancel();
     let served = match outcome {
         Some(r) => r,
-        None => match tokio::time::timeout(cfg.tuning.drain_timeout, &mut server).await {
-            Ok(r) => r,
-            Err(_) => {
-                tracing::warn!("drain timed out; closing the remaining calls");
-                server.abort();
-                Ok(Ok(()))
-            }
-        },
+        None => Ok(front
+            .close(cfg.tuning.drain_timeout)
+            .await
+            .unwrap_or(Ok(()))),
     };
     for task in tasks {
         if tokio::time::timeout(cfg.tuning.drain_timeout, task)

@@ -22,7 +22,7 @@ use arbor_shared::{
     auth::{AuthInterceptor, Authenticator},
     metrics::MetricsListen,
     proto::runner::v1::runner_service_server::RunnerServiceServer,
-    server::{Deferred, MAX_MESSAGE_BYTES, incoming, reflection_services},
+    server::MAX_MESSAGE_BYTES,
 };
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -90,8 +90,8 @@ pub enum ServeError {
     Open(#[from] store::OpenError),
     #[error("cannot start the runner: {0}")]
     Start(#[from] error::RunnerError),
-    #[error("cannot build reflection: {0}")]
-    Reflection(#[from] tonic_reflection::server::Error),
+    #[error(transparent)]
+    Front(#[from] arbor_shared::server::FrontError),
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error("cannot listen for metrics on {0}: {1}")]
@@ -133,9 +133,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let metrics_listener = bind_metrics(&cfg).await?;
-    let (health, health_service) = tonic_health::server::health_reporter();
-    set_health(&health, ServingStatus::NotServing).await;
-    let mut front = Front::start(listener, health_service, cfg.max_in_flight, cfg.tls.clone())?;
+    let health = tonic_health::server::health_reporter();
+    let mut front = Front::start(listener, health, cfg.max_in_flight, cfg.tls.clone()).await?;
     tracing::info!(addr = ?front.addr, data_dir = %cfg.data_dir.display(), "runner-svc recovering (health NOT_SERVING)");
     let mut shutdown = Box::pin(shutdown);
     let opened = tokio::select! {
@@ -143,9 +142,7 @@ pub async fn run(
         _ = &mut shutdown => None,
     };
     match opened {
-        Some(Ok(runner)) => {
-            serve_opened(cfg, runner, front, health, shutdown, metrics_listener).await
-        }
+        Some(Ok(runner)) => serve_opened(cfg, runner, front, shutdown, metrics_listener).await,
         Some(Err(e)) => {
             front.close(cfg.drain).await;
             Err(e)
@@ -169,17 +166,14 @@ pub async fn serve_runner(
     >,
 ) -> Result<(), ServeError> {
     let metrics_listener = bind_metrics(&cfg).await?;
-    set_health(&health, ServingStatus::NotServing).await;
-    let front = Front::start(listener, health_service, cfg.max_in_flight, cfg.tls.clone())?;
-    serve_opened(
-        cfg,
-        runner,
-        front,
-        health,
-        Box::pin(shutdown),
-        metrics_listener,
+    let front = Front::start(
+        listener,
+        (health, health_service),
+        cfg.max_in_flight,
+        cfg.tls.clone(),
     )
-    .await
+    .await?;
+    serve_opened(cfg, runner, front, Box::pin(shutdown), metrics_listener).await
 }
 
 async fn bind_metrics(cfg: &ServeConfig) -> Result<Option<TcpListener>, ServeError> {
@@ -188,73 +182,13 @@ async fn bind_metrics(cfg: &ServeConfig) -> Result<Option<TcpListener>, ServeErr
         .map_err(|e| ServeError::Metrics(cfg.metrics_listen.to_string(), e))
 }
 
-/// The gRPC server, listening from start-up on: health and reflection at once, the
-/// RunnerService once [`Deferred::set`] (UNAVAILABLE before).
-struct Front {
-    addr: Option<std::net::SocketAddr>,
-    api: Deferred<ApiService>,
-    closing: CancellationToken,
-    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
-}
-
-impl Front {
-    fn start(
-        listener: TcpListener,
-        health_service: tonic_health::pb::health_server::HealthServer<
-            impl tonic_health::pb::health_server::Health,
-        >,
-        max_in_flight: usize,
-        tls: Option<tonic::transport::ServerTlsConfig>,
-    ) -> Result<Self, ServeError> {
-        let api: Deferred<ApiService> = Deferred::new();
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = tls {
-            builder = builder.tls_config(tls)?;
-        }
-        let (reflection_v1, reflection_v1alpha) = reflection_services()?;
-        let addr = listener.local_addr().ok();
-        let closing = CancellationToken::new();
-        let server = tokio::spawn(
-            builder
-                .layer(arbor_shared::limits::LoadShedLayer::new(max_in_flight))
-                .add_service(health_service)
-                .add_service(reflection_v1)
-                .add_service(reflection_v1alpha)
-                .add_service(api.clone())
-                .serve_with_incoming_shutdown(
-                    incoming(listener),
-                    closing.clone().cancelled_owned(),
-                ),
-        );
-        Ok(Self {
-            addr,
-            api,
-            closing,
-            server,
-        })
-    }
-
-    /// Stops accepting and waits (at most `drain`) for in-flight calls; `None` on timeout.
-    async fn close(&mut self, drain: Duration) -> Option<Result<(), tonic::transport::Error>> {
-        self.closing.cancel();
-        match tokio::time::timeout(drain, &mut self.server).await {
-            Ok(Ok(r)) => Some(r),
-            // The server task panicked: nothing left to wait for.
-            Ok(Err(_)) => Some(Ok(())),
-            Err(_) => {
-                tracing::warn!("in-flight calls did not finish within the drain timeout");
-                self.server.abort();
-                None
-            }
-        }
-    }
-}
+/// The runner's server: health and reflection from start-up on, the RunnerService once set.
+type Front = arbor_shared::server::Front<ApiService>;
 
 async fn serve_opened(
     cfg: ServeConfig,
     runner: Arc<Runner>,
     mut front: Front,
-    health: tonic_health::server::HealthReporter,
     mut shutdown: std::pin::Pin<Box<impl Future<Output = ()> + Send + 'static>>,
     metrics_listener: Option<TcpListener>,
 ) -> Result<(), ServeError> {
@@ -279,7 +213,7 @@ async fn serve_opened(
             stop.clone().cancelled_owned(),
         ));
     }
-    set_health(&health, ServingStatus::Serving).await;
+    front.set_health(ServingStatus::Serving).await;
     tracing::info!(
         addr = ?front.addr,
         workers = cfg.workers,
@@ -296,7 +230,7 @@ async fn serve_opened(
     let server_ended = loop {
         tokio::select! {
             _ = &mut shutdown => break None,
-            r = &mut front.server => break Some(r),
+            r = front.stopped() => break Some(r),
             checked = &mut verify, if workers.is_none() => match checked {
                 Ok(Ok(())) => {
                     tracing::info!("store verified; workers starting");
@@ -314,7 +248,7 @@ async fn serve_opened(
                         Err(e) => format!("the store check stopped: {e}"),
                         Ok(Ok(())) => String::new(),
                     };
-                    set_health(&health, ServingStatus::NotServing).await;
+                    front.set_health(ServingStatus::NotServing).await;
                     stop.cancel();
                     front.close(cfg.drain).await;
                     background.join_all().await;
@@ -323,12 +257,9 @@ async fn serve_opened(
             },
         }
     };
-    set_health(&health, ServingStatus::NotServing).await;
-    if server_ended.is_none() && !cfg.drain_grace.is_zero() {
-        tracing::info!(grace = ?cfg.drain_grace, "shutdown requested: NOT_SERVING, still serving during the drain grace");
-        tokio::time::sleep(cfg.drain_grace).await;
-    }
-    tracing::info!("draining");
+    front
+        .grace(cfg.drain_grace, server_ended.is_none(), "runner-svc")
+        .await;
     stop.cancel();
     let served = match server_ended {
         Some(Ok(r)) => Some(r),
@@ -357,16 +288,6 @@ async fn serve_opened(
 }
 
 type ApiService = InterceptedService<RunnerServiceServer<grpc::RunnerGrpc>, AuthInterceptor>;
-
-async fn set_health(health: &tonic_health::server::HealthReporter, status: ServingStatus) {
-    health.set_service_status("", status).await;
-    health
-        .set_service_status(
-            <RunnerServiceServer<grpc::RunnerGrpc> as tonic::server::NamedService>::NAME,
-            status,
-        )
-        .await;
-}
 
 /// How often the integrity marker records the durable progress: a loss of data made durable
 /// in the last interval before a crash cannot be told from the crash itself.

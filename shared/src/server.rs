@@ -1,6 +1,7 @@
 //! Serving plumbing both binaries share: tracing set-up, the shutdown signal, reflection, the
-//! rule that an unauthenticated service only listens on loopback, and the deferred service that
-//! lets health answer NOT_SERVING while the real service is still recovering.
+//! rule that an unauthenticated service only listens on loopback, the deferred service that
+//! lets health answer NOT_SERVING while the real service is still recovering, and [`Front`],
+//! the one server skeleton both services run (health, reflection, load shedding, drain).
 
 use std::{convert::Infallible, net::SocketAddr, sync::Arc};
 
@@ -190,6 +191,143 @@ where
                 None => Ok(tonic::Status::unavailable("service failed to start").into_http()),
             }
         })
+    }
+}
+
+/// The gRPC server of a service whose API is `S`: health and reflection answer from the moment
+/// it binds, the API once [`Deferred::set`], and load shedding guards all of them. Health is
+/// reported for the whole server and for the API's name together.
+///
+/// The shutdown order both services follow: [`set_health`](Self::set_health) NOT_SERVING, keep
+/// serving for the drain grace (so load balancers stop routing here; [`grace`](Self::grace)),
+/// end the service's own streams and loops, then [`close`](Self::close): stop accepting and
+/// wait, within the drain timeout, for the calls in flight.
+pub struct Front<S> {
+    pub addr: Option<SocketAddr>,
+    pub api: Deferred<S>,
+    health: tonic_health::server::HealthReporter,
+    closing: tokio_util::sync::CancellationToken,
+    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+/// Starting the server failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FrontError {
+    #[error("cannot build reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+impl<S, B> Front<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>, Error = Infallible>
+        + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    B: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    B::Error: Into<tonic::codegen::StdError>,
+{
+    /// Serves `listener` with the health service of `health` (NOT_SERVING until told
+    /// otherwise), reflection, and the API once it is set.
+    pub async fn start(
+        listener: tokio::net::TcpListener,
+        health: (
+            tonic_health::server::HealthReporter,
+            tonic_health::pb::health_server::HealthServer<
+                impl tonic_health::pb::health_server::Health,
+            >,
+        ),
+        max_in_flight: usize,
+        tls: Option<tonic::transport::ServerTlsConfig>,
+    ) -> Result<Self, FrontError> {
+        let (reporter, health_service) = health;
+        let api: Deferred<S> = Deferred::new();
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls)?;
+        }
+        let (reflection_v1, reflection_v1alpha) = reflection_services()?;
+        let addr = listener.local_addr().ok();
+        let closing = tokio_util::sync::CancellationToken::new();
+        let server = tokio::spawn(
+            builder
+                .layer(crate::limits::LoadShedLayer::new(max_in_flight))
+                .add_service(health_service)
+                .add_service(reflection_v1)
+                .add_service(reflection_v1alpha)
+                .add_service(api.clone())
+                .serve_with_incoming_shutdown(
+                    incoming(listener),
+                    closing.clone().cancelled_owned(),
+                ),
+        );
+        let front = Self {
+            addr,
+            api,
+            health: reporter,
+            closing,
+            server,
+        };
+        front
+            .set_health(tonic_health::ServingStatus::NotServing)
+            .await;
+        Ok(front)
+    }
+
+    /// The server's and the API's health.
+    pub async fn set_health(&self, status: tonic_health::ServingStatus) {
+        self.health.set_service_status("", status).await;
+        self.health.set_service_status(S::NAME, status).await;
+    }
+
+    /// The reporter, for health of other names the service keeps.
+    pub fn health(&self) -> &tonic_health::server::HealthReporter {
+        &self.health
+    }
+
+    /// Resolves when the server stops on its own (it failed); `Err` if its task panicked.
+    pub async fn stopped(
+        &mut self,
+    ) -> Result<Result<(), tonic::transport::Error>, tokio::task::JoinError> {
+        (&mut self.server).await
+    }
+
+    /// Health NOT_SERVING, then, when shutting down was asked for (not when the server died),
+    /// everything keeps serving for `grace`.
+    pub async fn grace(&self, grace: std::time::Duration, asked: bool, name: &str) {
+        self.set_health(tonic_health::ServingStatus::NotServing)
+            .await;
+        if asked && !grace.is_zero() {
+            tracing::info!(
+                ?grace,
+                "shutdown requested: NOT_SERVING, still serving during the drain grace"
+            );
+            tokio::time::sleep(grace).await;
+        }
+        tracing::info!("{name} draining");
+    }
+
+    /// Stops accepting and waits (at most `drain`) for in-flight calls; `None` on timeout, when
+    /// the remaining calls are cut off.
+    pub async fn close(
+        &mut self,
+        drain: std::time::Duration,
+    ) -> Option<Result<(), tonic::transport::Error>> {
+        self.closing.cancel();
+        match tokio::time::timeout(drain, &mut self.server).await {
+            Ok(Ok(r)) => Some(r),
+            // The server task panicked: nothing left to wait for.
+            Ok(Err(_)) => Some(Ok(())),
+            Err(_) => {
+                tracing::warn!("in-flight calls did not finish within the drain timeout");
+                self.server.abort();
+                None
+            }
+        }
     }
 }
 

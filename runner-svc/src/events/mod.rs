@@ -184,11 +184,9 @@ pub struct EventLog {
 impl EventLog {
     /// Everything the store holds at open is durable, so the watermark starts at the last seq.
     pub fn open(store: Store) -> Result<Self, EventLogError> {
-        let last = store
-            .tree(T::Events)
-            .last()?
-            .map(|(k, _)| codec::read_u64(&k))
-            .unwrap_or(0);
+        // From the counter, not the last event: reading a record at open would read its blob
+        // before the background check has looked at it.
+        let last = last_seq_in(&store)?;
         let (durable, _) = watch::channel(last);
         Ok(Self { store, durable })
     }

@@ -298,8 +298,7 @@ impl RunnerService for RunnerGrpc {
         // next events silently; refuse, like a compacted cursor, so the subscriber reconciles.
         let last = events.last_seq().map_err(RunnerError::from)?;
         if cursor > last {
-            return Err(RunnerError::CursorAhead { cursor, last }
-            .into());
+            return Err(RunnerError::CursorAhead { cursor, last }.into());
         }
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER);
         let shutdown = self.shutdown.clone();

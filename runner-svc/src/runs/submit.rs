@@ -70,11 +70,10 @@ impl Runner {
         document: &str,
         format: TreeFormat,
     ) -> Result<(TreeRecord, bool), RunnerError> {
-        let spec =
-            parse_tree(document, format).map_err(|violations| RunnerError::Invalid {
-                summary: "invalid tree".into(),
-                violations,
-            })?;
+        let spec = parse_tree(document, format).map_err(|violations| RunnerError::Invalid {
+            summary: "invalid tree".into(),
+            violations,
+        })?;
         let unknown = spec.unknown_tools(&self.tools.names());
         if !unknown.is_empty() {
             return Err(RunnerError::Invalid {
@@ -384,12 +383,10 @@ fn restore_conflict(
     match (policy, existing) {
         (RestorePolicy::Never, Some(_)) => Some(RunnerError::RunExists(run_id.into())),
         (RestorePolicy::Required, None) => Some(RunnerError::NothingToRestore(run_id.into())),
-        (_, Some(run)) if run.status.is_terminal() => {
-            Some(RunnerError::RunFinished {
-                run_id: run_id.into(),
-                status: run.status,
-            })
-        }
+        (_, Some(run)) if run.status.is_terminal() => Some(RunnerError::RunFinished {
+            run_id: run_id.into(),
+            status: run.status,
+        }),
         _ => None,
     }
 }
