@@ -6,9 +6,6 @@
 //!
 //! Inside a batched commit the counter keys are written once per transaction however many
 //! bodies moved them: a transaction keeps its writes until it commits.
-//!
-//! A database written before the counts existed has none: [`ensure`] builds them once, by one
-//! pass over the records, when the store opens.
 
 use arbor_shared::domain::{JobStatus, RunStatus, SuspensionCategory, SuspensionState};
 
@@ -129,9 +126,6 @@ impl Counted {
         format!("count/{kind}/{}", self.gauge().label.1).into_bytes()
     }
 }
-
-/// Present once the counters of this database are complete.
-const READY: &[u8] = b"count/ready";
 
 fn decode_count(bytes: &[u8]) -> i64 {
     bytes.try_into().map(i64::from_be_bytes).unwrap_or_default()
@@ -261,29 +255,4 @@ impl Tally {
         }
         Ok(tally)
     }
-}
-
-/// Builds the counters of a database that has none yet (one written before they existed), by
-/// one pass over the records, and makes them durable. Runs at open, before anything else writes.
-pub async fn ensure(store: &Store) -> Result<Option<Tally>, StoreError> {
-    if store.tree(T::Meta).contains_key(READY)? {
-        return Ok(None);
-    }
-    let tally = Tally::scan(store)?;
-    let counters = tally.clone();
-    store
-        .transact(|tx| {
-            for c in Counted::all() {
-                tx.tree(T::Meta)
-                    .insert(c.key(), (counters.get(c) as i64).to_be_bytes())?;
-            }
-            tx.tree(T::Meta).insert(READY, [])?;
-            Ok::<_, crate::store::Abort<std::convert::Infallible>>(())
-        })
-        .map_err(|e| match e {
-            crate::store::TxError::Storage(e) => e,
-            crate::store::TxError::Abort(never) => match never {},
-        })?;
-    store.durable().await?;
-    Ok(Some(tally))
 }

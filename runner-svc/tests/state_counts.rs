@@ -11,12 +11,12 @@ use common::{approve_first, wait_status};
 use std::{sync::Arc, time::Duration};
 
 use arbor_runner_svc::{
-    counts::{self, Tally},
+    counts::Tally,
     engine::{GuardConfig, LedgerTool, ToolRegistry, TreeFormat},
-    mailbox::{EnqueueRequest, Mailbox, MailboxConfig, MailboxStore, SystemClock},
+    mailbox::SystemClock,
     retention::RetentionConfig,
     runs::{Runner, RunnerOptions, SubmitInput, records},
-    store::{Store, T},
+    store::Store,
     worker,
 };
 use arbor_shared::domain::RunStatus;
@@ -138,55 +138,4 @@ async fn counts_follow_runs_through_suspension_resume_cancel_and_retention() {
     assert_eq!(c.runs[run(RunStatus::Suspended)], 2);
     assert_eq!(c.suspensions, [2, 0, 0]);
     stop.cancel();
-}
-
-#[tokio::test]
-async fn a_database_from_before_the_counts_gets_them_at_open() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let store = common::open_store(dir.path());
-        let (mailbox, _) = Mailbox::open(
-            store.clone(),
-            Arc::new(SystemClock::default()),
-            MailboxConfig::default(),
-        )
-        .unwrap();
-        for i in 0..5 {
-            mailbox
-                .enqueue(EnqueueRequest {
-                    job_id: format!("j{i}"),
-                    mailbox_id: format!("m{i}"),
-                    run_id: format!("r{i}"),
-                    ..Default::default()
-                })
-                .unwrap();
-        }
-        for _ in 0..2 {
-            let claim = mailbox.claim("w").unwrap().unwrap();
-            mailbox.ack(&claim.job.job_id, &claim.token).unwrap();
-        }
-        // What an older release left behind: the records, no counts.
-        let keys: Vec<Vec<u8>> = store
-            .tree(T::Meta)
-            .scan_prefix(b"count/")
-            .keys()
-            .map(Result::unwrap)
-            .collect();
-        store
-            .transact(|tx| {
-                for key in &keys {
-                    tx.tree(T::Meta).remove(key)?;
-                }
-                Ok::<_, arbor_runner_svc::store::Abort<()>>(())
-            })
-            .unwrap();
-        store.durable().await.unwrap();
-        assert_eq!(Tally::stored(&store).unwrap().jobs, [0; 6]);
-    }
-    // The store's threads let go of the database shortly after the last handle is dropped.
-    let store = common::reopen_store(dir.path()).await;
-    assert!(counts::ensure(&store).await.unwrap().is_some());
-    let c = stored_equals_scan(&store);
-    // Queued, claimed, accepted (acked), …
-    assert_eq!(c.jobs, [3, 0, 2, 0, 0, 0]);
 }

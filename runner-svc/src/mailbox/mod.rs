@@ -48,6 +48,18 @@ pub struct Job {
     /// Whether the dedupe key stays taken while the job is claimed (user submissions) or only
     /// while it is queued (internal wake-ups, so a decision arriving mid-tick still wakes the run).
     pub dedupe_while_claimed: bool,
+    /// How the job's last attempt ended without an ack, while it waits for the next one.
+    pub retry_cause: Option<RetryCause>,
+}
+
+/// Why a job is being tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RetryCause {
+    /// Its worker nacked it (the step failed, or storage did).
+    Nacked,
+    /// Its lease expired (its worker stopped heartbeating or its process died): another worker
+    /// takes it over.
+    LeaseExpired,
 }
 
 /// What to enqueue.

@@ -12,7 +12,7 @@ use arbor_shared::domain::{JobKind, JobStatus};
 
 use super::{
     Claim, Clock, EnqueueRequest, Enqueued, Job, JobFilter, MailboxConfig, MailboxError,
-    MailboxInterrupt, MailboxStore, Reaped,
+    MailboxInterrupt, MailboxStore, Reaped, RetryCause,
     state::{JobEvent, transition},
 };
 use crate::{
@@ -41,7 +41,6 @@ pub mod tx {
 
     /// A queue entry's value: what the claim scan needs of a queued job (when it becomes
     /// available, its generation and its thread), so choosing candidates reads no job record.
-    /// Stores from before this was kept have empty values: the scan reads the job then.
     pub fn queue_value(job: &Job) -> Vec<u8> {
         let mut v = Vec::with_capacity(16 + job.mailbox_id.len());
         v.extend_from_slice(&codec::u64_key(job.available_at_ms));
@@ -213,6 +212,7 @@ pub mod tx {
             updated_at_ms: now_ms,
             order,
             dedupe_while_claimed: req.dedupe_while_claimed,
+            retry_cause: None,
         };
         put_job(tx, &job)?;
         counts::moved(tx, None, Some(Counted::Job(job.status)))?;
@@ -336,6 +336,10 @@ pub mod tx {
         } else {
             event
         };
+        job.retry_cause = Some(match event {
+            JobEvent::LeaseExpired => RetryCause::LeaseExpired,
+            _ => RetryCause::Nacked,
+        });
         move_to(tx, &mut job, event, now_ms)?;
         job.last_error = error.to_string();
         job.claim_token.clear();
@@ -455,6 +459,7 @@ pub mod tx {
         job.attempt_count = 0;
         job.available_at_ms = now_ms;
         job.last_error.clear();
+        job.retry_cause = None;
         tx.tree(T::Queue)
             .insert(queue_key(&job), queue_value(&job))?;
         put_job(tx, &job)?;
@@ -954,6 +959,7 @@ mod tests {
                 updated_at_ms: 2,
                 order: 3,
                 dedupe_while_claimed: true,
+                retry_cause: None,
             };
             assert_eq!(
                 tx::may_claim(&codec::encode(&job), now),

@@ -80,14 +80,6 @@ impl Runner {
         tools: Arc<ToolRegistry>,
         opts: RunnerOptions,
     ) -> Result<Arc<Self>, RunnerError> {
-        if let Some(tally) = crate::counts::ensure(&store).await?
-            && tally.unreadable > 0
-        {
-            tracing::warn!(
-                unreadable = tally.unreadable,
-                "records that do not decode were left out of the state counts"
-            );
-        }
         let (mailbox, recovered) = Mailbox::open(store.clone(), clock, opts.mailbox.clone())?;
         let events = EventLog::open(store.clone())?;
         let (changes, _) = watch::channel(0);

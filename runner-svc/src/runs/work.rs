@@ -15,7 +15,7 @@ use crate::{
     engine::{self, Checkpoint, Decision, Effect, TickEnv, TickStatus},
     error::RunnerError,
     events::{self, NewEvent},
-    mailbox::{Claim, EnqueueRequest, MailboxStore, tx as mtx},
+    mailbox::{Claim, EnqueueRequest, MailboxStore, RetryCause, tx as mtx},
     store::{T, abort, codec, lift},
 };
 
@@ -164,10 +164,9 @@ impl Runner {
         if job.attempt_count > 1 {
             new_events.push(ev(EventDetail::CheckpointRestored {
                 step: ck.step(),
-                cause: if job.last_error == "lease expired" {
-                    "lease_takeover".into()
-                } else {
-                    "retry".into()
+                cause: match job.retry_cause {
+                    Some(RetryCause::LeaseExpired) => "lease_takeover".into(),
+                    _ => "retry".into(),
                 },
             }));
         }

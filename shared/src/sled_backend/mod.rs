@@ -18,30 +18,16 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-/// Log segment size of new databases.
+/// Log segment size of the databases.
 pub const SEGMENT_SIZE: usize = 8 << 20;
 
-/// The segment size to open the database in `dir` with: what an existing database was created
-/// with (sled refuses to open it with another), [`SEGMENT_SIZE`] for a new one.
-pub fn segment_size(dir: &Path) -> usize {
-    std::fs::read(dir.join("conf"))
-        .ok()
-        .and_then(|bytes| {
-            let text = String::from_utf8_lossy(&bytes).into_owned();
-            text.lines()
-                .find_map(|l| l.strip_prefix("segment_size: "))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(SEGMENT_SIZE)
-}
-
-/// A sled configuration for the database in `dir`: its segment size and a page cache of at most
-/// `cache_bytes`.
+/// A sled configuration for the database in `dir`: [`SEGMENT_SIZE`] segments and a page cache of
+/// at most `cache_bytes`.
 pub fn sled_config(dir: &Path, cache_bytes: u64) -> sled::Config {
     sled::Config::new()
         .path(dir)
         .cache_capacity(cache_bytes)
-        .segment_size(segment_size(dir))
+        .segment_size(SEGMENT_SIZE)
 }
 
 /// Puts everything committed to the database in `dir` so far on the device.
@@ -112,24 +98,5 @@ impl Syncer {
         flush_and_sync(&self.db, &self.dir, self.since)?;
         self.since = started;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn new_databases_get_big_segments_old_ones_keep_theirs() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(segment_size(dir.path()), SEGMENT_SIZE);
-        let old = dir.path().join("old");
-        drop(sled::Config::new().path(&old).open().unwrap());
-        assert_eq!(segment_size(&old), 512 * 1024);
-        drop(sled_config(&old, 1 << 20).open().unwrap());
-        let new = dir.path().join("new");
-        drop(sled_config(&new, 1 << 20).open().unwrap());
-        assert_eq!(segment_size(&new), SEGMENT_SIZE);
-        drop(sled_config(&new, 1 << 20).open().unwrap());
     }
 }
