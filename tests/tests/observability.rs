@@ -307,7 +307,9 @@ async fn startup_goes_not_serving_then_serving(kind: ServiceKind) {
         // Any address: the runner is not needed for approval-svc to become SERVING.
         service.extra_args = vec!["--runner".into(), "http://127.0.0.1:9".into()];
     }
-    let holder = sled::open(&service.data_dir).unwrap();
+    let holder = arbor_shared::sled_backend::sled_config(&service.data_dir, 1 << 20)
+        .open()
+        .unwrap();
     service.spawn();
     let mut watch = health_watch(&service).await;
     assert_eq!(
