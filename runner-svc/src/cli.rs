@@ -1,4 +1,4 @@
-//! The `runner-svc` command line: `serve` (config → tracing → bind → [`crate::run`]) and the
+//! The `runner-svc` command line: `serve` (config → tracing → bind → [`arbor_runner_svc::run`]) and the
 //! client subcommands people use (`submit`, `runs`, `get`, `events`, `resolve`, `cancel`,
 //! `interrupt`, `jobs`, `requeue`, `hash-token`).
 
@@ -14,7 +14,7 @@ use arbor_shared::{
 use clap::{Args, Parser, Subcommand};
 use tonic::{service::interceptor::InterceptedService, transport::Channel};
 
-use crate::{ServeConfig, engine::GuardConfig};
+use arbor_runner_svc::{ServeConfig, engine::GuardConfig};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -138,7 +138,7 @@ pub struct ServeArgs {
     pub listen: SocketAddr,
     #[arg(long, env = "ARBOR_DATA_DIR", default_value = "data/runner")]
     pub data_dir: PathBuf,
-    #[arg(long, env = "ARBOR_WORKERS", default_value_t = crate::worker::DEFAULT_WORKERS)]
+    #[arg(long, env = "ARBOR_WORKERS", default_value_t = arbor_runner_svc::worker::DEFAULT_WORKERS)]
     pub workers: usize,
     #[arg(long, env = "ARBOR_LEASE_MS", default_value_t = 30_000)]
     pub lease_ms: u64,
@@ -297,7 +297,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         guards,
         drain_grace: Duration::from_millis(args.drain_grace_ms),
         metrics_listen: args.metrics_listen,
-        retention: crate::retention::RetentionConfig {
+        retention: arbor_runner_svc::retention::RetentionConfig {
             events_acked: Duration::from_millis(args.event_retention_acked_ms),
             events_max: Duration::from_millis(args.event_retention_max_ms),
             finished: Duration::from_millis(args.finished_retention_ms),
@@ -314,7 +314,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-    crate::run(cfg, listener, arbor_shared::server::shutdown_signal())
+    arbor_runner_svc::run(cfg, listener, arbor_shared::server::shutdown_signal())
         .await
         .map_err(|e| e.to_string())
 }

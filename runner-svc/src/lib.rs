@@ -3,7 +3,6 @@
 //!
 //! `main.rs` parses flags and calls [`run`]; tests call the same `run` on port 0.
 
-pub mod cli;
 pub mod counts;
 pub mod engine;
 pub mod error;

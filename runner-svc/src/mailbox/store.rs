@@ -861,7 +861,8 @@ impl Mailbox {
         const MAX_CANDIDATES: usize = 16;
         let mut candidates = Vec::new();
         let mut next: Option<u64> = None;
-        let (active, mailboxes) = (self.store.tree(T::Active), self.store.tree(T::Mailboxes));
+        // The threads with a claimed job: one entry per busy worker at most, read once per scan.
+        let mut busy: Option<std::collections::HashSet<Vec<u8>>> = None;
         for entry in self.store.tree(T::Queue).iter() {
             let (key, value) = entry?;
             let Some(job_id) = tx::job_id_of_queue_key(&key) else {
@@ -872,12 +873,19 @@ impl Mailbox {
                     next = Some(next.map_or(available_at, |n| n.min(available_at)));
                     continue;
                 }
+                let busy = match &mut busy {
+                    Some(busy) => busy,
+                    None => busy.insert(
+                        self.store
+                            .tree(T::Active)
+                            .iter()
+                            .keys()
+                            .collect::<Result<_, _>>()?,
+                    ),
+                };
                 // A job of an older generation is a candidate even on a busy thread: the claim
                 // transaction supersedes it.
-                let current = mailboxes
-                    .get(mailbox_id)?
-                    .map_or(0, |v| codec::read_u64(&v));
-                if generation >= current && active.contains_key(mailbox_id)? {
+                if busy.contains(mailbox_id) && generation >= self.generation_of(mailbox_id)? {
                     continue;
                 }
             }
@@ -887,6 +895,15 @@ impl Mailbox {
             }
         }
         Ok((candidates, next))
+    }
+
+    /// A thread's generation (0 until its first interrupt).
+    fn generation_of(&self, mailbox_id: &[u8]) -> Result<u64, MailboxError> {
+        Ok(self
+            .store
+            .tree(T::Mailboxes)
+            .get(mailbox_id)?
+            .map_or(0, |v| codec::read_u64(&v)))
     }
 
     /// Ids of the thread's queued jobs (candidates for an interrupt).
