@@ -1,6 +1,7 @@
 //! Mailbox benchmark: the disk's raw serial fsync rate, then durable enqueue → claim → ack cycles
-//! per second through the sled mailbox with group commit, for 1 and 8 concurrent producers.
-//! Every enqueue and every ack waits for the journal sync that covers it before the next step,
+//! per second through the mailbox over the embedded store with group commit, for 1 and 8
+//! concurrent producers. Every enqueue and every ack waits for the flush that covers it before
+//! the next step,
 //! exactly as an RPC answering OK would. The load is a closed loop: each producer lane keeps one job in
 //! flight and enqueues the next only once the last one's ack is durable, so "in-flight" is the
 //! number of jobs outstanding at any moment. Run: `cargo bench -p arbor-runner-svc --bench mailbox`.
@@ -60,8 +61,8 @@ struct Outcome {
 
 /// Bytes the disk holding `dir` has written so far (sectors written, from its sysfs `stat`):
 /// what reached the device, whoever wrote it. (`write_bytes` of /proc/self/io counts a whole
-/// page range again for every sync of a page that is overwritten in place, which is how the
-/// journal writes, so it overstates this by orders of magnitude.)
+/// page range again for every sync of a page that is overwritten in place, so it overstates
+/// what small appends cost by orders of magnitude.)
 fn written_bytes(dir: &std::path::Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::metadata(dir).map(|m| m.dev()).unwrap_or(0);
