@@ -139,7 +139,7 @@ fn add<E>(tx: &Tx<'_>, c: Counted, delta: i64) -> TxResult<(), E> {
     let meta = tx.tree(T::Meta);
     let k = c.key();
     let now = meta.get(&k)?.map(|b| decode_count(&b)).unwrap_or(0);
-    meta.insert(k, &(now + delta).to_be_bytes())?;
+    meta.insert(k, (now + delta).to_be_bytes())?;
     Ok(())
 }
 

@@ -101,7 +101,7 @@ impl Runner {
             let count = doomed.len();
             self.commit(move |tx| {
                 for seq in &doomed {
-                    tx.tree(T::Events).remove(&codec::u64_key(*seq))?;
+                    tx.tree(T::Events).remove(codec::u64_key(*seq))?;
                 }
                 crate::events::set_first_seq(tx, last + 1)?;
                 Ok(((), Vec::new()))

@@ -167,8 +167,8 @@ async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
     // The state counts moved with every supersede, cancel and withdrawal.
     let store = runner.store();
     assert_eq!(
-        arbor_runner_svc::counts::Tally::stored(&store).unwrap(),
-        arbor_runner_svc::counts::Tally::scan(&store).unwrap()
+        arbor_runner_svc::counts::Tally::stored(store).unwrap(),
+        arbor_runner_svc::counts::Tally::scan(store).unwrap()
     );
     stop.cancel();
 }

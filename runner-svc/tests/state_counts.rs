@@ -35,8 +35,8 @@ fn run(s: RunStatus) -> usize {
 }
 
 fn stored_equals_scan(store: &Store) -> Tally {
-    let stored = Tally::stored(&store).unwrap();
-    let scanned = Tally::scan(&store).unwrap();
+    let stored = Tally::stored(store).unwrap();
+    let scanned = Tally::scan(store).unwrap();
     assert_eq!(
         stored, scanned,
         "stored counts differ from a pass over the records"

@@ -135,11 +135,11 @@ pub fn append<E: From<codec::Corrupt>>(
             traceparent,
         };
         tx.tree(T::Events)
-            .insert(&codec::u64_key(next), codec::encode(&event))?;
+            .insert(codec::u64_key(next), codec::encode(&event))?;
         out.push(event);
         next += 1;
     }
-    meta.insert(NEXT_SEQ, &codec::u64_key(next))?;
+    meta.insert(NEXT_SEQ, codec::u64_key(next))?;
     Ok(out)
 }
 
@@ -164,13 +164,13 @@ pub fn ack_cursor<E: From<codec::Corrupt>>(
         .map(|b| codec::read_u64(&b))
         .unwrap_or(0);
     let stored = current.max(seq);
-    tx.tree(T::Meta).insert(key, &codec::u64_key(stored))?;
+    tx.tree(T::Meta).insert(key, codec::u64_key(stored))?;
     Ok(stored)
 }
 
 /// Records that events before `seq` were compacted away (inside a runner transaction).
 pub fn set_first_seq<E>(tx: &Tx<'_>, seq: u64) -> TxResult<(), E> {
-    tx.tree(T::Meta).insert(FIRST_SEQ, &codec::u64_key(seq))?;
+    tx.tree(T::Meta).insert(FIRST_SEQ, codec::u64_key(seq))?;
     Ok(())
 }
 

@@ -112,7 +112,7 @@ pub mod tx {
         if super::super::state::is_final(job.status) {
             tx.tree(T::Finished).insert(
                 crate::store::finished_key(b'j', job.updated_at_ms, &job.job_id),
-                &[],
+                [],
             )?;
         }
         Ok(())
@@ -431,7 +431,7 @@ pub mod tx {
     ) -> TxResult<MailboxInterrupt, MailboxError> {
         let new_generation = generation(tx, mailbox_id)? + 1;
         tx.tree(T::Mailboxes)
-            .insert(mailbox_id.as_bytes(), &codec::u64_key(new_generation))?;
+            .insert(mailbox_id.as_bytes(), codec::u64_key(new_generation))?;
         let mut superseded = Vec::new();
         for id in candidates {
             if let Some(job) = get_job(tx, id)?
@@ -762,10 +762,10 @@ impl MailboxStore for Mailbox {
         let now = self.now();
         let mut next: Option<u64> = None;
         for entry in self.store.tree(T::Queue).iter().values() {
-            if let Some((available_at, _, _)) = tx::queued_head(&entry?) {
-                if available_at > now {
-                    next = Some(next.map_or(available_at, |n| n.min(available_at)));
-                }
+            if let Some((available_at, _, _)) = tx::queued_head(&entry?)
+                && available_at > now
+            {
+                next = Some(next.map_or(available_at, |n| n.min(available_at)));
             }
         }
         Ok(next)

@@ -84,7 +84,7 @@ pub fn put_run(tx: &Tx<'_>, run: &RunRecord) -> TxResult<(), RunnerError> {
     if run.status.is_terminal() {
         tx.tree(T::Finished).insert(
             crate::store::finished_key(b'r', run.updated_at_ms, &run.run_id),
-            &[],
+            [],
         )?;
     }
     Ok(())
@@ -92,7 +92,7 @@ pub fn put_run(tx: &Tx<'_>, run: &RunRecord) -> TxResult<(), RunnerError> {
 
 pub fn index_run(tx: &Tx<'_>, run: &RunRecord) -> TxResult<(), RunnerError> {
     tx.tree(T::ThreadRuns)
-        .insert(codec::pair_key(&run.thread_id, &run.run_id), &[])?;
+        .insert(codec::pair_key(&run.thread_id, &run.run_id), [])?;
     Ok(())
 }
 
