@@ -245,6 +245,12 @@ where
         tls: Option<tonic::transport::ServerTlsConfig>,
     ) -> Result<Self, FrontError> {
         let (reporter, health_service) = health;
+        // Before the server answers anything: tonic-health starts the whole server as SERVING.
+        for name in ["", S::NAME] {
+            reporter
+                .set_service_status(name, tonic_health::ServingStatus::NotServing)
+                .await;
+        }
         let api: Deferred<S> = Deferred::new();
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = tls {
@@ -265,17 +271,13 @@ where
                     closing.clone().cancelled_owned(),
                 ),
         );
-        let front = Self {
+        Ok(Self {
             addr,
             api,
             health: reporter,
             closing,
             server,
-        };
-        front
-            .set_health(tonic_health::ServingStatus::NotServing)
-            .await;
-        Ok(front)
+        })
     }
 
     /// The server's and the API's health.
