@@ -138,6 +138,10 @@ pub struct ServeArgs {
     pub listen: SocketAddr,
     #[arg(long, env = "ARBOR_DATA_DIR", default_value = "data/runner")]
     pub data_dir: PathBuf,
+    /// PostgreSQL URL (`postgres://user:password@host/db`): keep the runner's state there, shared
+    /// by every replica, instead of the embedded store in `--data-dir`.
+    #[arg(long, env = "ARBOR_STORE", hide_env_values = true)]
+    pub store: Option<String>,
     #[arg(long, env = "ARBOR_WORKERS", default_value_t = arbor_runner_svc::worker::DEFAULT_WORKERS)]
     pub workers: usize,
     #[arg(long, env = "ARBOR_LEASE_MS", default_value_t = 30_000)]
@@ -285,10 +289,13 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         }
         None => GuardConfig::default(),
     };
-    std::fs::create_dir_all(&args.data_dir)
-        .map_err(|e| format!("cannot create {}: {e}", args.data_dir.display()))?;
+    if args.store.is_none() {
+        std::fs::create_dir_all(&args.data_dir)
+            .map_err(|e| format!("cannot create {}: {e}", args.data_dir.display()))?;
+    }
     let cfg = ServeConfig {
         data_dir: args.data_dir,
+        store_url: args.store,
         workers: args.workers,
         lease: Duration::from_millis(args.lease_ms.max(100)),
         max_attempts: args.max_attempts.max(1),

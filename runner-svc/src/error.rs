@@ -78,6 +78,9 @@ pub enum RunnerError {
     /// Storage failed; the text is for the log only.
     #[error("storage error: {0}")]
     Storage(String),
+    /// The database cannot be reached for now; the text is for the log only.
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
 }
 
 fn tree_not_found(id: &str, version: u32) -> String {
@@ -98,7 +101,10 @@ impl RunnerError {
 
 impl From<crate::store::StoreError> for RunnerError {
     fn from(e: crate::store::StoreError) -> Self {
-        Self::Storage(e.0)
+        match e {
+            crate::store::StoreError::Failed(m) => Self::Storage(m),
+            crate::store::StoreError::Unavailable(m) => Self::Unavailable(m),
+        }
     }
 }
 
@@ -124,7 +130,7 @@ impl From<MailboxError> for RunnerError {
             MailboxError::StaleClaim { .. } => Self::ClaimLost(e.to_string()),
             MailboxError::InvalidTransition(t) => Self::InvalidTransition(t.to_string()),
             MailboxError::Corrupt(c) => Self::Corrupt(c),
-            MailboxError::Storage(s) => Self::Storage(s),
+            MailboxError::Storage(s) => s.into(),
         }
     }
 }
@@ -175,6 +181,10 @@ impl From<RunnerError> for Status {
                     "a stored {} record is damaged; see the runner's log",
                     c.what
                 ))
+            }
+            E::Unavailable(m) => {
+                tracing::warn!(error = %m, "storage unreachable, answered as UNAVAILABLE");
+                Status::unavailable("runner storage is unreachable; retry later")
             }
             E::Storage(m) => {
                 tracing::error!(error = %m, "storage failure answered as INTERNAL");

@@ -30,7 +30,7 @@ use tonic_health::ServingStatus;
 
 use crate::{
     engine::{GuardConfig, ToolRegistry},
-    mailbox::{MailboxConfig, SystemClock},
+    mailbox::{MailboxConfig, StoreClock},
     runs::{Runner, RunnerOptions},
     store::Store,
 };
@@ -39,6 +39,9 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub data_dir: PathBuf,
+    /// A PostgreSQL URL: the runner's state lives there, shared with other replicas, instead
+    /// of in `data_dir`.
+    pub store_url: Option<String>,
     pub workers: usize,
     pub lease: Duration,
     pub max_attempts: u32,
@@ -66,6 +69,7 @@ impl Default for ServeConfig {
     fn default() -> Self {
         Self {
             data_dir: PathBuf::from("data/runner"),
+            store_url: None,
             workers: 16,
             lease: Duration::from_secs(30),
             max_attempts: 5,
@@ -87,6 +91,8 @@ impl Default for ServeConfig {
 pub enum ServeError {
     #[error(transparent)]
     Open(#[from] store::OpenError),
+    #[error("cannot open the runner's PostgreSQL store: {0}")]
+    Database(#[from] arbor_shared::postgres::DbError),
     #[error("cannot start the runner: {0}")]
     Start(#[from] error::RunnerError),
     #[error(transparent)]
@@ -103,7 +109,10 @@ pub enum ServeError {
 /// Opens the runner's database and core without serving (also used by tests and tools that
 /// inspect a stopped runner's data).
 pub async fn open_runner(cfg: &ServeConfig) -> Result<Arc<Runner>, ServeError> {
-    let store = Store::open_waiting(&cfg.data_dir, cfg.cache_bytes, LOCK_WAIT).await?;
+    let store = match &cfg.store_url {
+        Some(url) => Store::open_postgres(url).await?,
+        None => Store::open_waiting(&cfg.data_dir, cfg.cache_bytes, LOCK_WAIT).await?,
+    };
     let ledger = engine::LedgerTool::new(store.clone()).map_err(error::RunnerError::from)?;
     let tools = Arc::new(ToolRegistry::with_builtins(ledger, cfg.guards.clone()));
     let opts = RunnerOptions {
@@ -114,7 +123,8 @@ pub async fn open_runner(cfg: &ServeConfig) -> Result<Arc<Runner>, ServeError> {
         },
         ..RunnerOptions::default()
     };
-    Ok(Runner::open(store, Arc::new(SystemClock::default()), tools, opts).await?)
+    let clock = Arc::new(StoreClock::new(store.clone()));
+    Ok(Runner::open(store, clock, tools, opts).await?)
 }
 
 /// How long start-up waits for another process (a previous instance still flushing) to release
@@ -243,7 +253,7 @@ async fn serve_opened(
                 }
                 damaged => {
                     let message = match damaged {
-                        Ok(Err(e)) => e.0,
+                        Ok(Err(e)) => e.to_string(),
                         Err(e) => format!("the store check stopped: {e}"),
                         Ok(Ok(())) => String::new(),
                     };

@@ -9,6 +9,7 @@ pub mod json;
 pub mod limits;
 pub mod metrics;
 pub mod page;
+pub mod postgres;
 pub mod procstat;
 pub mod proto;
 pub mod server;

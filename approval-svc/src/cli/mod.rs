@@ -108,6 +108,10 @@ pub struct ServeArgs {
     pub listen: SocketAddr,
     #[arg(long, env = "ARBOR_DATA_DIR", default_value = "./data/approval")]
     pub data_dir: PathBuf,
+    /// PostgreSQL URL (`postgres://user:password@host/db`): keep approvals there, shared by
+    /// every replica, instead of the embedded store in `--data-dir`.
+    #[arg(long, env = "ARBOR_STORE", hide_env_values = true)]
+    pub store: Option<String>,
     /// The runner's gRPC address.
     #[arg(
         long,

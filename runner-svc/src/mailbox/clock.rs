@@ -36,6 +36,32 @@ impl Clock for SystemClock {
     }
 }
 
+/// The store's clock for durable times (the database server's, for a store shared by
+/// replicas), this process's monotonic clock for its own lease bookkeeping.
+pub struct StoreClock {
+    store: crate::store::Store,
+    start: Instant,
+}
+
+impl StoreClock {
+    pub fn new(store: crate::store::Store) -> Self {
+        Self {
+            store,
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Clock for StoreClock {
+    fn wall_ms(&self) -> u64 {
+        self.store.now_ms()
+    }
+
+    fn mono(&self) -> Duration {
+        self.start.elapsed()
+    }
+}
+
 /// A clock that only moves when told to.
 #[derive(Debug)]
 pub struct ManualClock {

@@ -9,7 +9,7 @@ mod clock;
 pub mod state;
 mod store;
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock, StoreClock, SystemClock};
 pub use store::{Mailbox, tx};
 
 use std::time::Duration;
@@ -120,12 +120,12 @@ pub enum MailboxError {
     #[error(transparent)]
     Corrupt(#[from] Corrupt),
     #[error("storage error: {0}")]
-    Storage(String),
+    Storage(crate::store::StoreError),
 }
 
 impl From<crate::store::StoreError> for MailboxError {
     fn from(e: crate::store::StoreError) -> Self {
-        Self::Storage(e.0)
+        Self::Storage(e)
     }
 }
 

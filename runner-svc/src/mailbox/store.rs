@@ -486,7 +486,9 @@ pub struct Mailbox {
 
 impl Mailbox {
     /// Opens the mailbox. Jobs left Claimed by a previous process lost their worker with it: they
-    /// go back to Queued now (the crash counts as an attempt).
+    /// go back to Queued now (the crash counts as an attempt). On a store shared with other
+    /// replicas a claim may be another live replica's, so only claims whose lease has run out
+    /// go back (the others follow when theirs do: see `reap_expired`).
     pub fn open(
         store: Store,
         clock: Arc<dyn Clock>,
@@ -507,6 +509,9 @@ impl Mailbox {
                 continue;
             };
             let now = mailbox.clock.wall_ms();
+            if mailbox.store.shared() && job.lease_until_ms > now {
+                continue;
+            }
             let token = job.claim_token.clone();
             let expired = mailbox
                 .store
@@ -699,6 +704,9 @@ impl MailboxStore for Mailbox {
                 reaped.push(Reaped { job });
             }
         }
+        if self.store.shared() {
+            reaped.extend(self.reap_abandoned()?);
+        }
         Ok(reaped)
     }
 
@@ -773,6 +781,37 @@ impl MailboxStore for Mailbox {
 }
 
 impl Mailbox {
+    /// On a store shared by replicas: returns to the queue the claims whose lease ran out on
+    /// the store's clock, whoever held them (a replica that died, or froze, stops extending its
+    /// leases and loses them to the others). The expiry is fenced by the claim token read, so
+    /// a claim renewed meanwhile is left alone.
+    fn reap_abandoned(&self) -> Result<Vec<Reaped>, MailboxError> {
+        let now = self.now();
+        let mut reaped = Vec::new();
+        for entry in self.store.tree(T::Active).iter() {
+            let (_, job_id) = entry?;
+            let job_id = String::from_utf8_lossy(&job_id).into_owned();
+            let Some(job) = self.get(&job_id)? else {
+                continue;
+            };
+            if job.status != JobStatus::Claimed || job.lease_until_ms > now {
+                continue;
+            }
+            let token = job.claim_token.clone();
+            let outcome = self.store.transact(|t| {
+                if tx::get_job(t, &job_id)?.is_some_and(|j| j.lease_until_ms > now) {
+                    return Ok(None);
+                }
+                tx::expire(t, &job_id, &token, now)
+            })?;
+            self.forget_lease(&job_id);
+            if let Some(job) = outcome {
+                reaped.push(Reaped { job });
+            }
+        }
+        Ok(reaped)
+    }
+
     /// Claims like `MailboxStore::claim`; when nothing can be claimed, also says when the next
     /// delayed job becomes available (found on the same scan), so an idle worker knows how long
     /// it may sleep. One transaction takes the first of several candidates that is still free,

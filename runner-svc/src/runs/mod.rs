@@ -31,7 +31,7 @@ use crate::{
     error::RunnerError,
     events::EventLog,
     mailbox::{Clock, Mailbox, MailboxConfig, MailboxStore, Reaped},
-    store::{Store, T, Tx, TxResult, codec},
+    store::{Change, Store, T, Tx, TxResult, codec},
 };
 
 /// How long `caught_up` waits for a commit in flight to publish its events before it syncs.
@@ -101,7 +101,54 @@ impl Runner {
             );
         }
         runner.after_reap(recovered).await?;
+        if runner.store.shared() {
+            runner.follow_other_replicas();
+        }
         Ok(runner)
+    }
+
+    /// On a store shared with other replicas: wakes this process's streams, run waiters and
+    /// idle workers when another replica appended events or queued jobs. Notifications are
+    /// hints (the backend may miss some while its connection is down), so it also looks once
+    /// a second.
+    fn follow_other_replicas(self: &Arc<Self>) {
+        let hint = Arc::new(Notify::new());
+        let (wake, woken) = (hint.clone(), hint);
+        let work_for = Arc::downgrade(self);
+        self.store.subscribe(move |change| {
+            if matches!(change, Change::Work | Change::All)
+                && let Some(runner) = work_for.upgrade()
+            {
+                runner.work.notify_waiters();
+            }
+            if matches!(change, Change::Events | Change::All) {
+                wake.notify_one();
+            }
+        });
+        let runner = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let poll = tokio::time::sleep(std::time::Duration::from_secs(1));
+                let polled = tokio::select! {
+                    _ = woken.notified() => false,
+                    _ = poll => true,
+                };
+                let Some(runner) = runner.upgrade() else {
+                    return;
+                };
+                if polled {
+                    runner.work.notify_waiters();
+                }
+                match runner.events.last_seq() {
+                    Ok(last) if last > runner.events.durable_seq() => {
+                        runner.events.publish(last);
+                        runner.changes.send_modify(|n| *n += 1);
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!("cannot read the event log's head: {e}"),
+                }
+            }
+        });
     }
 
     pub fn store(&self) -> &Store {

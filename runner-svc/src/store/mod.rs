@@ -13,6 +13,7 @@
 //! committed before it. The embedded backend is sled ([`open`](Store::open)).
 
 pub mod codec;
+mod postgres;
 mod sled_backend;
 
 use std::{
@@ -83,10 +84,15 @@ pub const TABLE_NAMES: [&str; 15] = [
 /// A stored value, or a key.
 pub type Value = Vec<u8>;
 
-/// A storage failure. Its text is for the log; callers are told only that storage failed.
+/// A storage failure. Its text is for the log; callers are told only that storage failed, or
+/// that it is unreachable for now (a database server that is down or restarting).
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct StoreError(pub String);
+pub enum StoreError {
+    #[error("{0}")]
+    Failed(String),
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+}
 
 /// Why an operation inside a transaction failed.
 #[derive(Debug, Clone)]
@@ -233,6 +239,31 @@ pub trait Backend: Send + Sync + 'static {
     fn verify(&self) -> Result<(), StoreError>;
     /// (durability flushes, transactions of batched commits, bodies they ran) so far.
     fn stats(&self) -> Stats;
+    /// Whether other processes (replicas) share this store: then claims of jobs are not this
+    /// process's alone to undo at start-up, and changes can come from elsewhere.
+    fn shared(&self) -> bool {
+        false
+    }
+    /// The clock leases and timers are measured by (epoch ms): the database's for a shared
+    /// store, so that replicas agree whatever their own clocks say.
+    fn now_ms(&self) -> u64 {
+        arbor_shared::time::now_ms()
+    }
+    /// Calls `wake` when another process committed something this one may be waiting for.
+    fn subscribe(&self, wake: Arc<dyn Fn(Change) + Send + Sync>) {
+        drop(wake);
+    }
+}
+
+/// What another process changed (a hint: whoever is woken reads the store).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Events were appended.
+    Events,
+    /// Jobs were queued.
+    Work,
+    /// Unknown (the notification channel was lost for a while): look at everything.
+    All,
 }
 
 /// Counters of a backend's commit path.
@@ -325,7 +356,7 @@ fn take<R, E>(ran: Result<(), Failed>, slot: &Slot<R, E>) -> Result<R, TxError<E
         (Ok(()), Some(Ok(r))) => Ok(r),
         (Err(Failed::Aborted), Some(Err(e))) => Err(TxError::Abort(e)),
         (Err(Failed::Storage(e)), _) => Err(TxError::Storage(e)),
-        _ => Err(TxError::Storage(StoreError(
+        _ => Err(TxError::Storage(StoreError::Failed(
             "a transaction ended without its body's result".into(),
         ))),
     }
@@ -434,6 +465,21 @@ impl Store {
     /// Flushes issued so far to make commits durable.
     pub fn flush_count(&self) -> u64 {
         self.stats().flushes
+    }
+
+    /// See [`Backend::shared`].
+    pub fn shared(&self) -> bool {
+        self.0.shared()
+    }
+
+    /// See [`Backend::now_ms`].
+    pub fn now_ms(&self) -> u64 {
+        self.0.now_ms()
+    }
+
+    /// See [`Backend::subscribe`].
+    pub fn subscribe(&self, wake: impl Fn(Change) + Send + Sync + 'static) {
+        self.0.subscribe(Arc::new(wake))
     }
 }
 

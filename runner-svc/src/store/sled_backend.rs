@@ -37,7 +37,7 @@ pub enum OpenError {
 }
 
 fn storage(e: sled::Error) -> StoreError {
-    StoreError(e.to_string())
+    StoreError::Failed(e.to_string())
 }
 
 /// The runner's trees inside one sled transaction.
@@ -78,7 +78,7 @@ fn to_sled<E>(r: Result<(), Abort<E>>) -> Result<(), ConflictableTransactionErro
         Abort::Domain(e) => ConflictableTransactionError::Abort(e),
         Abort::Conflict => ConflictableTransactionError::Conflict,
         Abort::Storage(e) => {
-            ConflictableTransactionError::Storage(sled::Error::Io(std::io::Error::other(e.0)))
+            ConflictableTransactionError::Storage(sled::Error::Io(std::io::Error::other(e.to_string())))
         }
     })
 }
@@ -242,14 +242,14 @@ impl Backend for SledBackend {
             ran.map_err(|e| match e {
                 CommitError::Abort(()) => Failed::Aborted,
                 CommitError::Storage(e) => Failed::Storage(storage(e)),
-                CommitError::Flush(e) => Failed::Storage(StoreError(e.to_string())),
+                CommitError::Flush(e) => Failed::Storage(StoreError::Failed(e.to_string())),
             })
         })
     }
 
     fn durable(&self) -> Pending<Result<(), StoreError>> {
         let gc = self.gc.clone();
-        Box::pin(async move { gc.flush().await.map_err(|e| StoreError(e.to_string())) })
+        Box::pin(async move { gc.flush().await.map_err(|e| StoreError::Failed(e.to_string())) })
     }
 
     fn next_id(&self) -> Result<u64, StoreError> {
@@ -259,11 +259,11 @@ impl Backend for SledBackend {
     fn record_progress(&self, progress: u64) -> Pending<Result<(), StoreError>> {
         let (gc, integrity) = (self.gc.clone(), self.integrity.clone());
         Box::pin(async move {
-            gc.flush().await.map_err(|e| StoreError(e.to_string()))?;
+            gc.flush().await.map_err(|e| StoreError::Failed(e.to_string()))?;
             integrity
                 .record_blocking(progress)
                 .await
-                .map_err(|e| StoreError(e.to_string()))
+                .map_err(|e| StoreError::Failed(e.to_string()))
         })
     }
 
@@ -276,7 +276,7 @@ impl Backend for SledBackend {
             .and_then(|()| {
                 integrity::guarded(&self.dir, |place| check_references(&self.trees, place))
             })
-            .map_err(|e| StoreError(e.to_string()))
+            .map_err(|e| StoreError::Failed(e.to_string()))
     }
 
     fn stats(&self) -> Stats {

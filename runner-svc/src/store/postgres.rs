@@ -1,0 +1,591 @@
+//! The PostgreSQL backend: the runner's tables as rows `(t, k, v)` of one table, shared by
+//! every replica that opens the same database.
+//!
+//! - A transaction is one SQL transaction at `SERIALIZABLE` isolation: a body reads single rows
+//!   (each read a statement), its writes are kept until the body returns and then written in
+//!   one statement, and the commit answers once PostgreSQL has the WAL on disk
+//!   (`synchronous_commit` as the server sets it, `on` by default). A serialisation failure,
+//!   deadlock or unique violation is a conflict: the body runs again in a new transaction, as in
+//!   the embedded store. Replicas are fenced by the same rule: a stale claim's step reads the
+//!   job row the new claim wrote, so one of the two transactions fails and its retry sees the
+//!   new token.
+//! - The batched commit runs the bodies queued meanwhile in one transaction on a committer
+//!   thread, each body alone aborting (its writes dropped), as in the embedded store.
+//! - The event log's counter row (`meta/next_seq`) is read and written by every transaction
+//!   that appends events, so appends are serialised by it: seqs are assigned in commit order,
+//!   without gaps, across replicas. That row is what the event log's append rate is bounded by.
+//! - A transaction that appends events or queues jobs notifies `arbor_runner_events` /
+//!   `arbor_runner_work` (delivered at commit); every replica listens and wakes its streams and
+//!   idle workers. The notification is a hint: the runner also looks every second.
+//! - Leases and timers use the database's clock: the offset of the local clock from the
+//!   server's is measured at open and every few seconds.
+
+use std::{
+    cell::RefCell,
+    collections::{BTreeMap, VecDeque},
+    sync::{
+        Arc,
+        atomic::{AtomicI64, AtomicU64, Ordering},
+        mpsc,
+    },
+    time::Duration,
+};
+
+use arbor_shared::postgres::{Database, DbError, Object, Schema, tokio_postgres::types::ToSql, wait};
+
+
+use super::{
+    Abort, Backend, Body, Change, Entries, Failed, Fault, Pending, Stats, Store, StoreError, T,
+    Txn, Value,
+};
+
+/// The runner's schema, oldest migration first. Never edit a released migration.
+const SCHEMA: Schema = Schema {
+    component: "runner",
+    migrations: &["CREATE TABLE runner_kv (
+             t smallint NOT NULL,
+             k bytea NOT NULL,
+             v bytea NOT NULL,
+             PRIMARY KEY (t, k)
+         );
+         CREATE SEQUENCE runner_ids;"],
+};
+
+const EVENTS_CHANNEL: &str = "arbor_runner_events";
+const WORK_CHANNEL: &str = "arbor_runner_work";
+/// Rows fetched per round trip of a scan.
+const SCAN_PAGE: i64 = 512;
+/// Bodies one batched transaction takes at most.
+const MAX_BATCH: usize = 128;
+/// Tries of a transaction that keeps conflicting before it fails.
+const MAX_TRIES: u32 = 200;
+/// How long start-up waits for an unreachable database.
+const OPEN_PATIENCE: Duration = Duration::from_secs(30);
+
+impl From<DbError> for StoreError {
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::Unavailable(m) => StoreError::Unavailable(m),
+            other => StoreError::Failed(other.to_string()),
+        }
+    }
+}
+
+impl From<DbError> for Fault {
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::Conflict(_) => Fault::Conflict,
+            other => Fault::Storage(other.into()),
+        }
+    }
+}
+
+impl Store {
+    /// Opens the runner's tables in the PostgreSQL database at `url`, creating or migrating
+    /// them (under an advisory lock, so replicas starting together migrate once). Waits up to
+    /// 30 s for an unreachable database; refuses a schema newer than this binary's.
+    pub async fn open_postgres(url: &str) -> Result<Self, DbError> {
+        let db = Database::open(url, "arbor-runner", SCHEMA, OPEN_PATIENCE).await?;
+        let backend = Arc::new(PgBackend::new(db));
+        backend.measure_skew();
+        let skew_of = Arc::downgrade(&backend);
+        std::thread::Builder::new()
+            .name("arbor-pg-clock".into())
+            .spawn(move || {
+                while let Some(b) = skew_of.upgrade() {
+                    b.measure_skew();
+                    drop(b);
+                    std::thread::sleep(Duration::from_secs(5));
+                }
+            })
+            .map_err(|e| DbError::Failed(e.to_string()))?;
+        Ok(Store::new(backend))
+    }
+}
+
+/// A body and where its outcome goes, queued for the committer thread.
+struct Queued {
+    body: Box<Body<'static>>,
+    done: tokio::sync::oneshot::Sender<Result<(), Failed>>,
+}
+
+struct PgBackend {
+    db: Database,
+    /// The server's clock minus ours, in ms.
+    skew_ms: AtomicI64,
+    committer: mpsc::Sender<Queued>,
+    batches: Arc<AtomicU64>,
+    bodies: Arc<AtomicU64>,
+}
+
+impl PgBackend {
+    fn new(db: Database) -> Self {
+        let (committer, queue) = mpsc::channel::<Queued>();
+        let (batches, bodies) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (db2, b2, n2) = (db.clone(), batches.clone(), bodies.clone());
+        // The thread ends when the backend (the only sender) is dropped.
+        let spawned = std::thread::Builder::new()
+            .name("arbor-pg-commit".into())
+            .spawn(move || committer_loop(&db2, &queue, &b2, &n2));
+        if let Err(e) = spawned {
+            tracing::error!("cannot start the commit thread: {e}");
+        }
+        Self {
+            db,
+            skew_ms: AtomicI64::new(0),
+            committer,
+            batches,
+            bodies,
+        }
+    }
+
+    fn measure_skew(&self) {
+        let measured = (|| -> Result<i64, DbError> {
+            let client = self.db.client_blocking()?;
+            let before = arbor_shared::time::now_ms() as i64;
+            let row = wait(client.query_one(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                &[],
+            ))?;
+            let after = arbor_shared::time::now_ms() as i64;
+            let server: i64 = row.get(0);
+            Ok(server - (before + after) / 2)
+        })();
+        match measured {
+            Ok(skew) => self.skew_ms.store(skew, Ordering::Relaxed),
+            Err(e) => tracing::debug!("clock offset not measured: {e}"),
+        }
+    }
+}
+
+fn conflict_pause(attempt: u32) {
+    let micros = 50u64 << attempt.min(10);
+    std::thread::sleep(Duration::from_micros(fastrand::u64(0..=micros.min(20_000))));
+}
+
+/// The committer: takes whatever is queued, runs it as one transaction, answers each body.
+fn committer_loop(
+    db: &Database,
+    queue: &mpsc::Receiver<Queued>,
+    batches: &AtomicU64,
+    bodies: &AtomicU64,
+) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(q) => batch.push(q),
+                Err(_) => break,
+            }
+        }
+        let outcomes = run_batch(db, &batch);
+        batches.fetch_add(1, Ordering::Relaxed);
+        bodies.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        for (q, outcome) in batch.into_iter().zip(outcomes) {
+            let _ = q.done.send(outcome);
+        }
+    }
+}
+
+/// Runs every body of `batch` in one transaction (again on a conflict); a body that aborts
+/// leaves nothing behind and does not stop the others.
+fn run_batch(db: &Database, batch: &[Queued]) -> Vec<Result<(), Failed>> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let ran = (|| -> Result<Vec<Result<(), Failed>>, DbError> {
+            let client = db.client_blocking()?;
+            let tx = PgTx::begin(&client)?;
+            let mut outcomes = Vec::with_capacity(batch.len());
+            for q in batch {
+                let mark = tx.mark();
+                match (q.body)(&tx) {
+                    Ok(()) => outcomes.push(Ok(())),
+                    Err(Abort::Domain(())) => {
+                        tx.undo_to(mark);
+                        outcomes.push(Err(Failed::Aborted));
+                    }
+                    Err(Abort::Conflict) => return Err(DbError::Conflict("body".into())),
+                    Err(Abort::Storage(e)) => {
+                        tx.rollback();
+                        // One body's storage failure fails the transaction for every body.
+                        return Ok(batch
+                            .iter()
+                            .map(|_| Err(Failed::Storage(e.clone())))
+                            .collect());
+                    }
+                }
+                if let Some(e) = tx.fault() {
+                    return Err(e);
+                }
+            }
+            tx.commit()?;
+            Ok(outcomes)
+        })();
+        match ran {
+            Ok(outcomes) => return outcomes,
+            Err(DbError::Conflict(_)) if attempt < MAX_TRIES => conflict_pause(attempt),
+            Err(e) => {
+                let e = StoreError::from(e);
+                return batch.iter().map(|_| Err(Failed::Storage(e.clone()))).collect();
+            }
+        }
+    }
+}
+
+/// One SQL transaction: reads go to the server (seeing the transaction's own writes first),
+/// writes wait in `writes` until commit.
+struct PgTx<'c> {
+    client: &'c Object,
+    /// Every write so far, in order; `None` deletes.
+    log: RefCell<Vec<(T, Value, Option<Value>)>>,
+    /// The latest write of each key.
+    writes: RefCell<BTreeMap<(usize, Value), Option<Value>>>,
+    /// A failure a read or write hit (the SQL transaction is then aborted).
+    failed: RefCell<Option<DbError>>,
+}
+
+impl<'c> PgTx<'c> {
+    fn begin(client: &'c Object) -> Result<Self, DbError> {
+        wait(client.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE"))?;
+        Ok(Self {
+            client,
+            log: RefCell::default(),
+            writes: RefCell::default(),
+            failed: RefCell::default(),
+        })
+    }
+
+    fn mark(&self) -> usize {
+        self.log.borrow().len()
+    }
+
+    /// Drops every write after `mark` (an aborted body's).
+    fn undo_to(&self, mark: usize) {
+        let mut log = self.log.borrow_mut();
+        log.truncate(mark);
+        let mut writes = self.writes.borrow_mut();
+        writes.clear();
+        for (t, k, v) in log.iter() {
+            writes.insert((*t as usize, k.clone()), v.clone());
+        }
+    }
+
+    fn fault(&self) -> Option<DbError> {
+        self.failed.borrow().clone()
+    }
+
+    fn note<R>(&self, r: Result<R, DbError>) -> Result<R, Fault> {
+        r.map_err(|e| {
+            // The first failure is the cause; later ones only say the transaction is aborted.
+            self.failed.borrow_mut().get_or_insert_with(|| e.clone());
+            Fault::from(e)
+        })
+    }
+
+    fn rollback(&self) {
+        let _ = wait(self.client.batch_execute("ROLLBACK"));
+    }
+
+    /// Writes what the bodies kept, notifies listeners, commits.
+    fn commit(&self) -> Result<(), DbError> {
+        let writes = std::mem::take(&mut *self.writes.borrow_mut());
+        let (mut put_t, mut put_k, mut put_v) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut del_t, mut del_k) = (Vec::new(), Vec::new());
+        let (mut events, mut work) = (false, false);
+        for ((t, k), v) in writes {
+            events |= t == T::Events as usize;
+            match v {
+                Some(v) => {
+                    work |= t == T::Queue as usize;
+                    put_t.push(t as i16);
+                    put_k.push(k);
+                    put_v.push(v);
+                }
+                None => {
+                    del_t.push(t as i16);
+                    del_k.push(k);
+                }
+            }
+        }
+        let result = (|| {
+            if !del_t.is_empty() {
+                wait(self.client.execute(
+                    "DELETE FROM runner_kv WHERE (t, k) IN \
+                     (SELECT * FROM unnest($1::smallint[], $2::bytea[]))",
+                    &[&del_t, &del_k],
+                ))?;
+            }
+            if !put_t.is_empty() {
+                wait(self.client.execute(
+                    "INSERT INTO runner_kv (t, k, v) \
+                     SELECT * FROM unnest($1::smallint[], $2::bytea[], $3::bytea[]) \
+                     ON CONFLICT (t, k) DO UPDATE SET v = EXCLUDED.v",
+                    &[&put_t, &put_k, &put_v],
+                ))?;
+            }
+            let mut notify = String::new();
+            if events {
+                notify.push_str(&format!("NOTIFY {EVENTS_CHANNEL};"));
+            }
+            if work {
+                notify.push_str(&format!("NOTIFY {WORK_CHANNEL};"));
+            }
+            notify.push_str("COMMIT");
+            wait(self.client.batch_execute(&notify))?;
+            Ok(())
+        })();
+        if result.is_err() {
+            self.rollback();
+        }
+        result
+    }
+}
+
+impl Txn for PgTx<'_> {
+    fn get(&self, t: T, key: &[u8]) -> Result<Option<Value>, Fault> {
+        if let Some(v) = self.writes.borrow().get(&(t as usize, key.to_vec())) {
+            return Ok(v.clone());
+        }
+        let t16 = t as i16;
+        let read = wait(self.client.query_opt(
+            "SELECT v FROM runner_kv WHERE t = $1 AND k = $2",
+            &[&t16, &key],
+        ))
+        .map(|row| row.map(|r| r.get::<_, Vec<u8>>(0)))
+        .map_err(DbError::from);
+        self.note(read)
+    }
+
+    fn put(&self, t: T, key: &[u8], value: &[u8]) -> Result<(), Fault> {
+        self.log
+            .borrow_mut()
+            .push((t, key.to_vec(), Some(value.to_vec())));
+        self.writes
+            .borrow_mut()
+            .insert((t as usize, key.to_vec()), Some(value.to_vec()));
+        Ok(())
+    }
+
+    fn delete(&self, t: T, key: &[u8]) -> Result<(), Fault> {
+        self.log.borrow_mut().push((t, key.to_vec(), None));
+        self.writes
+            .borrow_mut()
+            .insert((t as usize, key.to_vec()), None);
+        Ok(())
+    }
+}
+
+/// The least key above every key that starts with `prefix` (`None`: no bound).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// A scan read one page at a time.
+struct Scan {
+    db: Database,
+    t: i16,
+    /// The next key to read from (inclusive).
+    from: Vec<u8>,
+    end: Option<Vec<u8>>,
+    page: VecDeque<(Value, Value)>,
+    done: bool,
+}
+
+impl Scan {
+    fn fetch(&mut self) -> Result<(), StoreError> {
+        let client = self.db.client_blocking()?;
+        let params: [&(dyn ToSql + Sync); 4] = [&self.t, &self.from, &self.end, &SCAN_PAGE];
+        let rows = wait(client.query(
+            "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 \
+             AND ($3::bytea IS NULL OR k < $3) ORDER BY k LIMIT $4",
+            &params,
+        ))
+        .map_err(DbError::from)?;
+        self.done = (rows.len() as i64) < SCAN_PAGE;
+        for row in rows {
+            self.page.push_back((row.get(0), row.get(1)));
+        }
+        if let Some((k, _)) = self.page.back() {
+            self.from = [k.as_slice(), &[0]].concat();
+        }
+        Ok(())
+    }
+}
+
+impl Iterator for Scan {
+    type Item = Result<(Value, Value), StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.page.is_empty() && !self.done {
+            if let Err(e) = self.fetch() {
+                self.done = true;
+                return Some(Err(e));
+            }
+        }
+        self.page.pop_front().map(Ok)
+    }
+}
+
+impl Backend for PgBackend {
+    fn get(&self, t: T, key: &[u8]) -> Result<Option<Value>, StoreError> {
+        let client = self.db.client_blocking()?;
+        let t16 = t as i16;
+        Ok(wait(client.query_opt(
+            "SELECT v FROM runner_kv WHERE t = $1 AND k = $2",
+            &[&t16, &key],
+        ))
+        .map_err(DbError::from)?
+        .map(|r| r.get(0)))
+    }
+
+    fn scan(&self, t: T, prefix: &[u8], from: &[u8]) -> Entries<'static> {
+        let start = if from > prefix { from } else { prefix }.to_vec();
+        Entries::new(Scan {
+            db: self.db.clone(),
+            t: t as i16,
+            from: start,
+            end: prefix_end(prefix),
+            page: VecDeque::new(),
+            done: false,
+        })
+    }
+
+    fn last(&self, t: T, prefix: &[u8]) -> Result<Option<(Value, Value)>, StoreError> {
+        let client = self.db.client_blocking()?;
+        let (t16, end) = (t as i16, prefix_end(prefix));
+        Ok(wait(client.query_opt(
+            "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 \
+             AND ($3::bytea IS NULL OR k < $3) ORDER BY k DESC LIMIT 1",
+            &[&t16, &prefix, &end],
+        ))
+        .map_err(DbError::from)?
+        .map(|r| (r.get(0), r.get(1))))
+    }
+
+    fn transact(&self, body: &Body<'_>) -> Result<(), Failed> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let ran = (|| -> Result<Result<(), Failed>, DbError> {
+                let client = self.db.client_blocking()?;
+                let tx = PgTx::begin(&client)?;
+                let outcome = body(&tx);
+                if let Some(e) = tx.fault() {
+                    tx.rollback();
+                    return Err(e);
+                }
+                match outcome {
+                    Ok(()) => tx.commit().map(Ok),
+                    Err(Abort::Domain(())) => {
+                        tx.rollback();
+                        Ok(Err(Failed::Aborted))
+                    }
+                    Err(Abort::Conflict) => {
+                        tx.rollback();
+                        Err(DbError::Conflict("body".into()))
+                    }
+                    Err(Abort::Storage(e)) => {
+                        tx.rollback();
+                        Ok(Err(Failed::Storage(e)))
+                    }
+                }
+            })();
+            match ran {
+                Ok(outcome) => return outcome,
+                Err(DbError::Conflict(_)) if attempt < MAX_TRIES => conflict_pause(attempt),
+                Err(e) => return Err(Failed::Storage(e.into())),
+            }
+        }
+    }
+
+    fn commit(&self, body: Box<Body<'static>>, _durable: bool) -> Pending<Result<(), Failed>> {
+        let (done, answer) = tokio::sync::oneshot::channel();
+        let queued = self.committer.send(Queued { body, done });
+        Box::pin(async move {
+            if queued.is_err() {
+                return Err(Failed::Storage(StoreError::Failed(
+                    "the commit thread has stopped".into(),
+                )));
+            }
+            answer.await.unwrap_or_else(|_| {
+                Err(Failed::Storage(StoreError::Failed(
+                    "the commit thread has stopped".into(),
+                )))
+            })
+        })
+    }
+
+    /// Every commit already waited for the server's WAL flush.
+    fn durable(&self) -> Pending<Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn next_id(&self) -> Result<u64, StoreError> {
+        let client = self.db.client_blocking()?;
+        let row = wait(client.query_one("SELECT nextval('runner_ids')", &[]))
+            .map_err(DbError::from)?;
+        Ok(row.get::<_, i64>(0) as u64)
+    }
+
+    /// PostgreSQL does not lose what it acknowledged: nothing to record.
+    fn record_progress(&self, _progress: u64) -> Pending<Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn size_on_disk(&self) -> u64 {
+        let size = || -> Result<i64, DbError> {
+            let client = self.db.client_blocking()?;
+            Ok(
+                wait(client.query_one("SELECT pg_total_relation_size('runner_kv')", &[]))?
+                    .get(0),
+            )
+        };
+        size().map_or(0, |s| s.max(0) as u64)
+    }
+
+    /// PostgreSQL checks its own pages (and checksums, where the cluster enables them).
+    fn verify(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn stats(&self) -> Stats {
+        let batches = self.batches.load(Ordering::Relaxed);
+        Stats {
+            flushes: batches,
+            batches,
+            bodies: self.bodies.load(Ordering::Relaxed),
+        }
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn now_ms(&self) -> u64 {
+        let now = arbor_shared::time::now_ms() as i64 + self.skew_ms.load(Ordering::Relaxed);
+        now.max(0) as u64
+    }
+
+    fn subscribe(&self, wake: Arc<dyn Fn(Change) + Send + Sync>) {
+        let listened = self
+            .db
+            .listen(&[EVENTS_CHANNEL, WORK_CHANNEL], move |channel, _| {
+                wake(match channel {
+                    EVENTS_CHANNEL => Change::Events,
+                    WORK_CHANNEL => Change::Work,
+                    _ => Change::All,
+                })
+            });
+        if let Err(e) = listened {
+            tracing::error!("cannot listen for other replicas' changes: {e}");
+        }
+    }
+}

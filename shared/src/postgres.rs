@@ -1,0 +1,398 @@
+//! PostgreSQL plumbing both services share when they run on `--store postgres://…`: a pool of
+//! connections that live on a runtime of their own, the schema as embedded migrations applied
+//! under an advisory lock, LISTEN/NOTIFY wake-ups with reconnects, a health probe, and the
+//! classification of errors into "try again", "the database is unreachable" and "failed".
+//!
+//! The connections' I/O runs on the pool's own small runtime, so a query can also be waited for
+//! from synchronous code on any thread ([`Database::block`]): the stores' read paths are
+//! synchronous, as the embedded store's are.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
+pub use deadpool_postgres::Object;
+pub use tokio_postgres;
+use tokio_postgres::{NoTls, error::SqlState};
+
+/// Connections kept per service process.
+pub const POOL_SIZE: usize = 24;
+/// How long a caller waits for a pooled connection, or for a new one to be made.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What went wrong talking to PostgreSQL.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DbError {
+    /// The database cannot be reached (down, restarting, network): retry later.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// A serialisation failure or deadlock: the transaction may be run again.
+    #[error("transaction conflict: {0}")]
+    Conflict(String),
+    /// The schema in the database was written by a newer release.
+    #[error(
+        "the database's {component} schema is at version {found}, newer than this binary's \
+         {known}: run a release that knows it"
+    )]
+    SchemaTooNew {
+        component: &'static str,
+        found: i32,
+        known: i32,
+    },
+    #[error("database error: {0}")]
+    Failed(String),
+}
+
+impl DbError {
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Self::Conflict(_))
+    }
+}
+
+impl From<tokio_postgres::Error> for DbError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        let text = match e.as_db_error() {
+            Some(db) => format!("{}: {}", db.code().code(), db.message()),
+            None => e.to_string(),
+        };
+        match e.code() {
+            Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE => Self::Conflict(text),
+            Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED => Self::Conflict(text),
+            Some(c) if *c == SqlState::UNIQUE_VIOLATION => Self::Conflict(text),
+            Some(c) if unreachable_state(c) => Self::Unavailable(text),
+            Some(_) => Self::Failed(text),
+            // No SQLSTATE: the connection itself failed or closed.
+            None => Self::Unavailable(text),
+        }
+    }
+}
+
+/// SQLSTATEs that mean the server is going away or not taking connections.
+fn unreachable_state(c: &SqlState) -> bool {
+    c.code().starts_with("08")
+        || *c == SqlState::ADMIN_SHUTDOWN
+        || *c == SqlState::CRASH_SHUTDOWN
+        || *c == SqlState::CANNOT_CONNECT_NOW
+        || *c == SqlState::TOO_MANY_CONNECTIONS
+        || *c == SqlState::READ_ONLY_SQL_TRANSACTION
+}
+
+impl From<PoolError> for DbError {
+    fn from(e: PoolError) -> Self {
+        match e {
+            PoolError::Backend(e) => match DbError::from(e) {
+                DbError::Failed(t) => DbError::Unavailable(t),
+                other => other,
+            },
+            other => Self::Unavailable(other.to_string()),
+        }
+    }
+}
+
+/// One component's schema: migration `i` (from 0) brings the schema to version `i + 1`. A
+/// migration is never edited once released; changes are new migrations.
+#[derive(Debug, Clone, Copy)]
+pub struct Schema {
+    /// Names the component in `arbor_schema` (`runner`, `approval`).
+    pub component: &'static str,
+    pub migrations: &'static [&'static str],
+}
+
+/// The pool's runtime, shut down without waiting when the database handle goes (dropping a
+/// runtime inside another one would panic).
+struct Runtime(Option<tokio::runtime::Runtime>);
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// A PostgreSQL database: a pool of connections on a runtime of their own. Cheap to clone.
+#[derive(Clone)]
+pub struct Database {
+    pool: Pool,
+    config: tokio_postgres::Config,
+    rt: Arc<Runtime>,
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Database").finish_non_exhaustive()
+    }
+}
+
+impl Database {
+    /// Connects to `url` and brings `schema` up to date under an advisory lock (replicas
+    /// starting together migrate once). Fails when the database is unreachable (after
+    /// `patience`), or when its schema is newer than this binary's.
+    pub async fn open(
+        url: &str,
+        app: &str,
+        schema: Schema,
+        patience: Duration,
+    ) -> Result<Database, DbError> {
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| DbError::Failed(format!("not a PostgreSQL URL: {e}")))?;
+        config.application_name(app);
+        config.connect_timeout(CONNECT_TIMEOUT);
+        config.keepalives_idle(Duration::from_secs(10));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("arbor-pg")
+            .enable_all()
+            .build()
+            .map_err(|e| DbError::Failed(format!("cannot start the database runtime: {e}")))?;
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(CONNECT_TIMEOUT))
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .recycle_timeout(Some(CONNECT_TIMEOUT))
+            .build()
+            .map_err(|e| DbError::Failed(e.to_string()))?;
+        let db = Database {
+            pool,
+            config,
+            rt: Arc::new(Runtime(Some(rt))),
+        };
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let migrated = {
+                let pool = db.pool.clone();
+                db.run(async move { migrate(&pool, schema).await }).await
+            };
+            match migrated {
+                Err(DbError::Unavailable(why)) if tokio::time::Instant::now() < deadline => {
+                    tracing::warn!(error = %why, "waiting for the database");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                other => return other.map(|()| db),
+            }
+        }
+    }
+
+    fn handle(&self) -> Result<&tokio::runtime::Runtime, DbError> {
+        self.rt
+            .0
+            .as_ref()
+            .ok_or_else(|| DbError::Failed("the database runtime is gone".into()))
+    }
+
+    /// Runs `fut` on the pool's runtime and waits for it asynchronously.
+    pub async fn run<R: Send + 'static>(
+        &self,
+        fut: impl Future<Output = Result<R, DbError>> + Send + 'static,
+    ) -> Result<R, DbError> {
+        self.handle()?
+            .spawn(fut)
+            .await
+            .map_err(|e| DbError::Failed(format!("database task failed: {e}")))?
+    }
+
+    /// Runs `fut` on the pool's runtime and blocks the calling thread until it is done. For the
+    /// synchronous read paths; never call it on the pool's own runtime.
+    pub fn block<R: Send + 'static>(
+        &self,
+        fut: impl Future<Output = Result<R, DbError>> + Send + 'static,
+    ) -> Result<R, DbError> {
+        let task = self.handle()?.spawn(fut);
+        futures_executor::block_on(task)
+            .map_err(|e| DbError::Failed(format!("database task failed: {e}")))?
+    }
+
+    /// A pooled connection. Its queries may be awaited on any runtime, or blocked on with
+    /// [`wait`].
+    pub async fn client(&self) -> Result<Object, DbError> {
+        let pool = self.pool.clone();
+        self.run(async move { Ok(pool.get().await?) }).await
+    }
+
+    /// [`client`](Self::client), blocking.
+    pub fn client_blocking(&self) -> Result<Object, DbError> {
+        let pool = self.pool.clone();
+        self.block(async move { Ok(pool.get().await?) })
+    }
+
+    /// Whether the database answers a trivial query within `within`.
+    pub async fn ping(&self, within: Duration) -> bool {
+        let pool = self.pool.clone();
+        let probe = self.run(async move {
+            let answered = tokio::time::timeout(within, async {
+                let client = pool.get().await?;
+                client.simple_query("SELECT 1").await?;
+                Ok::<_, DbError>(())
+            })
+            .await;
+            answered.map_err(|_| DbError::Unavailable("ping timed out".into()))?
+        });
+        probe.await.is_ok()
+    }
+
+    /// Calls `on_change(reachable)` whenever the database becomes unreachable or reachable
+    /// again, probing every `period`; the first call tells the state found at the start.
+    pub fn watch_health(
+        &self,
+        period: Duration,
+        on_change: impl Fn(bool) + Send + Sync + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        let db = self.clone();
+        tokio::spawn(async move {
+            let mut last = None;
+            loop {
+                let up = db.ping(period.max(Duration::from_millis(500))).await;
+                if last != Some(up) {
+                    if up {
+                        tracing::info!("the database is reachable");
+                    } else {
+                        tracing::warn!("the database is unreachable");
+                    }
+                    on_change(up);
+                    last = Some(up);
+                }
+                tokio::time::sleep(period).await;
+            }
+        })
+    }
+
+    /// Listens on `channels` on a connection of its own and calls `on_notify(channel,
+    /// payload)` for every notification. When the connection drops it reconnects with backoff
+    /// and calls `on_notify("", "")` once back, since notifications may have been missed in
+    /// between: callers treat a notification as a hint to look, never as the data.
+    pub fn listen(
+        &self,
+        channels: &'static [&'static str],
+        on_notify: impl Fn(&str, &str) + Send + Sync + 'static,
+    ) -> Result<(), DbError> {
+        let config = self.config.clone();
+        self.handle()?.spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            let mut first = true;
+            loop {
+                match listen_once(&config, channels, &on_notify, &mut first).await {
+                    Ok(()) => backoff = Duration::from_millis(100),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "listener connection lost");
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
+                }
+                on_notify("", "");
+                tokio::time::sleep(backoff).await;
+            }
+        });
+        Ok(())
+    }
+}
+
+/// Blocks the calling thread on a future that needs no runtime of its own (a query of a
+/// pooled connection: its I/O runs on the pool's runtime).
+pub fn wait<F: Future>(fut: F) -> F::Output {
+    futures_executor::block_on(fut)
+}
+
+async fn listen_once(
+    config: &tokio_postgres::Config,
+    channels: &[&str],
+    on_notify: &(impl Fn(&str, &str) + Send + Sync),
+    first: &mut bool,
+) -> Result<(), DbError> {
+    use futures_util::StreamExt;
+    let (client, mut connection) = config.connect(NoTls).await?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
+                    if tx
+                        .send((n.channel().to_owned(), n.payload().to_owned()))
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => return Err(DbError::from(e)),
+            }
+        }
+        Ok(())
+    });
+    let listen: String = channels.iter().map(|c| format!("LISTEN {c};")).collect();
+    client.batch_execute(&listen).await?;
+    if !*first {
+        // Back after a loss: whatever was notified meanwhile is looked at now.
+        on_notify("", "");
+    }
+    *first = false;
+    while let Some((channel, payload)) = rx.recv().await {
+        on_notify(&channel, &payload);
+    }
+    drop(client);
+    driver
+        .await
+        .map_err(|e| DbError::Failed(format!("listener task failed: {e}")))?
+}
+
+/// Applies the migrations `schema` lacks, one transaction each, holding an advisory lock so
+/// that replicas starting together do it once.
+async fn migrate(pool: &Pool, schema: Schema) -> Result<(), DbError> {
+    let mut client = pool.get().await?;
+    client
+        .batch_execute(
+            "SELECT pg_advisory_lock(7231);
+             CREATE TABLE IF NOT EXISTS arbor_schema (
+                 component text PRIMARY KEY,
+                 version integer NOT NULL
+             );",
+        )
+        .await?;
+    let result = apply_missing(&mut client, schema).await;
+    let unlocked = client.batch_execute("SELECT pg_advisory_unlock(7231)").await;
+    result?;
+    unlocked?;
+    Ok(())
+}
+
+async fn apply_missing(client: &mut Object, schema: Schema) -> Result<(), DbError> {
+    let known = i32::try_from(schema.migrations.len()).unwrap_or(i32::MAX);
+    let found: i32 = client
+        .query_opt(
+            "SELECT version FROM arbor_schema WHERE component = $1",
+            &[&schema.component],
+        )
+        .await?
+        .map(|row| row.get(0))
+        .unwrap_or(0);
+    if found > known {
+        return Err(DbError::SchemaTooNew {
+            component: schema.component,
+            found,
+            known,
+        });
+    }
+    for (i, sql) in schema.migrations.iter().enumerate().skip(found as usize) {
+        let version = i as i32 + 1;
+        let tx = client.transaction().await?;
+        tx.batch_execute(sql).await?;
+        tx.execute(
+            "INSERT INTO arbor_schema (component, version) VALUES ($1, $2)
+             ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version",
+            &[&schema.component, &version],
+        )
+        .await?;
+        tx.commit().await?;
+        tracing::info!(component = schema.component, version, "schema migrated");
+    }
+    Ok(())
+}
