@@ -1,8 +1,11 @@
 //! Consistency checks of `deploy/` against what the real binaries accept: every flag and env
 //! name a manifest, compose file or Dockerfile gives a service must appear in that binary's
-//! `serve --help`; ports, probe ports, Service port names, mounted files, drain timing and the
-//! Istio resources must agree with each other. Each check returns readable errors, so a test
-//! can also prove that a broken copy of a manifest is caught.
+//! `serve --help`; ports, probe ports, Service port names, mounted files, drain timing, the
+//! store (sled on a PVC, or PostgreSQL from a Secret) and the Istio resources must agree with
+//! each other. Each check returns readable errors, so a test can also prove that a broken copy
+//! of a manifest is caught.
+
+mod postgres;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -216,6 +219,39 @@ struct Pod<'a> {
     ports: BTreeMap<String, i64>,
     grpc: Option<i64>,
     metrics: Option<i64>,
+    /// An Arbor service (not the bundled database).
+    arbor: bool,
+    replicas: i64,
+}
+
+/// Container port name → number.
+fn container_ports(c: &Value) -> BTreeMap<String, i64> {
+    c["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            Some((
+                p["name"].as_str()?.to_string(),
+                p["containerPort"].as_i64()?,
+            ))
+        })
+        .collect()
+}
+
+/// (volume name, mount path) of a container.
+fn volume_mounts(c: &Value) -> Vec<(String, String)> {
+    c["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| {
+            Some((
+                m["name"].as_str()?.to_string(),
+                m["mountPath"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
 }
 
 /// Checks rendered Kubernetes documents (one overlay) against the binaries.
@@ -226,10 +262,14 @@ pub fn check_manifests(docs: &[Value], bins: &Binaries) -> Vec<String> {
     let mut pods: Vec<Pod<'_>> = Vec::new();
     let mut seen_roles = BTreeSet::new();
 
-    for sts in by_kind("StatefulSet") {
-        let owner = name_of(sts);
-        let spec = &sts["spec"];
+    let workloads = docs
+        .iter()
+        .filter(|d| d["kind"] == "StatefulSet" || d["kind"] == "Deployment");
+    for workload in workloads {
+        let owner = name_of(workload);
+        let spec = &workload["spec"];
         let tpl = &spec["template"];
+        let replicas = spec["replicas"].as_i64().unwrap_or(1);
         if !labels_match(&spec["selector"]["matchLabels"], &tpl["metadata"]["labels"]) {
             errors.push(format!(
                 "{owner}: selector does not match the pod template labels"
@@ -247,11 +287,46 @@ pub fn check_manifests(docs: &[Value], bins: &Binaries) -> Vec<String> {
             .flatten()
             .filter_map(|v| Some((v["name"].as_str()?.to_string(), v)))
             .collect();
+        // Volumes that outlive the pod: claim templates and PersistentVolumeClaim volumes.
+        let pvcs: BTreeSet<String> = volumes
+            .iter()
+            .filter(|(_, v)| !v["persistentVolumeClaim"].is_null())
+            .map(|(n, _)| n.clone())
+            .chain(claims.iter().cloned())
+            .collect();
+        if workload["kind"] == "StatefulSet" {
+            let governing = spec["serviceName"].as_str().unwrap_or("");
+            let headless = docs.iter().any(|d| {
+                d["kind"] == "Service"
+                    && d["metadata"]["name"] == governing
+                    && d["spec"]["clusterIP"] == "None"
+                    && labels_match(&d["spec"]["selector"], &tpl["metadata"]["labels"])
+            });
+            if !headless {
+                errors.push(format!(
+                    "{owner}: serviceName {governing:?} is not a headless Service selecting its pods"
+                ));
+            }
+        }
         for c in tpl["spec"]["containers"].as_array().into_iter().flatten() {
             let cname = c["name"].as_str().unwrap_or("?").to_string();
             let who = format!("{owner} container {cname}");
+            postgres::check_env_refs(&who, c, docs, &mut errors);
             let Some((help, role)) = bins.for_name(&cname) else {
-                errors.push(format!("{who}: not an Arbor service container"));
+                if postgres::is_database(c) {
+                    postgres::check_database(&who, c, replicas, &pvcs, &mut errors);
+                    pods.push(Pod {
+                        owner: owner.clone(),
+                        labels: &tpl["metadata"]["labels"],
+                        ports: container_ports(c),
+                        grpc: None,
+                        metrics: None,
+                        arbor: false,
+                        replicas,
+                    });
+                } else {
+                    errors.push(format!("{who}: not an Arbor service container"));
+                }
                 continue;
             };
             seen_roles.insert(format!("{role:?}"));
@@ -267,17 +342,7 @@ pub fn check_manifests(docs: &[Value], bins: &Binaries) -> Vec<String> {
                 })
                 .collect();
             let settings = check_invocation(&who, help, &str_list(&c["args"]), &env, &mut errors);
-            let ports: BTreeMap<String, i64> = c["ports"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|p| {
-                    Some((
-                        p["name"].as_str()?.to_string(),
-                        p["containerPort"].as_i64()?,
-                    ))
-                })
-                .collect();
+            let ports = container_ports(c);
             let listen = settings.get("listen").and_then(port_of);
             let metrics = settings
                 .get("metrics-listen")
@@ -317,31 +382,43 @@ pub fn check_manifests(docs: &[Value], bins: &Binaries) -> Vec<String> {
                 }
             }
             // Files given by flag must come from a mounted ConfigMap/Secret key.
-            let mounts: Vec<(String, String)> = c["volumeMounts"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|m| {
-                    Some((
-                        m["name"].as_str()?.to_string(),
-                        m["mountPath"].as_str()?.to_string(),
-                    ))
-                })
-                .collect();
+            let mounts = volume_mounts(c);
             for flag in ["policy", "tokens", "runner-token-file", "guards"] {
                 let Some(path) = settings.get(flag) else {
                     continue;
                 };
                 check_mounted_file(&who, flag, path, &mounts, &volumes, docs, &mut errors);
             }
-            match settings.get("data-dir") {
-                Some(dir)
-                    if mounts
-                        .iter()
-                        .any(|(n, p)| claims.contains(n) && dir.starts_with(p.as_str())) => {}
-                other => errors.push(format!(
-                    "{who}: --data-dir {other:?} is not on a volumeClaimTemplate mount"
-                )),
+            match postgres::store_of(&who, c, &mut errors) {
+                // Replicas on one database keep nothing of their own.
+                postgres::Store::Postgres(from_secret) => {
+                    if let Some((secret, key)) = from_secret {
+                        postgres::check_store_url(&who, secret, key, docs, &mut errors);
+                    }
+                    for (name, path) in mounts.iter().filter(|(n, _)| pvcs.contains(n)) {
+                        errors.push(format!(
+                            "{who}: mounts the PVC volume {name} at {path}, but its state is in \
+                             PostgreSQL (ARBOR_STORE): replicas must be stateless"
+                        ));
+                    }
+                }
+                postgres::Store::Sled => {
+                    match settings.get("data-dir") {
+                        Some(dir)
+                            if mounts
+                                .iter()
+                                .any(|(n, p)| pvcs.contains(n) && dir.starts_with(p.as_str())) => {}
+                        other => errors.push(format!(
+                            "{who}: --data-dir {other:?} is not on a volumeClaimTemplate mount"
+                        )),
+                    }
+                    if replicas != 1 {
+                        errors.push(format!(
+                            "{owner}: {replicas} replicas of a sled store, which is a single \
+                             writer (replicas: 1, or ARBOR_STORE on PostgreSQL)"
+                        ));
+                    }
+                }
             }
             let grace_ms: i64 = settings
                 .get("drain-grace-ms")
@@ -366,12 +443,14 @@ pub fn check_manifests(docs: &[Value], bins: &Binaries) -> Vec<String> {
                 ports,
                 grpc: listen,
                 metrics,
+                arbor: true,
+                replicas,
             });
         }
     }
     if seen_roles.len() != 2 {
         errors.push(format!(
-            "expected runner-svc and approval-svc StatefulSets, found {seen_roles:?}"
+            "expected runner-svc and approval-svc workloads, found {seen_roles:?}"
         ));
     }
 
@@ -407,6 +486,9 @@ pub fn check_manifests(docs: &[Value], bins: &Binaries) -> Vec<String> {
                     ));
                     continue;
                 };
+                if !pod.arbor {
+                    continue;
+                }
                 if Some(number) == pod.grpc {
                     if !(pname == "grpc" || pname.starts_with("grpc-")) {
                         errors.push(format!(
@@ -495,11 +577,22 @@ pub fn check_manifests(docs: &[Value], bins: &Binaries) -> Vec<String> {
     }
 
     for pdb in by_kind("PodDisruptionBudget") {
-        if !pods
+        let selected: BTreeMap<&str, i64> = pods
             .iter()
-            .any(|p| labels_match(&pdb["spec"]["selector"]["matchLabels"], p.labels))
-        {
+            .filter(|p| labels_match(&pdb["spec"]["selector"]["matchLabels"], p.labels))
+            .map(|p| (p.owner.as_str(), p.replicas))
+            .collect();
+        if selected.is_empty() {
             errors.push(format!("{}: selects no pod", name_of(pdb)));
+        }
+        // A budget no eviction can meet blocks every node drain.
+        let replicas: i64 = selected.values().sum();
+        let min = pdb["spec"]["minAvailable"].as_i64();
+        if min.is_some_and(|m| m >= replicas) || pdb["spec"]["maxUnavailable"] == 0 {
+            errors.push(format!(
+                "{}: with {replicas} pods selected, no pod may ever be evicted",
+                name_of(pdb)
+            ));
         }
     }
     if by_kind("PodDisruptionBudget").is_empty() {
@@ -680,7 +773,11 @@ pub fn check_compose(doc: &Value, bins: &Binaries) -> Vec<String> {
     for (name, svc) in &services {
         let who = format!("compose service {name}");
         let Some((help, role)) = bins.for_name(name) else {
-            errors.push(format!("{who}: not an Arbor service"));
+            if postgres::is_database(svc) {
+                postgres::check_compose_database(&who, svc, &mut errors);
+            } else {
+                errors.push(format!("{who}: not an Arbor service"));
+            }
             continue;
         };
         let env: Vec<(String, String)> = svc["environment"]
@@ -690,6 +787,17 @@ pub fn check_compose(doc: &Value, bins: &Binaries) -> Vec<String> {
             .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
             .collect();
         let s = check_invocation(&who, help, &str_list(&svc["command"]), &env, &mut errors);
+        let store = s.get("store");
+        if let Some(url) = store {
+            postgres::check_compose_store(&who, url, svc, &services, &mut errors);
+        }
+        postgres::check_compose_replicas(
+            &who,
+            svc,
+            store.is_some(),
+            s.get("data-dir"),
+            &mut errors,
+        );
         let published: Vec<i64> = str_list(&svc["ports"])
             .iter()
             .filter_map(|p| p.rsplit(':').next()?.parse().ok())
