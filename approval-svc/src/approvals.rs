@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use arbor_shared::{auth::Principal, domain::ApprovalRequest};
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::{Notify, broadcast, watch};
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     error::{Error, Result},
@@ -27,6 +28,8 @@ pub struct Approvals<S> {
     changes: broadcast::Sender<Approval>,
     delivery: Arc<Notify>,
     deadlines: Arc<Notify>,
+    /// Bumped when changes made elsewhere may have been missed (watchers must start over).
+    missed: Arc<watch::Sender<u64>>,
     metrics: Arc<Metrics>,
 }
 
@@ -38,6 +41,7 @@ impl<S> Clone for Approvals<S> {
             changes: self.changes.clone(),
             delivery: self.delivery.clone(),
             deadlines: self.deadlines.clone(),
+            missed: self.missed.clone(),
             metrics: self.metrics.clone(),
         }
     }
@@ -51,6 +55,7 @@ impl<S: ApprovalStore> Approvals<S> {
             changes: broadcast::channel(CHANGE_BUFFER).0,
             delivery: Arc::new(Notify::new()),
             deadlines: Arc::new(Notify::new()),
+            missed: Arc::new(watch::channel(0).0),
             metrics: Arc::new(Metrics::default()),
         }
     }
@@ -76,6 +81,71 @@ impl<S: ApprovalStore> Approvals<S> {
     /// Notified when a new deadline may be earlier than the one the timer sleeps on.
     pub fn deadline_wake(&self) -> Arc<Notify> {
         self.deadlines.clone()
+    }
+
+    /// Changes when this process may have missed changes that other processes made to a
+    /// shared store: a watcher of it can no longer tell its client every change.
+    pub fn missed(&self) -> watch::Receiver<u64> {
+        self.missed.subscribe()
+    }
+
+    /// Publishes what other processes sharing the store change, as if changed here: watchers
+    /// see it, and a decision taken elsewhere wakes this process's delivery (when it leads).
+    /// A notification only names the approval; its current record is read from the store.
+    pub async fn follow_foreign(self, stop: CancellationToken) {
+        let Some(mut changes) = self.store.foreign_changes() else {
+            return;
+        };
+        loop {
+            let first = tokio::select! {
+                _ = stop.cancelled() => return,
+                c = changes.recv() => c,
+            };
+            let Some(first) = first else { return };
+            // Whatever else has arrived meanwhile goes in the same pass, each id once.
+            let mut ids = vec![first];
+            while let Ok(more) = changes.try_recv() {
+                if !ids.contains(&more) {
+                    ids.push(more);
+                }
+            }
+            self.apply_foreign(ids).await;
+        }
+    }
+
+    async fn apply_foreign(&self, ids: Vec<String>) {
+        let mut missed = false;
+        for id in ids {
+            if id.is_empty() {
+                missed = true;
+                continue;
+            }
+            let store = self.store.clone();
+            let read = tokio::task::spawn_blocking(move || store.get(&id)).await;
+            match read {
+                Ok(Ok(Some(a))) => {
+                    if a.state == ApprovalState::Pending && a.request.deadline_ms > 0 {
+                        self.deadlines.notify_one();
+                    }
+                    self.publish(&a);
+                }
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "cannot read an approval changed elsewhere");
+                    missed = true;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading an approval changed elsewhere failed");
+                    missed = true;
+                }
+            }
+        }
+        if missed {
+            tracing::info!("changes made elsewhere may have been missed; watchers start over");
+            self.missed.send_modify(|n| *n += 1);
+            self.delivery.notify_one();
+            self.deadlines.notify_one();
+        }
     }
 
     fn publish(&self, a: &Approval) {

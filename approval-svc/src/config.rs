@@ -10,6 +10,8 @@ use crate::{policy::Policy, retention::RetentionConfig};
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub data_dir: PathBuf,
+    /// PostgreSQL URL of a store shared by replicas; `None`: the embedded store in `data_dir`.
+    pub store_url: Option<String>,
     /// The runner's gRPC address (`http://host:port`).
     pub runner_url: String,
     /// Bearer token this service presents to the runner (role `service`).
@@ -37,6 +39,7 @@ impl ServeConfig {
     pub fn new(data_dir: impl Into<PathBuf>, runner_url: impl Into<String>) -> Self {
         Self {
             data_dir: data_dir.into(),
+            store_url: None,
             runner_url: runner_url.into(),
             runner_token: None,
             policy: Policy::default(),

@@ -71,6 +71,10 @@ pub enum Error {
     ShuttingDown,
     #[error("watcher lagged; re-watch")]
     Lagged,
+    /// The store's database cannot be reached right now; the caller may retry. The detail
+    /// goes to the log.
+    #[error("approval store unavailable: {0}")]
+    Unavailable(String),
     /// The store failed. The detail (which may name files on the server) goes to the log,
     /// never to a caller.
     #[error("storage failed: {0}")]
@@ -114,7 +118,7 @@ impl Error {
             | Self::NotAllowed { .. }
             | Self::DecisionMismatch { .. } => Code::FailedPrecondition,
             Self::RoleRequired { .. } | Self::OwnRun { .. } => Code::PermissionDenied,
-            Self::ShuttingDown => Code::Unavailable,
+            Self::ShuttingDown | Self::Unavailable(_) => Code::Unavailable,
             Self::Lagged => Code::ResourceExhausted,
             Self::Storage(_) => Code::Internal,
         }
@@ -149,6 +153,10 @@ impl From<Error> for Status {
                 // The detail may name files on the server; it goes to the log, not the caller.
                 tracing::error!(error = %detail, "storage failure answered as INTERNAL");
                 Status::internal("approval store failed; see the server log")
+            }
+            Error::Unavailable(detail) => {
+                tracing::warn!(error = %detail, "answered UNAVAILABLE");
+                Status::unavailable("approval store unavailable; retry")
             }
             other => Status::new(other.code(), summary),
         }
@@ -200,6 +208,7 @@ mod tests {
                 Code::PermissionDenied,
             ),
             (Error::ShuttingDown, Code::Unavailable),
+            (Error::Unavailable("db down".into()), Code::Unavailable),
             (Error::Lagged, Code::ResourceExhausted),
             (Error::Storage("disk".into()), Code::Internal),
         ];

@@ -27,7 +27,7 @@ use crate::{
         delivery::Delivery,
         subscriber::{SUBSCRIPTION_HEALTH, Subscriber},
     },
-    store::{self, ApprovalStore},
+    store::{self, ApprovalStore, PgStore},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -55,8 +55,21 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let data_dir = cfg.data_dir.clone();
-    serve(cfg, listener, shutdown, store::open(&data_dir)).await
+    match cfg.store_url.clone() {
+        Some(url) => {
+            serve(
+                cfg,
+                listener,
+                shutdown,
+                async move { PgStore::open(&url).await },
+            )
+            .await
+        }
+        None => {
+            let data_dir = cfg.data_dir.clone();
+            serve(cfg, listener, shutdown, store::open(&data_dir)).await
+        }
+    }
 }
 
 /// `run` on whatever store `open` opens; nothing below names a backend.
@@ -108,8 +121,13 @@ async fn serve<S: ApprovalStore>(
             return Err(ServeError::Runner(e));
         }
     };
+    // Never the URL: it may hold a password.
+    let store_kind = match &cfg.store_url {
+        Some(_) => "postgres".to_string(),
+        None => cfg.data_dir.display().to_string(),
+    };
     tracing::info!(
-        data_dir = %cfg.data_dir.display(),
+        store = %store_kind,
         runner = %cfg.runner_url,
         policy_rules = cfg.policy.rule_count(),
         auth = cfg.auth.is_enabled(),
@@ -118,40 +136,16 @@ async fn serve<S: ApprovalStore>(
     let approvals = Approvals::new(Arc::new(store), cfg.policy.clone());
     let mut tasks: Vec<JoinHandle<()>> = vec![
         tokio::spawn(record_progress(approvals.clone(), stop.clone())),
-        tokio::spawn(
-            Subscriber {
-                approvals: approvals.clone(),
-                client: client.clone(),
-                tuning: cfg.tuning.clone(),
-                health: health.clone(),
-                shutdown: stop.clone(),
-            }
-            .run(),
-        ),
-        tokio::spawn(
-            Delivery {
+        tokio::spawn(lead(
+            Leader {
                 approvals: approvals.clone(),
                 client,
-                tuning: cfg.tuning.clone(),
-                shutdown: stop.clone(),
-            }
-            .run(),
-        ),
-        tokio::spawn(
-            DeadlineTimer {
-                approvals: approvals.clone(),
-                shutdown: stop.clone(),
-            }
-            .run(),
-        ),
-        tokio::spawn(
-            Compactor {
-                approvals: approvals.clone(),
-                cfg: cfg.retention.clone(),
-                shutdown: stop.clone(),
-            }
-            .run(),
-        ),
+                cfg: cfg.clone(),
+                health: health.clone(),
+            },
+            stop.clone(),
+        )),
+        tokio::spawn(approvals.clone().follow_foreign(stop.clone())),
     ];
     if let Some(l) = metrics_listener {
         let registry = Arc::new(crate::metrics::registry(approvals.clone()));
@@ -174,11 +168,19 @@ async fn serve<S: ApprovalStore>(
     ));
     front.set_health(ServingStatus::Serving).await;
     tracing::info!(addr = ?front.addr, "approval-svc serving");
+    let reachability = approvals
+        .store()
+        .reachable()
+        .map(|up| tokio::spawn(follow_reachability::<S>(up, health.clone())));
 
     let outcome = tokio::select! {
         _ = &mut shutdown => None,
         r = front.stopped() => Some(r),
     };
+    if let Some(task) = reachability {
+        // From here on health says NOT_SERVING, whatever the database does.
+        task.abort();
+    }
     front
         .grace(cfg.drain_grace, outcome.is_none(), "approval-svc")
         .await;
@@ -227,5 +229,126 @@ async fn record_progress<S: ApprovalStore>(approvals: Approvals<S>, stop: Cancel
         if let Err(e) = approvals.store().record_progress().await {
             tracing::error!(error = %e, "cannot record durable progress in the integrity marker");
         }
+    }
+}
+
+/// Health follows the database: NOT_SERVING while it cannot be reached (every call that needs
+/// it answers UNAVAILABLE meanwhile), SERVING again once it can.
+async fn follow_reachability<S: ApprovalStore>(
+    mut up: tokio::sync::watch::Receiver<bool>,
+    health: tonic_health::server::HealthReporter,
+) {
+    use tonic::server::NamedService;
+    loop {
+        let status = if *up.borrow_and_update() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        health.set_service_status("", status).await;
+        health
+            .set_service_status(<ApiService<S> as NamedService>::NAME, status)
+            .await;
+        if up.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// What the leader runs, and what it needs to run it.
+struct Leader<S> {
+    approvals: Approvals<S>,
+    client: crate::runner::RunnerClient,
+    cfg: ServeConfig,
+    health: tonic_health::server::HealthReporter,
+}
+
+/// How often a replica that does not lead tries to.
+const LEAD_RETRY: Duration = Duration::from_secs(1);
+
+/// Runs the loops that must run in one process at a time (the event subscription, delivery,
+/// the deadline timer, retention) while this process leads, and tries to lead every
+/// `LEAD_RETRY` while it does not. Losing the leadership stops them before anything else
+/// happens; the leadership is given up only once they have stopped.
+async fn lead<S: ApprovalStore>(leader: Leader<S>, stop: CancellationToken) {
+    let store = leader.approvals.store();
+    loop {
+        let tried = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = store.lead() => r,
+        };
+        match tried {
+            Ok(Some(leadership)) => {
+                tracing::info!("leading: following the runner, delivering, expiring, compacting");
+                let round = stop.child_token();
+                let loops = leader.start(round.clone());
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    _ = leadership.lost() => {
+                        tracing::warn!("leadership lost; the leader's loops stop");
+                    }
+                }
+                round.cancel();
+                for task in loops {
+                    if tokio::time::timeout(leader.cfg.tuning.drain_timeout, task)
+                        .await
+                        .is_err()
+                    {
+                        tracing::warn!("a leader's loop did not stop in time");
+                    }
+                }
+                drop(leadership);
+                if stop.is_cancelled() {
+                    return;
+                }
+            }
+            Ok(None) => tracing::debug!("another replica leads"),
+            Err(e) => tracing::debug!(error = %e, "cannot try to lead"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(LEAD_RETRY) => {}
+        }
+    }
+}
+
+impl<S: ApprovalStore> Leader<S> {
+    fn start(&self, round: CancellationToken) -> Vec<JoinHandle<()>> {
+        vec![
+            tokio::spawn(
+                Subscriber {
+                    approvals: self.approvals.clone(),
+                    client: self.client.clone(),
+                    tuning: self.cfg.tuning.clone(),
+                    health: self.health.clone(),
+                    shutdown: round.clone(),
+                }
+                .run(),
+            ),
+            tokio::spawn(
+                Delivery {
+                    approvals: self.approvals.clone(),
+                    client: self.client.clone(),
+                    tuning: self.cfg.tuning.clone(),
+                    shutdown: round.clone(),
+                }
+                .run(),
+            ),
+            tokio::spawn(
+                DeadlineTimer {
+                    approvals: self.approvals.clone(),
+                    shutdown: round.clone(),
+                }
+                .run(),
+            ),
+            tokio::spawn(
+                Compactor {
+                    approvals: self.approvals.clone(),
+                    cfg: self.cfg.retention.clone(),
+                    shutdown: round,
+                }
+                .run(),
+            ),
+        ]
     }
 }

@@ -162,6 +162,7 @@ pub struct ServeArgs {
 impl ServeArgs {
     pub fn config(&self) -> anyhow::Result<ServeConfig> {
         let mut cfg = ServeConfig::new(&self.data_dir, &self.runner);
+        cfg.store_url = self.store.clone();
         cfg.drain_grace = std::time::Duration::from_millis(self.drain_grace_ms);
         cfg.metrics_listen = self.metrics_listen;
         cfg.retention = RetentionConfig {

@@ -4,7 +4,10 @@
 //! falls between the two; changes already covered by the snapshot are dropped by comparing
 //! record versions. An approval that leaves the filter after the watcher saw it is still sent
 //! once (as UPDATED), so a UI learns that it left. A watcher that falls more than the broadcast
-//! buffer behind is ended with RESOURCE_EXHAUSTED instead of holding memory for it.
+//! buffer behind is ended with RESOURCE_EXHAUSTED instead of holding memory for it. On a shared
+//! store, changes other replicas make arrive through the same broadcast; when this replica may
+//! have missed some (its notification connection was lost), the watch ends with UNAVAILABLE and
+//! the client re-watches for a fresh snapshot.
 
 use std::collections::HashMap;
 
@@ -35,13 +38,15 @@ pub fn start<S: ApprovalStore>(
 ) -> ReceiverStream<Item> {
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     let changes = approvals.subscribe();
+    let mut missed = approvals.missed();
+    missed.mark_unchanged();
     tokio::spawn(async move {
         let watcher = Watcher {
             tx,
             filter,
             sent: HashMap::new(),
         };
-        if let Err(status) = watcher.run(approvals, changes, shutdown).await {
+        if let Err(status) = watcher.run(approvals, changes, missed, shutdown).await {
             tracing::debug!(code = ?status.code(), "watch ended");
         }
     });
@@ -83,6 +88,7 @@ impl Watcher {
         mut self,
         approvals: Approvals<S>,
         mut changes: tokio::sync::broadcast::Receiver<Approval>,
+        mut missed: tokio::sync::watch::Receiver<u64>,
         shutdown: CancellationToken,
     ) -> Result<(), Status> {
         let mut token: Option<String> = None;
@@ -113,6 +119,10 @@ impl Watcher {
             let change = tokio::select! {
                 _ = shutdown.cancelled() => return Err(self.end(Error::ShuttingDown.into()).await),
                 _ = self.tx.closed() => return Ok(()),
+                _ = missed.changed() => {
+                    let why = "changes made on another replica may have been missed; re-watch";
+                    return Err(self.end(Error::Unavailable(why.into()).into()).await);
+                }
                 c = changes.recv() => c,
             };
             let a = match change {

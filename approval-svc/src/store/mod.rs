@@ -9,13 +9,19 @@
 //! `Err` is either a storage failure (`Error::Storage`) or a business outcome that changed
 //! nothing (`Error::NotFound`, `Error::InvalidTransition`, `Error::AlreadyDecided`, …).
 
+mod postgres;
+mod rules;
 mod sled;
 
 use std::future::Future;
 
 use arbor_shared::domain::ApprovalRequest;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::{CancellationToken, DropGuard};
 
-/// The backend `approval-svc serve` runs on: `open` opens it in the data directory.
+/// The backends `approval-svc serve` runs on: `open` opens the embedded one in the data
+/// directory, `PgStore::open` the one shared by replicas (`--store postgres://…`).
+pub use self::postgres::PgStore;
 pub use self::sled::{SledStore, open};
 
 use crate::{
@@ -62,6 +68,48 @@ impl std::ops::AddAssign for Compacted {
     fn add_assign(&mut self, other: Self) {
         self.approvals += other.approvals;
         self.audit_entries += other.audit_entries;
+    }
+}
+
+/// The right to run what must run in one process at a time: following the runner's event log,
+/// delivering decisions, the deadline timer and retention. Dropping it gives it up.
+pub struct Leadership {
+    lost: CancellationToken,
+    _release: Option<DropGuard>,
+}
+
+impl std::fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leadership")
+            .field("lost", &self.lost.is_cancelled())
+            .finish()
+    }
+}
+
+impl Leadership {
+    /// Never lost: the store of a single process.
+    pub fn sole() -> Self {
+        Self {
+            lost: CancellationToken::new(),
+            _release: None,
+        }
+    }
+
+    /// Lost when `lost` is cancelled; `release` is cancelled when this is dropped.
+    pub fn new(lost: CancellationToken, release: CancellationToken) -> Self {
+        Self {
+            lost,
+            _release: Some(release.drop_guard()),
+        }
+    }
+
+    /// Resolves once the leadership is lost (another process may hold it by then).
+    pub async fn lost(&self) {
+        self.lost.cancelled().await
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
     }
 }
 
@@ -214,5 +262,24 @@ pub trait ApprovalStore: Send + Sync + 'static {
     /// fsyncs (group-commit flushes) issued so far.
     fn fsyncs(&self) -> u64 {
         0
+    }
+
+    /// Tries once to become the one process, of all that share this store, that runs the
+    /// leader's loops; `None` while another holds it. A store that no other process opens
+    /// makes its process the leader at once, for good.
+    fn lead(&self) -> impl Future<Output = Result<Option<Leadership>>> + Send {
+        async { Ok(Some(Leadership::sole())) }
+    }
+
+    /// The ids of approvals that other processes sharing this store changed, from now on;
+    /// an empty id means some changes may have been missed. `None`: nobody else writes here.
+    fn foreign_changes(&self) -> Option<mpsc::UnboundedReceiver<String>> {
+        None
+    }
+
+    /// Whether the store's database can be reached right now, kept up to date; `None` for a
+    /// store that is always there while the process runs.
+    fn reachable(&self) -> Option<watch::Receiver<bool>> {
+        None
     }
 }

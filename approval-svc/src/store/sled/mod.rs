@@ -13,12 +13,11 @@ mod retention;
 use std::{path::Path, sync::Arc, time::Duration};
 
 use arbor_shared::{
-    domain::{ApprovalRequest, DecisionKind, DecisionSource, TimeoutAction},
+    domain::ApprovalRequest,
     sled_backend::commit::{BatchCommit, BatchResult, CommitError, FlushError, GroupCommit, TxSet},
     sled_backend::integrity::{self, Integrity},
     time::now_ms,
 };
-use serde_json::{Map, Value as Json};
 use sled::{
     Transactional,
     transaction::{ConflictableTransactionError, TransactionError, TransactionalTree},
@@ -26,13 +25,13 @@ use sled::{
 
 use self::retention::CURSOR_AT_KEY;
 use super::{
-    ACTOR_RUNNER, ACTOR_SERVICE, ACTOR_TIMEOUT, ApprovalStore, Compacted, DeliveryOutcome, Put,
-    Resolved,
+    ApprovalStore, Compacted, DeliveryOutcome, Put, Resolved,
+    rules::{self, Records},
 };
 use crate::{
     error::{Error, Result},
-    lifecycle::{ApprovalState, Transition},
-    model::{Approval, AuditAction, AuditEntry, AuditQuery, Filter, NewDecision, Page},
+    lifecycle::ApprovalState,
+    model::{Approval, AuditEntry, AuditQuery, Filter, NewDecision, Page},
 };
 
 impl From<sled::Error> for Error {
@@ -138,29 +137,33 @@ struct Tx<'a> {
     now: u64,
 }
 
-fn abort<T>(e: Error) -> TxResult<T> {
-    Err(ConflictableTransactionError::Abort(e))
-}
-
 fn lift<T>(r: Result<T>) -> TxResult<T> {
     r.map_err(ConflictableTransactionError::Abort)
 }
 
-impl Tx<'_> {
-    fn load(&self, request_id: &str) -> TxResult<Approval> {
+/// A business outcome ends the sled transaction with nothing written.
+impl From<Error> for ConflictableTransactionError<Error> {
+    fn from(e: Error) -> Self {
+        ConflictableTransactionError::Abort(e)
+    }
+}
+
+impl Records for Tx<'_> {
+    type Fail = ConflictableTransactionError<Error>;
+
+    fn now(&self) -> u64 {
+        self.now
+    }
+
+    fn find(&self, request_id: &str) -> TxResult<Option<Approval>> {
         match self.approvals.get(request_id.as_bytes())? {
-            Some(bytes) => lift(codec::decode(&bytes)),
-            None => abort(Error::NotFound(request_id.to_string())),
+            Some(bytes) => lift(codec::decode(&bytes)).map(Some),
+            None => Ok(None),
         }
     }
 
-    fn step(&self, a: &Approval, event: Transition) -> TxResult<ApprovalState> {
-        a.state.apply(event).or_else(|source| {
-            abort(Error::InvalidTransition {
-                request_id: a.id().to_string(),
-                source,
-            })
-        })
+    fn next_arrival(&self) -> TxResult<u64> {
+        Ok(self.approvals.generate_id()?)
     }
 
     /// Writes the record and keeps every index in step with its state.
@@ -213,28 +216,6 @@ impl Tx<'_> {
         self.audit_by_run
             .insert(codec::owned_key(&entry.run_id, &key), &[][..])?;
         Ok(entry)
-    }
-
-    /// A copy of `a` one version on, in `state`.
-    fn next(&self, a: &Approval, state: ApprovalState) -> Approval {
-        let mut n = a.clone();
-        n.state = state;
-        n.version += 1;
-        n.updated_at_ms = self.now;
-        n
-    }
-
-    fn cancel(&self, a: &Approval, actor: &str, reason: &str) -> TxResult<Approval> {
-        let state = self.step(a, Transition::Cancel)?;
-        let mut n = self.next(a, state);
-        n.cancel_reason = reason.to_string();
-        self.save(Some(a), &n)?;
-        let mut entry = AuditEntry::about(&n, AuditAction::Cancelled, actor).with_reason(reason);
-        if let Some(d) = &n.decision {
-            entry = entry.with_decision(d).with_reason(reason);
-        }
-        self.audit(entry)?;
-        Ok(n)
     }
 }
 
@@ -427,7 +408,7 @@ impl ApprovalStore for SledStore {
         request: ApprovalRequest,
         unknown_kind: Option<i32>,
     ) -> Result<Put> {
-        self.commit(move |tx| put_tx(tx, &request, unknown_kind))
+        self.commit(move |tx| rules::put(tx, &request, unknown_kind))
             .await
     }
 
@@ -436,7 +417,7 @@ impl ApprovalStore for SledStore {
         request: ApprovalRequest,
         unknown_kind: Option<i32>,
     ) -> Result<Put> {
-        self.apply(move |tx| put_tx(tx, &request, unknown_kind))
+        self.apply(move |tx| rules::put(tx, &request, unknown_kind))
             .await
     }
 
@@ -444,79 +425,15 @@ impl ApprovalStore for SledStore {
         // Generated once per call, outside the closure, so a retried transaction reuses it.
         let decision_id = uuid::Uuid::now_v7().to_string();
         let request_id = request_id.to_string();
-        self.commit(move |tx| {
-            let request_id = request_id.as_str();
-            let a = tx.load(request_id)?;
-            if !a.allows(decision.kind) {
-                return abort(Error::not_allowed(
-                    request_id,
-                    decision.kind,
-                    &a.request.allowed_decisions,
-                ));
-            }
-            // A cancelled approval refuses every decision, even the one it held.
-            if let (Some(held), false) = (&a.decision, a.state == ApprovalState::Cancelled) {
-                if decision.repeats(held, a.state == ApprovalState::Pruned) {
-                    return Ok(Resolved {
-                        approval: a,
-                        duplicate: true,
-                    });
-                }
-                return abort(Error::AlreadyDecided {
-                    request_id: request_id.to_string(),
-                    existing: held.kind.as_str(),
-                    decision_id: held.decision_id.clone(),
-                });
-            }
-            let state = tx.step(&a, Transition::Decide)?;
-            let mut n = tx.next(&a, state);
-            let d = decision.clone().into_decision(decision_id.clone(), tx.now);
-            let actor = match d.source {
-                DecisionSource::Person => d.decided_by.clone(),
-                DecisionSource::Policy => d.rule.clone(),
-                DecisionSource::Timeout => ACTOR_TIMEOUT.to_string(),
-            };
-            let entry = AuditEntry::about(&n, AuditAction::Decided, actor).with_decision(&d);
-            n.decision = Some(d);
-            tx.save(Some(&a), &n)?;
-            tx.audit(entry)?;
-            Ok(Resolved {
-                approval: n,
-                duplicate: false,
-            })
-        })
-        .await
+        self.commit(move |tx| rules::resolve(tx, &request_id, &decision, &decision_id))
+            .await
     }
 
     async fn expire(&self, request_id: &str) -> Result<Approval> {
         let decision_id = uuid::Uuid::now_v7().to_string();
         let request_id = request_id.to_string();
-        self.commit(move |tx| {
-            let a = tx.load(&request_id)?;
-            let state = tx.step(&a, Transition::Expire)?;
-            let mut n = tx.next(&a, state);
-            let kind = match a.request.on_timeout {
-                TimeoutAction::Approve => DecisionKind::Approve,
-                TimeoutAction::Reject => DecisionKind::Reject,
-            };
-            let d = NewDecision {
-                kind,
-                reason: "deadline passed".into(),
-                args: Json::Null,
-                result: Json::Null,
-                decided_by: ACTOR_TIMEOUT.into(),
-                source: DecisionSource::Timeout,
-                rule: String::new(),
-            }
-            .into_decision(decision_id.clone(), tx.now);
-            let entry =
-                AuditEntry::about(&n, AuditAction::Expired, ACTOR_TIMEOUT).with_decision(&d);
-            n.decision = Some(d);
-            tx.save(Some(&a), &n)?;
-            tx.audit(entry)?;
-            Ok(n)
-        })
-        .await
+        self.commit(move |tx| rules::expire(tx, &request_id, &decision_id))
+            .await
     }
 
     async fn record_delivery(
@@ -528,46 +445,19 @@ impl ApprovalStore for SledStore {
         // Bookkeeping only: if a crash loses it, the decision is delivered again, which the
         // runner answers as a duplicate. No fsync of its own.
         let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
-        self.apply(move |tx| {
-            let a = tx.load(&request_id)?;
-            let holds = a
-                .decision
-                .as_ref()
-                .is_some_and(|d| d.decision_id == decision_id);
-            if !holds || !a.needs_delivery() {
-                return Ok(None);
-            }
-            let mut n = tx.next(&a, a.state);
-            n.delivery_attempts = n.delivery_attempts.saturating_add(1);
-            match &outcome {
-                DeliveryOutcome::Accepted => {
-                    n.delivered_at_ms = tx.now;
-                    n.last_delivery_error.clear();
-                }
-                DeliveryOutcome::Failed(e) => n.last_delivery_error = e.clone(),
-            }
-            tx.save(Some(&a), &n)?;
-            if outcome == DeliveryOutcome::Accepted
-                && let Some(d) = &n.decision
-            {
-                tx.audit(
-                    AuditEntry::about(&n, AuditAction::Delivered, ACTOR_SERVICE).with_decision(d),
-                )?;
-            }
-            Ok(Some(n))
-        })
-        .await
+        self.apply(move |tx| rules::record_delivery(tx, &request_id, &decision_id, &outcome))
+            .await
     }
 
     async fn ack_result(&self, request_id: &str, decision_id: &str) -> Result<Approval> {
         let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
-        self.commit(move |tx| ack_tx(tx, &request_id, &decision_id))
+        self.commit(move |tx| rules::ack(tx, &request_id, &decision_id))
             .await
     }
 
     async fn prune_result(&self, request_id: &str) -> Result<Approval> {
         let request_id = request_id.to_string();
-        self.commit(move |tx| prune_tx(tx, &request_id)).await
+        self.commit(move |tx| rules::prune(tx, &request_id)).await
     }
 
     async fn ack_and_prune(
@@ -577,8 +467,8 @@ impl ApprovalStore for SledStore {
     ) -> Result<(Approval, Approval)> {
         let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
         self.commit(move |tx| {
-            let acked = ack_tx(tx, &request_id, &decision_id)?;
-            let pruned = prune_tx(tx, &request_id)?;
+            let acked = rules::ack(tx, &request_id, &decision_id)?;
+            let pruned = rules::prune(tx, &request_id)?;
             Ok((acked, pruned))
         })
         .await
@@ -591,8 +481,8 @@ impl ApprovalStore for SledStore {
             reason.to_string(),
         );
         self.commit(move |tx| {
-            let a = tx.load(&request_id)?;
-            tx.cancel(&a, &actor, &reason)
+            let a = rules::load(tx, &request_id)?;
+            rules::cancel(tx, &a, &actor, &reason)
         })
         .await
     }
@@ -604,9 +494,7 @@ impl ApprovalStore for SledStore {
             let id = String::from_utf8_lossy(&key[run_id.len() + 1..]).into_owned();
             // Every run's end comes here; most of its approvals are long final, and a commit
             // for nothing would cost a flush. The transaction checks the state again.
-            let open = self
-                .get(&id)?
-                .is_some_and(|a| a.state.apply(Transition::Cancel).is_ok());
+            let open = self.get(&id)?.is_some_and(|a| rules::cancellable(&a));
             if open {
                 ids.push(id);
             }
@@ -618,9 +506,9 @@ impl ApprovalStore for SledStore {
         self.commit(move |tx| {
             let mut changed = Vec::new();
             for id in &ids {
-                let a = tx.load(id)?;
-                if a.state.apply(Transition::Cancel).is_ok() {
-                    changed.push(tx.cancel(&a, &actor, &reason)?);
+                let a = rules::load(tx, id)?;
+                if rules::cancellable(&a) {
+                    changed.push(rules::cancel(tx, &a, &actor, &reason)?);
                 }
             }
             Ok(changed)
@@ -629,7 +517,8 @@ impl ApprovalStore for SledStore {
     }
 
     async fn append_audit(&self, entry: AuditEntry) -> Result<AuditEntry> {
-        self.commit(move |tx| tx.audit(entry.clone())).await
+        self.commit(move |tx| Records::audit(tx, entry.clone()))
+            .await
     }
 
     fn get(&self, request_id: &str) -> Result<Option<Approval>> {
@@ -752,76 +641,4 @@ impl ApprovalStore for SledStore {
         self.db.flush_async().await?;
         Ok(())
     }
-}
-
-fn put_tx(tx: &Tx<'_>, request: &ApprovalRequest, unknown_kind: Option<i32>) -> TxResult<Put> {
-    if let Some(bytes) = tx.approvals.get(request.request_id.as_bytes())? {
-        return Ok(Put {
-            approval: lift(codec::decode(&bytes))?,
-            created: false,
-        });
-    }
-    let approval = Approval {
-        arrival: tx.approvals.generate_id()?,
-        request: request.clone(),
-        unknown_kind,
-        state: ApprovalState::Pending,
-        decision: None,
-        created_at_ms: tx.now,
-        updated_at_ms: tx.now,
-        version: 1,
-        delivery_attempts: 0,
-        last_delivery_error: String::new(),
-        delivered_at_ms: 0,
-        cancel_reason: String::new(),
-    };
-    tx.save(None, &approval)?;
-    tx.audit(
-        AuditEntry::about(&approval, AuditAction::Requested, ACTOR_RUNNER)
-            .with_reason(request.title.clone()),
-    )?;
-    Ok(Put {
-        approval,
-        created: true,
-    })
-}
-
-fn ack_tx(tx: &Tx<'_>, request_id: &str, decision_id: &str) -> TxResult<Approval> {
-    let a = tx.load(request_id)?;
-    let state = tx.step(&a, Transition::Ack)?;
-    let held = a
-        .decision
-        .as_ref()
-        .map(|d| d.decision_id.clone())
-        .unwrap_or_default();
-    if held != decision_id {
-        return abort(Error::DecisionMismatch {
-            request_id: request_id.to_string(),
-            held,
-            given: decision_id.to_string(),
-        });
-    }
-    let n = tx.next(&a, state);
-    tx.save(Some(&a), &n)?;
-    let mut entry = AuditEntry::about(&n, AuditAction::Acked, ACTOR_RUNNER);
-    if let Some(d) = &n.decision {
-        entry = entry.with_decision(d);
-    }
-    tx.audit(entry)?;
-    Ok(n)
-}
-
-fn prune_tx(tx: &Tx<'_>, request_id: &str) -> TxResult<Approval> {
-    let a = tx.load(request_id)?;
-    let state = tx.step(&a, Transition::Prune)?;
-    let mut n = tx.next(&a, state);
-    n.request.tool_args = Json::Null;
-    n.request.context = Map::new();
-    if let Some(d) = &mut n.decision {
-        d.args = Json::Null;
-        d.result = Json::Null;
-    }
-    tx.save(Some(&a), &n)?;
-    tx.audit(AuditEntry::about(&n, AuditAction::Pruned, ACTOR_SERVICE))?;
-    Ok(n)
 }

@@ -1,0 +1,476 @@
+//! The PostgreSQL implementation of `ApprovalStore`, shared by every replica that opens the
+//! same database (`approval-svc serve --store postgres://…`).
+//!
+//! - Every state change is one SQL transaction (READ COMMITTED) that reads the approval's row
+//!   `FOR UPDATE`, runs the same rules as every backend (`store::rules`), writes the record with
+//!   its indexed columns and its audit entry, notifies `arbor_approvals` and commits; it answers
+//!   after the commit, which PostgreSQL makes durable before it returns (`synchronous_commit`
+//!   on, the default). The row lock is the single winner: of two decisions on one approval, on
+//!   any replicas, the second waits for the first and then finds it decided. Two requests with
+//!   the same new id race on the primary key; the loser's transaction runs again and finds the
+//!   winner's record.
+//! - Reads are single statements on a pooled connection, blocking the calling thread as the
+//!   embedded store's reads do.
+//! - The pending count is `count(*)` over a partial index that holds only PENDING rows: its cost
+//!   grows with what is pending, not with history, and no counter row serialises the writers.
+//! - Audit ids come from a sequence: increasing in the order entries are written, and, since
+//!   every change of one approval holds its row lock, in the order of that approval's changes.
+//! - Other replicas' changes arrive as notifications (`foreign_changes`); the leader's lock is a
+//!   session-level advisory lock (`lead`).
+
+mod lead;
+mod query;
+mod schema;
+mod tx;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use arbor_shared::{
+    domain::ApprovalRequest,
+    postgres::{Database, DbError, wait},
+    time::now_ms,
+};
+use serde::{Serialize, de::DeserializeOwned};
+use tokio::sync::{mpsc, watch};
+
+use self::tx::{Fail, PgTx};
+use super::{
+    ApprovalStore, Compacted, DeliveryOutcome, Leadership, Put, Resolved,
+    rules::{self, Records},
+};
+use crate::{
+    error::{Error, Result},
+    model::{Approval, AuditEntry, AuditQuery, Filter, NewDecision, Page},
+};
+
+/// The notification channel every change is announced on; the payload is `"{instance}
+/// {request_id}"` (an empty id: "look at everything").
+const CHANNEL: &str = "arbor_approvals";
+/// How long start-up waits for an unreachable database.
+const OPEN_PATIENCE: Duration = Duration::from_secs(30);
+/// How often the database's reachability is probed (health).
+const HEALTH_PERIOD: Duration = Duration::from_secs(1);
+/// Tries of a transaction that keeps conflicting before it fails.
+const MAX_TRIES: u32 = 50;
+/// Approvals deleted per retention statement.
+const COMPACT_BATCH: i64 = 256;
+
+const CURSOR_KEY: &str = "subscriber_cursor";
+const CURSOR_AT_KEY: &str = "subscriber_cursor_at";
+
+impl From<DbError> for Error {
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::Unavailable(m) => Error::Unavailable(m),
+            other => Error::Storage(other.to_string()),
+        }
+    }
+}
+
+fn db_error(e: impl Into<DbError>) -> Error {
+    Error::from(e.into())
+}
+
+/// Column values are `bigint`; times and counters never come near its end, a cutoff of
+/// "everything" may.
+fn clamp(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| Error::Storage(format!("cannot encode record: {e}")))
+}
+
+fn decode<T: DeserializeOwned>(text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| Error::Storage(format!("corrupt record: {e}")))
+}
+
+/// Approvals in a PostgreSQL database.
+pub struct PgStore {
+    db: Database,
+    /// Tells this process's notifications from other replicas'.
+    instance: Arc<str>,
+    commits: Arc<AtomicU64>,
+    reachable: watch::Receiver<bool>,
+    health: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore").finish_non_exhaustive()
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        // The probe holds a handle on the pool; without it the pool and its runtime go.
+        self.health.abort();
+    }
+}
+
+impl PgStore {
+    /// Opens the approval tables in the database at `url`, creating or migrating them (once,
+    /// under an advisory lock, when replicas start together). Waits up to 30 s for an
+    /// unreachable database; refuses a schema newer than this binary's.
+    pub async fn open(url: &str) -> Result<PgStore> {
+        let db = Database::open(url, "arbor-approval", schema::SCHEMA, OPEN_PATIENCE)
+            .await
+            .map_err(|e| match e {
+                DbError::Unavailable(m) => Error::Unavailable(m),
+                other => Error::Storage(other.to_string()),
+            })?;
+        let (up, reachable) = watch::channel(true);
+        let health = db.watch_health(HEALTH_PERIOD, move |is_up| {
+            up.send_replace(is_up);
+        });
+        Ok(PgStore {
+            db,
+            instance: uuid::Uuid::new_v4().simple().to_string().into(),
+            commits: Arc::new(AtomicU64::new(0)),
+            reachable,
+            health,
+        })
+    }
+
+    /// Runs `body` as one SQL transaction on a blocking thread, again when it conflicts with
+    /// another (a unique violation or a deadlock); answers after the commit.
+    async fn transact<T: Send + 'static>(
+        &self,
+        body: impl Fn(&PgTx<'_>) -> Result<T, Fail> + Send + 'static,
+    ) -> Result<T> {
+        let (db, instance, commits) =
+            (self.db.clone(), self.instance.clone(), self.commits.clone());
+        tokio::task::spawn_blocking(move || {
+            let outcome = transact_blocking(&db, &instance, &body);
+            if outcome.is_ok() {
+                commits.fetch_add(1, Ordering::Relaxed);
+            }
+            outcome
+        })
+        .await
+        .map_err(|e| Error::Storage(format!("store task failed: {e}")))?
+    }
+
+    fn meta(&self, key: &str) -> Result<Option<u64>> {
+        let client = self.db.client_blocking()?;
+        let row = wait(client.query_opt("SELECT value FROM approval_meta WHERE key = $1", &[&key]))
+            .map_err(db_error)?;
+        Ok(row.map(|r| r.get::<_, i64>(0).max(0) as u64))
+    }
+}
+
+fn transact_blocking<T>(
+    db: &Database,
+    instance: &str,
+    body: &impl Fn(&PgTx<'_>) -> Result<T, Fail>,
+) -> Result<T> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let ran = (|| -> Result<Result<T, Error>, DbError> {
+            let client = db.client_blocking()?;
+            let tx = PgTx::begin(&client, instance)?;
+            let outcome = body(&tx);
+            let result = match outcome {
+                Ok(v) => tx.commit().map(|()| Ok(v)),
+                Err(Fail::Rule(e)) => Ok(Err(e)),
+                Err(Fail::Db(e)) => Err(e),
+            };
+            if !matches!(result, Ok(Ok(_))) {
+                tx.rollback();
+            }
+            result
+        })();
+        match ran {
+            Ok(outcome) => return outcome,
+            Err(DbError::Conflict(_)) if attempt < MAX_TRIES => {
+                let micros = 100u64 << attempt.min(8);
+                std::thread::sleep(Duration::from_micros(fastrand::u64(0..=micros)));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+impl ApprovalStore for PgStore {
+    async fn put_request(
+        &self,
+        request: ApprovalRequest,
+        unknown_kind: Option<i32>,
+    ) -> Result<Put> {
+        self.transact(move |tx| rules::put(tx, &request, unknown_kind))
+            .await
+    }
+
+    async fn resolve_request(&self, request_id: &str, decision: NewDecision) -> Result<Resolved> {
+        // Generated once per call, so a transaction run again reuses it.
+        let decision_id = uuid::Uuid::now_v7().to_string();
+        let request_id = request_id.to_string();
+        self.transact(move |tx| rules::resolve(tx, &request_id, &decision, &decision_id))
+            .await
+    }
+
+    async fn expire(&self, request_id: &str) -> Result<Approval> {
+        let decision_id = uuid::Uuid::now_v7().to_string();
+        let request_id = request_id.to_string();
+        self.transact(move |tx| rules::expire(tx, &request_id, &decision_id))
+            .await
+    }
+
+    async fn record_delivery(
+        &self,
+        request_id: &str,
+        decision_id: &str,
+        outcome: DeliveryOutcome,
+    ) -> Result<Option<Approval>> {
+        let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
+        self.transact(move |tx| rules::record_delivery(tx, &request_id, &decision_id, &outcome))
+            .await
+    }
+
+    async fn ack_result(&self, request_id: &str, decision_id: &str) -> Result<Approval> {
+        let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
+        self.transact(move |tx| rules::ack(tx, &request_id, &decision_id))
+            .await
+    }
+
+    async fn ack_and_prune(
+        &self,
+        request_id: &str,
+        decision_id: &str,
+    ) -> Result<(Approval, Approval)> {
+        let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
+        self.transact(move |tx| {
+            let acked = rules::ack(tx, &request_id, &decision_id)?;
+            let pruned = rules::prune(tx, &request_id)?;
+            Ok((acked, pruned))
+        })
+        .await
+    }
+
+    async fn prune_result(&self, request_id: &str) -> Result<Approval> {
+        let request_id = request_id.to_string();
+        self.transact(move |tx| rules::prune(tx, &request_id)).await
+    }
+
+    async fn cancel(&self, request_id: &str, actor: &str, reason: &str) -> Result<Approval> {
+        let (request_id, actor, reason) = (
+            request_id.to_string(),
+            actor.to_string(),
+            reason.to_string(),
+        );
+        self.transact(move |tx| {
+            let a = rules::load(tx, &request_id)?;
+            rules::cancel(tx, &a, &actor, &reason)
+        })
+        .await
+    }
+
+    async fn cancel_run(&self, run_id: &str, actor: &str, reason: &str) -> Result<Vec<Approval>> {
+        let (run_id, actor, reason) = (run_id.to_string(), actor.to_string(), reason.to_string());
+        self.transact(move |tx| {
+            let mut changed = Vec::new();
+            for id in tx.cancellable_of_run(&run_id)? {
+                let a = rules::load(tx, &id)?;
+                if rules::cancellable(&a) {
+                    changed.push(rules::cancel(tx, &a, &actor, &reason)?);
+                }
+            }
+            Ok(changed)
+        })
+        .await
+    }
+
+    async fn append_audit(&self, entry: AuditEntry) -> Result<AuditEntry> {
+        self.transact(move |tx| Records::audit(tx, entry.clone()))
+            .await
+    }
+
+    fn get(&self, request_id: &str) -> Result<Option<Approval>> {
+        let client = self.db.client_blocking()?;
+        let row = wait(client.query_opt(
+            "SELECT record::text FROM approval_records WHERE request_id = $1",
+            &[&request_id],
+        ))
+        .map_err(db_error)?;
+        row.map(|r| decode(r.get(0))).transpose()
+    }
+
+    fn list(
+        &self,
+        filter: &Filter,
+        page_size: usize,
+        page_token: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Page<Approval>> {
+        self.list_approvals(filter, page_size, page_token, now_ms)
+    }
+
+    fn audit(
+        &self,
+        query: &AuditQuery,
+        page_size: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<AuditEntry>> {
+        self.list_audit(query, page_size, page_token)
+    }
+
+    fn next_deadline(&self) -> Result<Option<(u64, String)>> {
+        let client = self.db.client_blocking()?;
+        let row = wait(client.query_opt(
+            "SELECT deadline_ms, request_id FROM approval_records
+             WHERE state = 'PENDING' AND deadline_ms > 0
+             ORDER BY deadline_ms, request_id LIMIT 1",
+            &[],
+        ))
+        .map_err(db_error)?;
+        Ok(row.map(|r| (r.get::<_, i64>(0) as u64, r.get(1))))
+    }
+
+    fn pending_count(&self) -> Result<u64> {
+        let client = self.db.client_blocking()?;
+        let row = wait(client.query_one(
+            "SELECT count(*) FROM approval_records WHERE state = 'PENDING'",
+            &[],
+        ))
+        .map_err(db_error)?;
+        Ok(row.get::<_, i64>(0).max(0) as u64)
+    }
+
+    fn undelivered(&self) -> Result<Vec<Approval>> {
+        let client = self.db.client_blocking()?;
+        let rows = wait(client.query(
+            "SELECT record::text FROM approval_records WHERE awaiting_delivery ORDER BY arrival",
+            &[],
+        ))
+        .map_err(db_error)?;
+        rows.iter().map(|r| decode(r.get(0))).collect()
+    }
+
+    fn cursor(&self) -> Result<Option<u64>> {
+        self.meta(CURSOR_KEY)
+    }
+
+    fn set_cursor(&self, seq: u64) -> Result<()> {
+        let client = self.db.client_blocking()?;
+        wait(client.execute(
+            "INSERT INTO approval_meta (key, value) VALUES ($1, $2), ($3, $4)
+             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+            &[&CURSOR_KEY, &clamp(seq), &CURSOR_AT_KEY, &clamp(now_ms())],
+        ))
+        .map_err(db_error)?;
+        Ok(())
+    }
+
+    fn cursor_acked_at(&self) -> Result<Option<u64>> {
+        self.meta(CURSOR_AT_KEY)
+    }
+
+    /// Deletes batch by batch, each batch one statement (so one transaction): the approvals,
+    /// then their audit entries and traces. Final approvals never change again, so nothing
+    /// races the delete.
+    async fn compact(&self, cutoff_ms: u64) -> Result<Compacted> {
+        let cutoff = clamp(cutoff_ms);
+        let mut total = Compacted::default();
+        loop {
+            let client = self.db.client().await?;
+            let row = client
+                .query_one(
+                    "WITH doomed AS (
+                         SELECT request_id FROM approval_records
+                         WHERE state IN ('PRUNED', 'CANCELLED') AND updated_at_ms <= $1
+                         ORDER BY updated_at_ms LIMIT $2 FOR UPDATE SKIP LOCKED
+                     ), gone AS (
+                         DELETE FROM approval_records r USING doomed d
+                         WHERE r.request_id = d.request_id RETURNING r.request_id
+                     ), audit AS (
+                         DELETE FROM approval_audit a USING gone g
+                         WHERE a.request_id = g.request_id RETURNING 1
+                     ), traces AS (
+                         DELETE FROM approval_traces t USING gone g
+                         WHERE t.request_id = g.request_id RETURNING 1
+                     )
+                     SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM audit),
+                            (SELECT count(*) FROM traces)",
+                    &[&cutoff, &COMPACT_BATCH],
+                )
+                .await
+                .map_err(db_error)?;
+            let approvals: i64 = row.get(0);
+            let audit: i64 = row.get(1);
+            total += Compacted {
+                approvals: approvals.max(0) as u64,
+                audit_entries: audit.max(0) as u64,
+            };
+            if approvals < COMPACT_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<()> {
+        let client = self.db.client_blocking()?;
+        wait(client.execute(
+            "INSERT INTO approval_traces (request_id, traceparent) VALUES ($1, $2)
+             ON CONFLICT (request_id) DO UPDATE SET traceparent = EXCLUDED.traceparent",
+            &[&request_id, &traceparent],
+        ))
+        .map_err(db_error)?;
+        Ok(())
+    }
+
+    fn trace(&self, request_id: &str) -> Result<Option<String>> {
+        let client = self.db.client_blocking()?;
+        let row = wait(client.query_opt(
+            "SELECT traceparent FROM approval_traces WHERE request_id = $1",
+            &[&request_id],
+        ))
+        .map_err(db_error)?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    /// Every write answered after its commit, which the server made durable.
+    async fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Commits so far: each one waited for the server's WAL flush.
+    fn fsyncs(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    async fn lead(&self) -> Result<Option<Leadership>> {
+        lead::try_lead(&self.db).await
+    }
+
+    fn foreign_changes(&self) -> Option<mpsc::UnboundedReceiver<String>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let instance = self.instance.clone();
+        let listened = self.db.listen(&[CHANNEL], move |_, payload| {
+            let id = match payload.split_once(' ') {
+                Some((from, _)) if from == &*instance => return,
+                Some((_, id)) => id,
+                // A reconnect ("", ""): whatever was notified meanwhile is unknown.
+                None => "",
+            };
+            let _ = tx.send(id.to_string());
+        });
+        match listened {
+            Ok(()) => Some(rx),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for other replicas' changes");
+                None
+            }
+        }
+    }
+
+    fn reachable(&self) -> Option<watch::Receiver<bool>> {
+        Some(self.reachable.clone())
+    }
+}

@@ -1,0 +1,63 @@
+//! The approval store's tables in PostgreSQL, as embedded migrations (oldest first; a released
+//! migration is never edited, changes are new ones).
+//!
+//! An approval is one row: the record itself as `jsonb` (what `GetApproval` answers) and, next
+//! to it, the columns the service looks things up by, each kept in step with the record by the
+//! same statement that writes it. Partial indexes hold only what a loop reads: the PENDING
+//! approvals (the count and the deadline timer), the decisions awaiting delivery (the outbox)
+//! and the final ones (retention).
+
+use arbor_shared::postgres::Schema;
+
+pub const SCHEMA: Schema = Schema {
+    component: "approval",
+    migrations: &[V1],
+};
+
+const V1: &str = "
+CREATE TABLE approval_records (
+    request_id text PRIMARY KEY,
+    run_id text NOT NULL,
+    state text NOT NULL,
+    created_at_ms bigint NOT NULL,
+    arrival bigint NOT NULL,
+    updated_at_ms bigint NOT NULL,
+    deadline_ms bigint NOT NULL,
+    awaiting_delivery boolean NOT NULL,
+    record jsonb NOT NULL
+);
+CREATE INDEX approval_records_by_created ON approval_records (created_at_ms, arrival);
+CREATE INDEX approval_records_by_state ON approval_records (state, created_at_ms, arrival);
+CREATE INDEX approval_records_by_run ON approval_records (run_id);
+CREATE INDEX approval_records_pending ON approval_records (request_id)
+    WHERE state = 'PENDING';
+CREATE INDEX approval_records_deadlines ON approval_records (deadline_ms, request_id)
+    WHERE state = 'PENDING' AND deadline_ms > 0;
+CREATE INDEX approval_records_outbox ON approval_records (arrival)
+    WHERE awaiting_delivery;
+CREATE INDEX approval_records_final ON approval_records (updated_at_ms)
+    WHERE state IN ('PRUNED', 'CANCELLED');
+CREATE SEQUENCE approval_arrivals;
+
+CREATE TABLE approval_audit (
+    id bigint PRIMARY KEY,
+    request_id text NOT NULL,
+    run_id text NOT NULL,
+    time_ms bigint NOT NULL,
+    action text NOT NULL,
+    entry jsonb NOT NULL
+);
+CREATE INDEX approval_audit_by_request ON approval_audit (request_id, id);
+CREATE INDEX approval_audit_by_run ON approval_audit (run_id, id);
+CREATE SEQUENCE approval_audit_ids;
+
+CREATE TABLE approval_meta (
+    key text PRIMARY KEY,
+    value bigint NOT NULL
+);
+
+CREATE TABLE approval_traces (
+    request_id text PRIMARY KEY,
+    traceparent text NOT NULL
+);
+";

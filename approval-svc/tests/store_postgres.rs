@@ -1,0 +1,213 @@
+//! The PostgreSQL ApprovalStore on a throwaway cluster: the conformance suite, plus what only a
+//! store shared by several processes has (two stores on one database racing decisions, one
+//! store's changes announced to the other, the leader's advisory lock).
+
+// Helpers outside #[test] functions may fail loudly too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod conformance;
+mod support;
+
+use std::sync::Arc;
+
+use arbor_approval_svc::{
+    ApprovalStore, Error,
+    lifecycle::ApprovalState,
+    model::{AuditAction, AuditQuery, NewDecision},
+    store::PgStore,
+};
+use arbor_shared::domain::DecisionKind;
+use arbor_testkit::PgCluster;
+use conformance::{Backend, tool};
+use serde_json::json;
+use support::{WAIT, eventually};
+
+/// A fresh database on the shared cluster; a reopen is a new store on the same URL.
+struct Postgres;
+
+impl Backend for Postgres {
+    type Store = PgStore;
+    type Place = String;
+
+    async fn place() -> String {
+        tokio::task::spawn_blocking(|| PgCluster::shared().fresh_database("approval"))
+            .await
+            .unwrap()
+    }
+
+    async fn open(url: &String) -> PgStore {
+        PgStore::open(url).await.unwrap()
+    }
+}
+
+conformance::suite!(Postgres);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_stores_on_one_database_have_exactly_one_winner() {
+    let url = Postgres::place().await;
+    let stores = [
+        Arc::new(Postgres::open(&url).await),
+        Arc::new(Postgres::open(&url).await),
+    ];
+    for round in 0..5 {
+        let id = format!("r{round}");
+        stores[0]
+            .put_request(tool(&id, "run-1"), None)
+            .await
+            .unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..16 {
+            let store = stores[i % 2].clone();
+            let id = id.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut d = NewDecision::person(DecisionKind::Edit, format!("p{i}"));
+                d.args = json!({"replicas": i});
+                store.resolve_request(&id, d).await
+            }));
+        }
+        let mut winners = Vec::new();
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(r) => {
+                    assert!(!r.duplicate);
+                    winners.push(r.approval);
+                }
+                Err(Error::AlreadyDecided { .. }) => {}
+                Err(e) => panic!("unexpected {e:?}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}");
+        for store in &stores {
+            assert_eq!(store.get(&id).unwrap().unwrap(), winners[0]);
+            let decided = store
+                .audit(&AuditQuery::Request(id.clone()), 100, None)
+                .unwrap()
+                .items
+                .iter()
+                .filter(|e| e.action == AuditAction::Decided)
+                .count();
+            assert_eq!(decided, 1);
+        }
+    }
+    // The same new request from both at once: stored once, audited once.
+    let (a, b) = tokio::join!(
+        stores[0].put_request(tool("twin", "run-2"), None),
+        stores[1].put_request(tool("twin", "run-2"), None),
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(a.created != b.created, "exactly one of them created it");
+    assert_eq!(a.approval, b.approval);
+    assert_eq!(stores[1].pending_count().unwrap(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_through_one_store_is_announced_to_the_other() {
+    let url = Postgres::place().await;
+    let (a, b) = (Postgres::open(&url).await, Postgres::open(&url).await);
+    let mut seen_by_b = b
+        .foreign_changes()
+        .expect("a shared store announces changes");
+    let mut seen_by_a = a.foreign_changes().unwrap();
+    // The listeners connect in the background: changes until B hears one, then the test.
+    let mut warm = 0;
+    eventually("B's listener to connect", WAIT, || {
+        warm += 1;
+        let (a, id) = (&a, format!("warm-{warm}"));
+        let heard = seen_by_b.try_recv().is_ok();
+        async move {
+            a.put_request(tool(&id, "run-0"), None).await.unwrap();
+            heard.then_some(())
+        }
+    })
+    .await;
+    while seen_by_b.try_recv().is_ok() {}
+    a.put_request(tool("r1", "run-1"), None).await.unwrap();
+    a.resolve_request("r1", NewDecision::person(DecisionKind::Approve, "ana"))
+        .await
+        .unwrap();
+    let next = |rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>| {
+        let got = rx.try_recv().ok();
+        async move { got }
+    };
+    let first = eventually("B to hear of the request", WAIT, || {
+        // The last warm-up change may still be on its way.
+        let got = seen_by_b
+            .try_recv()
+            .ok()
+            .filter(|id| !id.starts_with("warm-"));
+        async move { got }
+    })
+    .await;
+    assert_eq!(first, "r1");
+    let second = eventually("B to hear of the decision", WAIT, || next(&mut seen_by_b)).await;
+    assert_eq!(second, "r1");
+    assert_eq!(b.get("r1").unwrap().unwrap().state, ApprovalState::Resolved);
+    // A store never hears its own changes (its process published them already).
+    assert!(seen_by_a.try_recv().is_err(), "A did not hear itself");
+    b.cancel("r1", "runner", "withdrawn").await.unwrap();
+    let from_b = eventually("A to hear of B's change", WAIT, || next(&mut seen_by_a)).await;
+    assert_eq!(from_b, "r1");
+    assert!(seen_by_a.try_recv().is_err(), "A heard only B's change");
+    assert!(seen_by_b.try_recv().is_err(), "B did not hear itself");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_at_a_time_and_the_next_takes_over_when_it_goes() {
+    let url = Postgres::place().await;
+    let (a, b) = (Postgres::open(&url).await, Postgres::open(&url).await);
+    let first = a.lead().await.unwrap().expect("nobody leads yet");
+    for _ in 0..3 {
+        assert!(b.lead().await.unwrap().is_none(), "two leaders at once");
+        assert!(
+            a.lead().await.unwrap().is_none(),
+            "the lock is not re-entrant"
+        );
+    }
+    drop(first);
+    let second = eventually("B to take over", WAIT, || async { b.lead().await.unwrap() }).await;
+    assert!(!second.is_lost());
+    assert!(a.lead().await.unwrap().is_none());
+
+    // A leader that goes away without a word (its store and connections dropped, as when
+    // its process dies): the other takes over.
+    drop(second);
+    let third = eventually("A to take over", WAIT, || async { a.lead().await.unwrap() }).await;
+    drop(b);
+    drop(a);
+    let c = Postgres::open(&url).await;
+    eventually("C to take over from the dropped store", WAIT, || async {
+        c.lead().await.unwrap()
+    })
+    .await;
+    tokio::time::timeout(WAIT, third.lost())
+        .await
+        .expect("a leader whose database handle is gone knows it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_session_ends_stops_leading() {
+    let url = Postgres::place().await;
+    let (a, b) = (Postgres::open(&url).await, Postgres::open(&url).await);
+    let leadership = a.lead().await.unwrap().unwrap();
+    let terminated = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || {
+            PgCluster::shared().psql(
+                &url,
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name = 'arbor-approval-leader' AND datname = current_database()",
+            )
+        }
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(terminated, "1");
+    tokio::time::timeout(WAIT, leadership.lost())
+        .await
+        .expect("the leader noticed its session is gone");
+    let next = eventually("B to take over", WAIT, || async { b.lead().await.unwrap() }).await;
+    assert!(!next.is_lost());
+    // A may try again, but B leads now.
+    assert!(a.lead().await.unwrap().is_none());
+}
