@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::time::Duration;
 
 use arbor_runner_svc::{
@@ -24,6 +26,7 @@ async fn acked_events_finished_runs_and_final_jobs_are_compacted() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = ServeConfig {
         data_dir: dir.path().to_path_buf(),
+        store_url: common::store_url(dir.path()),
         workers: 2,
         ..ServeConfig::default()
     };

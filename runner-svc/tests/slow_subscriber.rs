@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::time::Duration;
 
 use arbor_runner_svc::{
@@ -28,6 +30,7 @@ async fn a_subscriber_that_stops_reading_is_dropped_and_resumes_from_its_cursor(
     let dir = tempfile::tempdir().unwrap();
     let cfg = ServeConfig {
         data_dir: dir.path().to_path_buf(),
+        store_url: common::store_url(dir.path()),
         workers: 2,
         stream_lag_timeout: Duration::from_millis(300),
         ..ServeConfig::default()

@@ -9,8 +9,8 @@
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
 pub use deadpool_postgres::Object;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
 pub use tokio_postgres;
 use tokio_postgres::{NoTls, error::SqlState};
 
@@ -207,9 +207,16 @@ impl Database {
         &self,
         fut: impl Future<Output = Result<R, DbError>> + Send + 'static,
     ) -> Result<R, DbError> {
-        let task = self.handle()?.spawn(fut);
-        futures_executor::block_on(task)
-            .map_err(|e| DbError::Failed(format!("database task failed: {e}")))?
+        // The answer comes back over a std channel: a tokio JoinHandle polled from a thread
+        // that is inside another runtime's task spends that task's cooperative budget, and
+        // once it is spent the handle answers "not yet" for ever.
+        let (answer, answered) = std::sync::mpsc::sync_channel(1);
+        self.handle()?.spawn(async move {
+            let _ = answer.send(fut.await);
+        });
+        answered
+            .recv()
+            .map_err(|_| DbError::Failed("database task stopped".into()))?
     }
 
     /// A pooled connection. Its queries may be awaited on any runtime, or blocked on with
@@ -219,10 +226,12 @@ impl Database {
         self.run(async move { Ok(pool.get().await?) }).await
     }
 
-    /// [`client`](Self::client), blocking.
+    /// [`client`](Self::client), blocking. A connection the pool has to make is made on the
+    /// pool's runtime (entered here), and the wait is unconstrained by the calling task's
+    /// cooperative budget, which cannot be renewed while the thread blocks.
     pub fn client_blocking(&self) -> Result<Object, DbError> {
-        let pool = self.pool.clone();
-        self.block(async move { Ok(pool.get().await?) })
+        let _on_pool_runtime = self.handle()?.enter();
+        Ok(wait(tokio::task::unconstrained(self.pool.get()))?)
     }
 
     /// Whether the database answers a trivial query within `within`.
@@ -358,7 +367,9 @@ async fn migrate(pool: &Pool, schema: Schema) -> Result<(), DbError> {
         )
         .await?;
     let result = apply_missing(&mut client, schema).await;
-    let unlocked = client.batch_execute("SELECT pg_advisory_unlock(7231)").await;
+    let unlocked = client
+        .batch_execute("SELECT pg_advisory_unlock(7231)")
+        .await;
     result?;
     unlocked?;
     Ok(())

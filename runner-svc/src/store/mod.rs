@@ -249,6 +249,10 @@ pub trait Backend: Send + Sync + 'static {
     fn now_ms(&self) -> u64 {
         arbor_shared::time::now_ms()
     }
+    /// Whether the store can be reached now (a database server may be down for a while).
+    fn probe(&self) -> Pending<bool> {
+        Box::pin(async { true })
+    }
     /// Calls `wake` when another process committed something this one may be waiting for.
     fn subscribe(&self, wake: Arc<dyn Fn(Change) + Send + Sync>) {
         drop(wake);
@@ -475,6 +479,11 @@ impl Store {
     /// See [`Backend::now_ms`].
     pub fn now_ms(&self) -> u64 {
         self.0.now_ms()
+    }
+
+    /// See [`Backend::probe`].
+    pub async fn probe(&self) -> bool {
+        self.0.probe().await
     }
 
     /// See [`Backend::subscribe`].

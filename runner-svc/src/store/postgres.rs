@@ -31,8 +31,9 @@ use std::{
     time::Duration,
 };
 
-use arbor_shared::postgres::{Database, DbError, Object, Schema, tokio_postgres::types::ToSql, wait};
-
+use arbor_shared::postgres::{
+    Database, DbError, Object, Schema, tokio_postgres::types::ToSql, wait,
+};
 
 use super::{
     Abort, Backend, Body, Change, Entries, Failed, Fault, Pending, Stats, Store, StoreError, T,
@@ -227,7 +228,10 @@ fn run_batch(db: &Database, batch: &[Queued]) -> Vec<Result<(), Failed>> {
             Err(DbError::Conflict(_)) if attempt < MAX_TRIES => conflict_pause(attempt),
             Err(e) => {
                 let e = StoreError::from(e);
-                return batch.iter().map(|_| Err(Failed::Storage(e.clone()))).collect();
+                return batch
+                    .iter()
+                    .map(|_| Err(Failed::Storage(e.clone())))
+                    .collect();
             }
         }
     }
@@ -347,13 +351,7 @@ impl Txn for PgTx<'_> {
         if let Some(v) = self.writes.borrow().get(&(t as usize, key.to_vec())) {
             return Ok(v.clone());
         }
-        let t16 = t as i16;
-        let read = wait(self.client.query_opt(
-            "SELECT v FROM runner_kv WHERE t = $1 AND k = $2",
-            &[&t16, &key],
-        ))
-        .map(|row| row.map(|r| r.get::<_, Vec<u8>>(0)))
-        .map_err(DbError::from);
+        let read = read_one(self.client, t, key);
         self.note(read)
     }
 
@@ -374,6 +372,17 @@ impl Txn for PgTx<'_> {
             .insert((t as usize, key.to_vec()), None);
         Ok(())
     }
+}
+
+/// Reads one row, with the connection's prepared statement.
+fn read_one(client: &Object, t: T, key: &[u8]) -> Result<Option<Value>, DbError> {
+    wait(async {
+        let statement = client
+            .prepare_cached("SELECT v FROM runner_kv WHERE t = $1 AND k = $2")
+            .await?;
+        let row = client.query_opt(&statement, &[&(t as i16), &key]).await?;
+        Ok(row.map(|r| r.get(0)))
+    })
 }
 
 /// The least key above every key that starts with `prefix` (`None`: no bound).
@@ -403,11 +412,15 @@ impl Scan {
     fn fetch(&mut self) -> Result<(), StoreError> {
         let client = self.db.client_blocking()?;
         let params: [&(dyn ToSql + Sync); 4] = [&self.t, &self.from, &self.end, &SCAN_PAGE];
-        let rows = wait(client.query(
-            "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 \
-             AND ($3::bytea IS NULL OR k < $3) ORDER BY k LIMIT $4",
-            &params,
-        ))
+        let rows = wait(async {
+            let statement = client
+                .prepare_cached(
+                    "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 \
+                     AND ($3::bytea IS NULL OR k < $3) ORDER BY k LIMIT $4",
+                )
+                .await?;
+            client.query(&statement, &params).await
+        })
         .map_err(DbError::from)?;
         self.done = (rows.len() as i64) < SCAN_PAGE;
         for row in rows {
@@ -437,13 +450,7 @@ impl Iterator for Scan {
 impl Backend for PgBackend {
     fn get(&self, t: T, key: &[u8]) -> Result<Option<Value>, StoreError> {
         let client = self.db.client_blocking()?;
-        let t16 = t as i16;
-        Ok(wait(client.query_opt(
-            "SELECT v FROM runner_kv WHERE t = $1 AND k = $2",
-            &[&t16, &key],
-        ))
-        .map_err(DbError::from)?
-        .map(|r| r.get(0)))
+        Ok(read_one(&client, t, key)?)
     }
 
     fn scan(&self, t: T, prefix: &[u8], from: &[u8]) -> Entries<'static> {
@@ -530,8 +537,8 @@ impl Backend for PgBackend {
 
     fn next_id(&self) -> Result<u64, StoreError> {
         let client = self.db.client_blocking()?;
-        let row = wait(client.query_one("SELECT nextval('runner_ids')", &[]))
-            .map_err(DbError::from)?;
+        let row =
+            wait(client.query_one("SELECT nextval('runner_ids')", &[])).map_err(DbError::from)?;
         Ok(row.get::<_, i64>(0) as u64)
     }
 
@@ -543,10 +550,7 @@ impl Backend for PgBackend {
     fn size_on_disk(&self) -> u64 {
         let size = || -> Result<i64, DbError> {
             let client = self.db.client_blocking()?;
-            Ok(
-                wait(client.query_one("SELECT pg_total_relation_size('runner_kv')", &[]))?
-                    .get(0),
-            )
+            Ok(wait(client.query_one("SELECT pg_total_relation_size('runner_kv')", &[]))?.get(0))
         };
         size().map_or(0, |s| s.max(0) as u64)
     }
@@ -572,6 +576,11 @@ impl Backend for PgBackend {
     fn now_ms(&self) -> u64 {
         let now = arbor_shared::time::now_ms() as i64 + self.skew_ms.load(Ordering::Relaxed);
         now.max(0) as u64
+    }
+
+    fn probe(&self) -> Pending<bool> {
+        let db = self.db.clone();
+        Box::pin(async move { db.ping(Duration::from_secs(2)).await })
     }
 
     fn subscribe(&self, wake: Arc<dyn Fn(Change) + Send + Sync>) {

@@ -77,9 +77,9 @@ fn to_sled<E>(r: Result<(), Abort<E>>) -> Result<(), ConflictableTransactionErro
     r.map_err(|e| match e {
         Abort::Domain(e) => ConflictableTransactionError::Abort(e),
         Abort::Conflict => ConflictableTransactionError::Conflict,
-        Abort::Storage(e) => {
-            ConflictableTransactionError::Storage(sled::Error::Io(std::io::Error::other(e.to_string())))
-        }
+        Abort::Storage(e) => ConflictableTransactionError::Storage(sled::Error::Io(
+            std::io::Error::other(e.to_string()),
+        )),
     })
 }
 
@@ -249,7 +249,11 @@ impl Backend for SledBackend {
 
     fn durable(&self) -> Pending<Result<(), StoreError>> {
         let gc = self.gc.clone();
-        Box::pin(async move { gc.flush().await.map_err(|e| StoreError::Failed(e.to_string())) })
+        Box::pin(async move {
+            gc.flush()
+                .await
+                .map_err(|e| StoreError::Failed(e.to_string()))
+        })
     }
 
     fn next_id(&self) -> Result<u64, StoreError> {
@@ -259,7 +263,9 @@ impl Backend for SledBackend {
     fn record_progress(&self, progress: u64) -> Pending<Result<(), StoreError>> {
         let (gc, integrity) = (self.gc.clone(), self.integrity.clone());
         Box::pin(async move {
-            gc.flush().await.map_err(|e| StoreError::Failed(e.to_string()))?;
+            gc.flush()
+                .await
+                .map_err(|e| StoreError::Failed(e.to_string()))?;
             integrity
                 .record_blocking(progress)
                 .await

@@ -5,7 +5,9 @@
 //! cursors (`slow_subscriber`, `retention`) and the state counts (`state_counts`) reach storage
 //! only through `store::Store`, opened by [`open_store`]: they are written against the storage
 //! seam, not against sled. A new backend passes the same suite by being what [`open_store`]
-//! returns.
+//! returns: `tests/conformance_postgres.rs` compiles the same files once more into a test binary
+//! of that name, and in that binary [`open_store`] and [`store_url`] give a PostgreSQL store (a
+//! schema of its own per directory, on the throwaway cluster of `arbor-testkit`).
 
 #![allow(clippy::unwrap_used, clippy::panic, dead_code)]
 
@@ -53,16 +55,79 @@ pub async fn approve_first(runner: &Runner, run_id: &str, decision_id: &str) {
         .unwrap();
 }
 
-/// The store under test, on a new or existing database in `dir` (sled, the embedded backend).
+/// Whether this test binary runs the suite on PostgreSQL (`conformance_postgres`) or on sled.
+pub fn on_postgres() -> bool {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .is_some_and(|name| name.starts_with("conformance_postgres"))
+}
+
+/// On PostgreSQL: the URL of the database standing for `dir` (a schema of its own, created
+/// the first time `dir` is named; the same one afterwards, like a reopened directory).
+/// `None` on sled.
+pub fn store_url(dir: &std::path::Path) -> Option<String> {
+    use std::{collections::HashMap, path::PathBuf, sync::Mutex};
+    static SCHEMAS: Mutex<Option<HashMap<PathBuf, String>>> = Mutex::new(None);
+    if !on_postgres() {
+        return None;
+    }
+    let mut schemas = SCHEMAS.lock().unwrap();
+    let schemas = schemas.get_or_insert_with(HashMap::new);
+    Some(
+        schemas
+            .entry(dir.to_path_buf())
+            .or_insert_with(|| {
+                let cluster = arbor_testkit::PgCluster::shared();
+                // Temporary directories have unique names; this binary compiles this module
+                // once per suite file, so a counter here would not be.
+                let name: String = dir
+                    .to_string_lossy()
+                    .chars()
+                    .filter(char::is_ascii_alphanumeric)
+                    .collect::<String>()
+                    .to_lowercase();
+                let schema = format!("t{}_{name}", std::process::id());
+                cluster
+                    .psql(&cluster.url(), &format!("CREATE SCHEMA {schema}"))
+                    .unwrap();
+                format!("{}?options=-c%20search_path%3D{schema}", cluster.url())
+            })
+            .clone(),
+    )
+}
+
+/// The store under test, on a new or existing database in `dir` (sled, the embedded backend,
+/// or PostgreSQL in `conformance_postgres`).
 pub fn open_store(dir: &std::path::Path) -> arbor_runner_svc::store::Store {
-    arbor_runner_svc::store::Store::open(dir, 16 << 20).unwrap()
+    match store_url(dir) {
+        // Opening waits on the network: off this runtime's threads, on a runtime of its own.
+        Some(url) => std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(arbor_runner_svc::store::Store::open_postgres(&url))
+                .unwrap()
+        })
+        .join()
+        .unwrap(),
+        None => arbor_runner_svc::store::Store::open(dir, 16 << 20).unwrap(),
+    }
 }
 
 /// [`open_store`] on a database whose previous handle is still letting go of it.
 pub async fn reopen_store(dir: &std::path::Path) -> arbor_runner_svc::store::Store {
-    arbor_runner_svc::store::Store::open_waiting(dir, 16 << 20, Duration::from_secs(10))
-        .await
-        .unwrap()
+    match store_url(dir) {
+        Some(url) => arbor_runner_svc::store::Store::open_postgres(&url)
+            .await
+            .unwrap(),
+        None => {
+            arbor_runner_svc::store::Store::open_waiting(dir, 16 << 20, Duration::from_secs(10))
+                .await
+                .unwrap()
+        }
+    }
 }
 
 /// A runner on a new database in `dir`, with the built-in tools plus what `register` adds, and

@@ -1,0 +1,19 @@
+//! The runner's storage conformance suite on PostgreSQL: the same test files that run on sled,
+//! compiled once more into this binary, in which `common::open_store` and `common::store_url`
+//! give a PostgreSQL store (a schema per test directory, on the throwaway cluster that
+//! `arbor-testkit` starts from Debian's `postgresql` package).
+
+#[path = "interrupt.rs"]
+mod interrupt;
+#[path = "lease_takeover.rs"]
+mod lease_takeover;
+#[path = "mailbox_concurrency.rs"]
+mod mailbox_concurrency;
+#[path = "mailbox_model.rs"]
+mod mailbox_model;
+#[path = "retention.rs"]
+mod retention;
+#[path = "slow_subscriber.rs"]
+mod slow_subscriber;
+#[path = "state_counts.rs"]
+mod state_counts;
