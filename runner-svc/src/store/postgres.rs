@@ -49,17 +49,22 @@ const SCHEMA: Schema = Schema {
              v bytea NOT NULL,
              PRIMARY KEY (t, k)
          );
-         CREATE SEQUENCE runner_ids;"],
+         CREATE SEQUENCE runner_ids INCREMENT BY 64;"],
 };
 
 const EVENTS_CHANNEL: &str = "arbor_runner_events";
 const WORK_CHANNEL: &str = "arbor_runner_work";
-/// Rows fetched per round trip of a scan.
+/// Rows the first round trip of a scan fetches: most scans stop early (a claim looks at the
+/// first few queued jobs), so pages start small and grow to `SCAN_PAGE`.
+const FIRST_PAGE: i64 = 16;
+/// Rows fetched per round trip of a long scan.
 const SCAN_PAGE: i64 = 512;
 /// Bodies one batched transaction takes at most.
 const MAX_BATCH: usize = 128;
 /// Tries of a transaction that keeps conflicting before it fails.
 const MAX_TRIES: u32 = 200;
+/// Ids a replica takes from the sequence at once (the sequence's increment).
+const ID_BLOCK: u64 = 64;
 /// How long start-up waits for an unreachable database.
 const OPEN_PATIENCE: Duration = Duration::from_secs(30);
 
@@ -115,6 +120,9 @@ struct PgBackend {
     /// The server's clock minus ours, in ms.
     skew_ms: AtomicI64,
     committer: mpsc::Sender<Queued>,
+    /// Ids handed out next, up to (not including) the end of the block taken from the
+    /// sequence: one round trip per 64 ids.
+    ids: std::sync::Mutex<(u64, u64)>,
     batches: Arc<AtomicU64>,
     bodies: Arc<AtomicU64>,
 }
@@ -135,6 +143,7 @@ impl PgBackend {
             db,
             skew_ms: AtomicI64::new(0),
             committer,
+            ids: std::sync::Mutex::new((0, 0)),
             batches,
             bodies,
         }
@@ -247,17 +256,34 @@ struct PgTx<'c> {
     writes: RefCell<BTreeMap<(usize, Value), Option<Value>>>,
     /// A failure a read or write hit (the SQL transaction is then aborted).
     failed: RefCell<Option<DbError>>,
+    /// Whether `BEGIN` was sent: it goes out with the first statement, in the same round trip.
+    begun: std::cell::Cell<bool>,
+}
+
+const BEGIN: &str = "BEGIN ISOLATION LEVEL SERIALIZABLE";
+
+/// The first error of pipelined statements.
+fn first_error(results: [Result<(), DbError>; 4]) -> Result<(), DbError> {
+    results.into_iter().collect()
 }
 
 impl<'c> PgTx<'c> {
     fn begin(client: &'c Object) -> Result<Self, DbError> {
-        wait(client.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE"))?;
         Ok(Self {
             client,
             log: RefCell::default(),
             writes: RefCell::default(),
             failed: RefCell::default(),
+            begun: std::cell::Cell::new(false),
         })
+    }
+
+    /// `BEGIN`, unless already sent (as a future, to pipeline with the next statement).
+    async fn begin_once(&self, send: bool) -> Result<(), DbError> {
+        if send {
+            self.client.batch_execute(BEGIN).await?;
+        }
+        Ok(())
     }
 
     fn mark(&self) -> usize {
@@ -288,7 +314,9 @@ impl<'c> PgTx<'c> {
     }
 
     fn rollback(&self) {
-        let _ = wait(self.client.batch_execute("ROLLBACK"));
+        if self.begun.get() {
+            let _ = wait(self.client.batch_execute("ROLLBACK"));
+        }
     }
 
     /// Writes what the bodies kept, notifies listeners, commits.
@@ -312,33 +340,59 @@ impl<'c> PgTx<'c> {
                 }
             }
         }
-        let result = (|| {
-            if !del_t.is_empty() {
-                wait(self.client.execute(
+        let writes = !put_t.is_empty() || !del_t.is_empty();
+        if !writes && !self.begun.get() {
+            return Ok(());
+        }
+        let mut finish = String::new();
+        if events {
+            finish.push_str(&format!("NOTIFY {EVENTS_CHANNEL};"));
+        }
+        if work {
+            finish.push_str(&format!("NOTIFY {WORK_CHANNEL};"));
+        }
+        finish.push_str("COMMIT");
+        // One round trip: BEGIN (if no read sent it), the deletes, the upserts and COMMIT go
+        // out together. When a statement fails the transaction is aborted, and the COMMIT
+        // behind it only rolls back.
+        let send_begin = !self.begun.replace(true);
+        let client = self.client;
+        let results = wait(async {
+            // Prepared first: a statement that still has to be parsed would go out after the
+            // COMMIT queued behind it, and run outside the transaction.
+            let prepared = futures_util::try_join!(
+                client.prepare_cached(
                     "DELETE FROM runner_kv WHERE (t, k) IN \
                      (SELECT * FROM unnest($1::smallint[], $2::bytea[]))",
-                    &[&del_t, &del_k],
-                ))?;
-            }
-            if !put_t.is_empty() {
-                wait(self.client.execute(
+                ),
+                client.prepare_cached(
                     "INSERT INTO runner_kv (t, k, v) \
                      SELECT * FROM unnest($1::smallint[], $2::bytea[], $3::bytea[]) \
                      ON CONFLICT (t, k) DO UPDATE SET v = EXCLUDED.v",
-                    &[&put_t, &put_k, &put_v],
-                ))?;
-            }
-            let mut notify = String::new();
-            if events {
-                notify.push_str(&format!("NOTIFY {EVENTS_CHANNEL};"));
-            }
-            if work {
-                notify.push_str(&format!("NOTIFY {WORK_CHANNEL};"));
-            }
-            notify.push_str("COMMIT");
-            wait(self.client.batch_execute(&notify))?;
-            Ok(())
-        })();
+                ),
+            );
+            let (delete, upsert) = match prepared {
+                Ok(statements) => statements,
+                Err(e) => return [Err(DbError::from(e)), Ok(()), Ok(()), Ok(())],
+            };
+            let deletes = async {
+                if !del_t.is_empty() {
+                    client.execute(&delete, &[&del_t, &del_k]).await?;
+                }
+                Ok(())
+            };
+            let upserts = async {
+                if !put_t.is_empty() {
+                    client.execute(&upsert, &[&put_t, &put_k, &put_v]).await?;
+                }
+                Ok(())
+            };
+            let commit = async { Ok(client.batch_execute(&finish).await?) };
+            let (b, d, u, c) =
+                futures_util::join!(self.begin_once(send_begin), deletes, upserts, commit);
+            [b, d, u, c]
+        });
+        let result = first_error(results);
         if result.is_err() {
             self.rollback();
         }
@@ -351,7 +405,13 @@ impl Txn for PgTx<'_> {
         if let Some(v) = self.writes.borrow().get(&(t as usize, key.to_vec())) {
             return Ok(v.clone());
         }
-        let read = read_one(self.client, t, key);
+        let send_begin = !self.begun.replace(true);
+        let read = wait(async {
+            let (begun, read) =
+                futures_util::join!(self.begin_once(send_begin), read_async(self.client, t, key));
+            begun?;
+            read
+        });
         self.note(read)
     }
 
@@ -376,13 +436,15 @@ impl Txn for PgTx<'_> {
 
 /// Reads one row, with the connection's prepared statement.
 fn read_one(client: &Object, t: T, key: &[u8]) -> Result<Option<Value>, DbError> {
-    wait(async {
-        let statement = client
-            .prepare_cached("SELECT v FROM runner_kv WHERE t = $1 AND k = $2")
-            .await?;
-        let row = client.query_opt(&statement, &[&(t as i16), &key]).await?;
-        Ok(row.map(|r| r.get(0)))
-    })
+    wait(read_async(client, t, key))
+}
+
+async fn read_async(client: &Object, t: T, key: &[u8]) -> Result<Option<Value>, DbError> {
+    let statement = client
+        .prepare_cached("SELECT v FROM runner_kv WHERE t = $1 AND k = $2")
+        .await?;
+    let row = client.query_opt(&statement, &[&(t as i16), &key]).await?;
+    Ok(row.map(|r| r.get(0)))
 }
 
 /// The least key above every key that starts with `prefix` (`None`: no bound).
@@ -405,13 +467,15 @@ struct Scan {
     from: Vec<u8>,
     end: Option<Vec<u8>>,
     page: VecDeque<(Value, Value)>,
+    /// Rows the next round trip fetches.
+    size: i64,
     done: bool,
 }
 
 impl Scan {
     fn fetch(&mut self) -> Result<(), StoreError> {
         let client = self.db.client_blocking()?;
-        let params: [&(dyn ToSql + Sync); 4] = [&self.t, &self.from, &self.end, &SCAN_PAGE];
+        let params: [&(dyn ToSql + Sync); 4] = [&self.t, &self.from, &self.end, &self.size];
         let rows = wait(async {
             let statement = client
                 .prepare_cached(
@@ -422,7 +486,8 @@ impl Scan {
             client.query(&statement, &params).await
         })
         .map_err(DbError::from)?;
-        self.done = (rows.len() as i64) < SCAN_PAGE;
+        self.done = (rows.len() as i64) < self.size;
+        self.size = (self.size * 4).min(SCAN_PAGE);
         for row in rows {
             self.page.push_back((row.get(0), row.get(1)));
         }
@@ -461,6 +526,7 @@ impl Backend for PgBackend {
             from: start,
             end: prefix_end(prefix),
             page: VecDeque::new(),
+            size: FIRST_PAGE,
             done: false,
         })
     }
@@ -535,11 +601,23 @@ impl Backend for PgBackend {
         Box::pin(async { Ok(()) })
     }
 
+    /// Unique across replicas and restarts, increasing within this process (each takes blocks
+    /// of 64 from one sequence): job order across replicas is the order of their blocks.
     fn next_id(&self) -> Result<u64, StoreError> {
-        let client = self.db.client_blocking()?;
-        let row =
-            wait(client.query_one("SELECT nextval('runner_ids')", &[])).map_err(DbError::from)?;
-        Ok(row.get::<_, i64>(0) as u64)
+        let mut ids = self
+            .ids
+            .lock()
+            .map_err(|_| StoreError::Failed("id block lock poisoned".into()))?;
+        if ids.0 >= ids.1 {
+            let client = self.db.client_blocking()?;
+            let row = wait(client.query_one("SELECT nextval('runner_ids')", &[]))
+                .map_err(DbError::from)?;
+            let start = row.get::<_, i64>(0).max(1) as u64;
+            *ids = (start, start + ID_BLOCK);
+        }
+        let id = ids.0;
+        ids.0 += 1;
+        Ok(id)
     }
 
     /// PostgreSQL does not lose what it acknowledged: nothing to record.
