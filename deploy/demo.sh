@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Starts runner-svc and approval-svc on embedded sled data (./data), registers the demo tree,
 # submits a run that waits for approval, and tells you how to approve it. Ctrl-C stops both.
+# With ARBOR_STORE=postgres://… in the environment (see deploy/postgres-local.sh) both services
+# keep their state in that PostgreSQL database instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
