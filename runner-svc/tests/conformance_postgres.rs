@@ -3,6 +3,10 @@
 //! give a PostgreSQL store (a schema per test directory, on the throwaway cluster that
 //! `arbor-testkit` starts from Debian's `postgresql` package).
 
+// Each suite file declares `mod common` for its own binary; here they share one binary, and the
+// copies are the same helpers.
+#![allow(clippy::duplicate_mod)]
+
 #[path = "interrupt.rs"]
 mod interrupt;
 #[path = "lease_takeover.rs"]

@@ -502,11 +502,12 @@ impl Iterator for Scan {
     type Item = Result<(Value, Value), StoreError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.page.is_empty() && !self.done {
-            if let Err(e) = self.fetch() {
-                self.done = true;
-                return Some(Err(e));
-            }
+        if self.page.is_empty()
+            && !self.done
+            && let Err(e) = self.fetch()
+        {
+            self.done = true;
+            return Some(Err(e));
         }
         self.page.pop_front().map(Ok)
     }
