@@ -113,3 +113,105 @@ pub async fn events_from(
     }
     out
 }
+
+/// Waits until `run_id` is suspended on a request of `category`; returns that suspension.
+pub async fn suspension_of(
+    runner: &crate::clients::RunnerClient,
+    run_id: &str,
+    category: rpb::SuspensionCategory,
+) -> rpb::Suspension {
+    eventually(&format!("{run_id} to wait for {category:?}"), WAIT, || {
+        let mut runner = runner.clone();
+        let run_id = run_id.to_string();
+        async move {
+            let run = runner
+                .get_run(rpb::GetRunRequest { run_id })
+                .await
+                .ok()?
+                .into_inner()
+                .run?;
+            run.suspensions
+                .into_iter()
+                .find(|s| s.category == category as i32)
+        }
+    })
+    .await
+}
+
+/// Answers a user input or an external execution through `RunnerService.Resolve`.
+pub async fn answer(
+    runner: &mut crate::clients::RunnerClient,
+    run_id: &str,
+    request_id: &str,
+    result: serde_json::Value,
+) -> rpb::ResolveResponse {
+    runner
+        .resolve(rpb::ResolveRequest {
+            run_id: run_id.into(),
+            request_id: request_id.into(),
+            decision_id: format!("answer-{request_id}"),
+            action: rpb::ResolveAction::Resume as i32,
+            result: Some(arbor_shared::json::to_proto_value(&result)),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("RunnerService.Resolve {run_id} {request_id}: {e}"))
+        .into_inner()
+}
+
+/// Follows `WatchApprovals` for `run_id` until an approval in `state` shows up (in the snapshot
+/// or as a change); returns it.
+pub async fn watch_for(
+    approvals: &mut crate::clients::ApprovalClient,
+    run_id: &str,
+    state: apb::ApprovalState,
+) -> apb::Approval {
+    let mut request = tonic::Request::new(apb::WatchApprovalsRequest {
+        filter: Some(apb::ApprovalFilter {
+            run_id: run_id.into(),
+            ..Default::default()
+        }),
+    });
+    request.set_timeout(WAIT);
+    let mut stream = approvals
+        .watch_approvals(request)
+        .await
+        .unwrap_or_else(|e| panic!("WatchApprovals {run_id}: {e}"))
+        .into_inner();
+    let found = tokio::time::timeout(WAIT, async {
+        while let Some(item) = stream.message().await.expect("the watch stream") {
+            if let Some(a) = item.approval
+                && a.state == state as i32
+            {
+                return Some(a);
+            }
+        }
+        None
+    })
+    .await;
+    match found {
+        Ok(Some(a)) => a,
+        Ok(None) => panic!("the watch of {run_id} ended before an approval was {state:?}"),
+        Err(_) => panic!("no approval of {run_id} became {state:?} within {WAIT:?}"),
+    }
+}
+
+/// Decides an approval through `ApprovalService.Resolve`.
+pub async fn decide(
+    approvals: &mut crate::clients::ApprovalClient,
+    request_id: &str,
+    kind: rpb::DecisionKind,
+    args: Option<serde_json::Value>,
+) -> apb::ResolveResponse {
+    approvals
+        .resolve(apb::ResolveRequest {
+            request_id: request_id.into(),
+            decision: kind as i32,
+            reason: format!("decided {kind:?}"),
+            args: args.map(|a| arbor_shared::json::to_proto_value(&a)),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("ApprovalService.Resolve {request_id} {kind:?}: {e}"))
+        .into_inner()
+}

@@ -121,6 +121,8 @@ pub struct Service {
     pub tls_ca: Option<PathBuf>,
     child: Option<Child>,
     starts: u32,
+    /// Length of the log when the current process was spawned: what it logged starts there.
+    log_start: u64,
 }
 
 impl Service {
@@ -129,6 +131,18 @@ impl Service {
             ServiceKind::Runner => "runner",
             ServiceKind::Approval => "approval",
         };
+        Self::named(kind, binary, root, name, extra_args)
+    }
+
+    /// A service whose data dir and log are named `name` under `root` (replicas of one kind
+    /// share a root).
+    pub fn named(
+        kind: ServiceKind,
+        binary: PathBuf,
+        root: &Path,
+        name: &str,
+        extra_args: Vec<String>,
+    ) -> Self {
         Self {
             kind,
             binary,
@@ -141,6 +155,7 @@ impl Service {
             tls_ca: None,
             child: None,
             starts: 0,
+            log_start: 0,
         }
     }
 
@@ -181,6 +196,7 @@ impl Service {
             .append(true)
             .open(&self.log)
             .expect("log file");
+        self.log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
         let mut cmd = Command::new(&self.binary);
         cmd.arg("serve")
             .arg("--listen")
@@ -253,6 +269,22 @@ impl Service {
         self.wait_exit(Duration::from_secs(20)).await
     }
 
+    /// SIGSTOP: the process freezes (its connections stay open) until [`Service::resume`].
+    pub fn pause(&self) {
+        self.signal(Signal::SIGSTOP);
+    }
+
+    /// SIGCONT after [`Service::pause`].
+    pub fn resume(&self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    fn signal(&self, signal: Signal) {
+        if let Some(pid) = self.pid() {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), signal);
+        }
+    }
+
     /// Sends SIGTERM without waiting.
     pub fn terminate(&self) {
         if let Some(pid) = self.pid() {
@@ -297,6 +329,18 @@ impl Service {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// What the current (or last) process logged, from its start on.
+    pub fn log_since_start(&self) -> String {
+        let text = std::fs::read(&self.log).unwrap_or_default();
+        let from = (self.log_start as usize).min(text.len());
+        String::from_utf8_lossy(&text[from..]).into_owned()
+    }
+
+    /// Times started so far.
+    pub fn starts(&self) -> u32 {
+        self.starts
     }
 
     pub async fn channel(&self) -> Channel {
@@ -379,6 +423,151 @@ impl Cluster {
 
     pub async fn approval_client(&self) -> ApprovalServiceClient<Channel> {
         ApprovalServiceClient::new(self.approval.channel().await)
+    }
+}
+
+/// Several replicas of each service sharing one PostgreSQL database (`--store`), each with its
+/// own port, log and (unused) data dir in one temp dir. approval-svc's `--runner` names one
+/// runner, so approval replica `i` talks to runner replica `i % runners`.
+pub struct Replicas {
+    pub dir: tempfile::TempDir,
+    pub store_url: String,
+    pub runners: Vec<Service>,
+    pub approvals: Vec<Service>,
+}
+
+/// The line approval-svc logs when it takes the leadership.
+const LEADING: &str = "leading: following the runner";
+/// The line it logs when it loses it.
+const LEADERSHIP_LOST: &str = "leadership lost";
+
+impl Replicas {
+    /// Sets up `runners` runner replicas and `approvals` approval replicas on `store_url`, not
+    /// started. `runner_args` and `approval_args` go to every replica of that kind.
+    pub fn prepare(
+        profile: Profile,
+        store_url: &str,
+        (runners, approvals): (usize, usize),
+        runner_args: Vec<String>,
+        approval_args: Vec<String>,
+    ) -> Replicas {
+        assert!(runners > 0, "at least one runner replica");
+        let bins = Binaries::get(profile);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = ["--store".to_string(), store_url.to_string()];
+        let runners: Vec<Service> = (0..runners)
+            .map(|i| {
+                let mut args = store.to_vec();
+                args.extend(runner_args.iter().cloned());
+                Service::named(
+                    ServiceKind::Runner,
+                    bins.runner.clone(),
+                    dir.path(),
+                    &format!("runner-{i}"),
+                    args,
+                )
+            })
+            .collect();
+        let approvals = (0..approvals)
+            .map(|i| {
+                let mut args = store.to_vec();
+                args.extend(["--runner".to_string(), runners[i % runners.len()].url()]);
+                args.extend(approval_args.iter().cloned());
+                Service::named(
+                    ServiceKind::Approval,
+                    bins.approval.clone(),
+                    dir.path(),
+                    &format!("approval-{i}"),
+                    args,
+                )
+            })
+            .collect();
+        Replicas {
+            dir,
+            store_url: store_url.to_string(),
+            runners,
+            approvals,
+        }
+    }
+
+    /// Starts every runner replica, then every approval replica in order, each one SERVING
+    /// before the next starts (so approval replica 0 is the first to try to lead).
+    pub async fn start_all(&mut self) {
+        for r in &mut self.runners {
+            r.start().await;
+        }
+        for a in &mut self.approvals {
+            a.start().await;
+        }
+    }
+
+    /// The running approval replica that leads now, by what each one logged since its start.
+    pub fn leader(&self) -> Option<usize> {
+        self.approvals.iter().position(|a| {
+            let log = a.log_since_start();
+            a.is_running()
+                && log
+                    .rfind(LEADING)
+                    .is_some_and(|at| log.rfind(LEADERSHIP_LOST).is_none_or(|lost| lost < at))
+        })
+    }
+
+    /// Waits until some running approval replica leads; returns its index.
+    pub async fn wait_leader(&self, timeout: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(i) = self.leader() {
+                return i;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no approval replica leads after {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGTERM to every replica (approvals first), then waits for each; returns what did not
+    /// exit with 0, as `name: code`.
+    pub async fn stop_all(&mut self) -> Vec<String> {
+        let mut unclean = Vec::new();
+        for s in self.approvals.iter_mut().chain(self.runners.iter_mut()) {
+            if !s.is_running() {
+                continue;
+            }
+            let code = s.stop().await;
+            if code != Some(0) {
+                unclean.push(format!("{}: exited {code:?}", s.log.display()));
+            }
+        }
+        unclean
+    }
+
+    pub fn runner_urls(&self) -> Vec<String> {
+        self.runners.iter().map(Service::url).collect()
+    }
+
+    pub fn approval_urls(&self) -> Vec<String> {
+        self.approvals.iter().map(Service::url).collect()
+    }
+}
+
+impl Drop for Replicas {
+    /// A failing test's replicas say what they logged last, before their temp dir goes.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for s in self.runners.iter().chain(&self.approvals) {
+                let text = std::fs::read_to_string(&s.log).unwrap_or_default();
+                let errors: Vec<&str> = text.lines().filter(|l| l.contains("ERROR")).collect();
+                eprintln!(
+                    "--- {}: {} ERROR lines (first 20):\n{}\n--- last 40 lines:\n{}",
+                    s.log.display(),
+                    errors.len(),
+                    errors[..errors.len().min(20)].join("\n"),
+                    s.log_tail()
+                );
+            }
+        }
     }
 }
 

@@ -313,8 +313,9 @@ impl<'c> PgTx<'c> {
         })
     }
 
+    /// Ends the SQL transaction without keeping anything (nothing to do when none was begun).
     fn rollback(&self) {
-        if self.begun.get() {
+        if self.begun.replace(false) {
             let _ = wait(self.client.batch_execute("ROLLBACK"));
         }
     }
@@ -393,10 +394,21 @@ impl<'c> PgTx<'c> {
             [b, d, u, c]
         });
         let result = first_error(results);
-        if result.is_err() {
-            self.rollback();
+        match result {
+            // Committed: nothing is left open on the connection.
+            Ok(()) => self.begun.set(false),
+            Err(_) => self.rollback(),
         }
         result
+    }
+}
+
+/// A transaction dropped on any other path (a conflict found by a body, a failed read) is
+/// rolled back here, so that its connection goes back to the pool outside any transaction: a
+/// connection returned inside an aborted one would fail the next transaction's every statement.
+impl Drop for PgTx<'_> {
+    fn drop(&mut self) {
+        self.rollback();
     }
 }
 

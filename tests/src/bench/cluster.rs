@@ -1,8 +1,9 @@
 //! The system as it ships: both release binaries with authentication on (a tokens file with a
 //! submitter, an approver, an operator and approval-svc's service identity) and, for the policy
-//! path, an approval policy that auto-approves the benchmark's gate.
+//! path, an approval policy that auto-approves the benchmark's gate. On the embedded store, one
+//! process of each; on PostgreSQL, any number of replicas of each on one fresh database.
 
-use std::path::Path;
+use std::{path::Path, sync::Arc};
 
 use arbor_shared::{
     auth::{BearerToken, hash_token},
@@ -11,6 +12,7 @@ use arbor_shared::{
         runner::v1::runner_service_client::RunnerServiceClient,
     },
 };
+use arbor_testkit::PgCluster;
 use tonic::{service::interceptor::InterceptedService, transport::Channel};
 
 use crate::{Binaries, Profile, Service, ServiceKind};
@@ -23,10 +25,83 @@ pub const APPROVER: &str = "bench-approver-token";
 pub const OPERATOR: &str = "bench-operator-token";
 pub const SERVICE: &str = "bench-approval-svc-token";
 
+/// Where the services of a bench cluster keep their state.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// The embedded store, in each service's data dir: one process per service.
+    Sled,
+    /// A fresh database of the bench run's one PostgreSQL server, shared by every replica.
+    Postgres(Arc<PgCluster>),
+}
+
+impl Store {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Sled => "sled",
+            Self::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Whether more than one replica of a service can share this store.
+    pub fn shared(&self) -> bool {
+        matches!(self, Self::Postgres(_))
+    }
+}
+
+/// The database of one bench cluster.
+pub struct Db {
+    pub pg: Arc<PgCluster>,
+    pub url: String,
+}
+
+impl Db {
+    fn query(&self, sql: &str) -> f64 {
+        self.pg
+            .psql(&self.url, sql)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// `pg_database_size` of this database.
+    pub fn bytes(&self) -> u64 {
+        self.query("SELECT pg_database_size(current_database())") as u64
+    }
+
+    /// Transactions committed in this database so far (all of them, read-only ones too), as
+    /// the cumulative statistics count them (backends report them within a second or so).
+    pub fn xact_commits(&self) -> f64 {
+        self.query("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+    }
+
+    /// CPU seconds of the whole server so far (postmaster, backends, background processes).
+    pub fn server_cpu(&self) -> f64 {
+        let pid = std::fs::read_to_string(self.pg.data_dir().join("postmaster.pid"))
+            .ok()
+            .and_then(|s| s.lines().next().and_then(|l| l.trim().parse().ok()));
+        pid.map_or(0.0, super::procstat::tree_cpu_seconds)
+    }
+}
+
+/// What to start.
+pub struct Spec<'a> {
+    pub store: &'a Store,
+    /// Replicas of runner-svc (and of approval-svc, each following its own runner replica).
+    pub replicas: usize,
+    /// Start approval-svc at all.
+    pub approval: bool,
+    /// The policy approves every `gate` node of `bench-*` trees.
+    pub auto_approve: bool,
+    pub runner_args: &'a [&'a str],
+    /// Names the database (PostgreSQL), so a slow configuration can be found in the server log.
+    pub name: &'a str,
+}
+
 pub struct BenchCluster {
     pub dir: tempfile::TempDir,
-    pub runner: Service,
-    pub approval: Service,
+    pub runners: Vec<Service>,
+    pub approvals: Vec<Service>,
+    pub db: Option<Db>,
 }
 
 fn write_tokens(dir: &Path) -> std::path::PathBuf {
@@ -49,67 +124,144 @@ fn write_tokens(dir: &Path) -> std::path::PathBuf {
 }
 
 impl BenchCluster {
-    /// Starts runner-svc (with `runner_args`) and, unless `runner_only`, approval-svc; with
+    /// One runner-svc (with `runner_args`) and one approval-svc on the embedded store; with
     /// `auto_approve` the policy approves every `gate` node of `bench-*` trees.
     pub async fn start(auto_approve: bool, runner_args: &[&str]) -> BenchCluster {
+        Self::start_spec(&Spec {
+            store: &Store::Sled,
+            replicas: 1,
+            approval: true,
+            auto_approve,
+            runner_args,
+            name: "bench",
+        })
+        .await
+    }
+
+    pub async fn start_spec(spec: &Spec<'_>) -> BenchCluster {
+        assert!(
+            spec.replicas == 1 || spec.store.shared(),
+            "only a shared store takes more than one replica"
+        );
         let bins = Binaries::get(Profile::Release);
         let dir = tempfile::tempdir().expect("temp dir");
         let tokens = write_tokens(dir.path());
         let service_token = dir.path().join("service.token");
         std::fs::write(&service_token, SERVICE).expect("service token");
         let policy = dir.path().join("policy.toml");
-        let rules = if auto_approve {
+        let rules = if spec.auto_approve {
             "default = \"ask\"\n\n[[node]]\nname = \"bench-auto-approve\"\ntree = \"bench-*\"\nnode = \"gate\"\naction = \"allow\"\n"
         } else {
             "default = \"ask\"\n"
         };
         std::fs::write(&policy, rules).expect("policy file");
+        let db = match spec.store {
+            Store::Sled => None,
+            Store::Postgres(pg) => Some(Db {
+                pg: pg.clone(),
+                url: pg.fresh_database(spec.name),
+            }),
+        };
+        let store_args: Vec<String> = db
+            .as_ref()
+            .map(|db| vec!["--store".into(), db.url.clone()])
+            .unwrap_or_default();
 
-        let mut args: Vec<String> = vec!["--tokens".into(), tokens.display().to_string()];
-        args.extend(runner_args.iter().map(|s| s.to_string()));
-        let mut runner = Service::new(ServiceKind::Runner, bins.runner, dir.path(), args);
-        runner.env.push(("RUST_LOG".into(), "warn".into()));
-        runner.start().await;
-        let mut approval = Service::new(
-            ServiceKind::Approval,
-            bins.approval,
-            dir.path(),
-            vec![
-                "--tokens".into(),
-                tokens.display().to_string(),
-                "--runner-token-file".into(),
-                service_token.display().to_string(),
-                "--policy".into(),
-                policy.display().to_string(),
-                "--runner".into(),
-                runner.url(),
-            ],
-        );
-        approval.start().await;
+        let mut runners = Vec::new();
+        let mut approvals = Vec::new();
+        for i in 0..spec.replicas.max(1) {
+            let root = dir.path().join(format!("replica-{i}"));
+            std::fs::create_dir_all(&root).expect("replica dir");
+            let mut args: Vec<String> = vec!["--tokens".into(), tokens.display().to_string()];
+            args.extend(store_args.iter().cloned());
+            args.extend(spec.runner_args.iter().map(|s| s.to_string()));
+            let mut runner = Service::new(ServiceKind::Runner, bins.runner.clone(), &root, args);
+            runner.env.push(("RUST_LOG".into(), "warn".into()));
+            runner.start().await;
+            if spec.approval {
+                let mut args: Vec<String> = vec![
+                    "--tokens".into(),
+                    tokens.display().to_string(),
+                    "--runner-token-file".into(),
+                    service_token.display().to_string(),
+                    "--policy".into(),
+                    policy.display().to_string(),
+                    "--runner".into(),
+                    runner.url(),
+                ];
+                args.extend(store_args.iter().cloned());
+                let mut approval =
+                    Service::new(ServiceKind::Approval, bins.approval.clone(), &root, args);
+                approval.start().await;
+                approvals.push(approval);
+            }
+            runners.push(runner);
+        }
         BenchCluster {
             dir,
-            runner,
-            approval,
+            runners,
+            approvals,
+            db,
         }
     }
 
+    /// A client of runner replica 0.
     pub async fn runner_as(&self, token: &str) -> Runner {
+        self.runner_at(0, token).await
+    }
+
+    pub async fn runner_at(&self, replica: usize, token: &str) -> Runner {
         RunnerServiceClient::with_interceptor(
-            self.runner.channel().await,
+            self.runners[replica].channel().await,
             BearerToken::new(Some(token)).expect("ascii token"),
         )
         .max_decoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES)
     }
 
+    /// A client of approval-svc replica 0.
     pub async fn approvals_as(&self, token: &str) -> Approvals {
+        self.approvals_at(0, token).await
+    }
+
+    pub async fn approvals_at(&self, replica: usize, token: &str) -> Approvals {
         ApprovalServiceClient::with_interceptor(
-            self.approval.channel().await,
+            self.approvals[replica].channel().await,
             BearerToken::new(Some(token)).expect("ascii token"),
         )
     }
 
+    pub fn runner_pids(&self) -> Vec<u32> {
+        self.runners.iter().filter_map(Service::pid).collect()
+    }
+
+    pub fn approval_pids(&self) -> Vec<u32> {
+        self.approvals.iter().filter_map(Service::pid).collect()
+    }
+
+    /// Bytes the services have stored: their data dirs, or the growth of the database since
+    /// `db_before` (an empty database is several MiB of catalogue).
+    pub fn stored_bytes(&self, db_before: u64) -> (u64, u64) {
+        match &self.db {
+            Some(db) => (db.bytes().saturating_sub(db_before), 0),
+            None => (
+                self.runners
+                    .iter()
+                    .map(|s| super::procstat::dir_bytes(&s.data_dir))
+                    .sum(),
+                self.approvals
+                    .iter()
+                    .map(|s| super::procstat::dir_bytes(&s.data_dir))
+                    .sum(),
+            ),
+        }
+    }
+
     pub async fn stop(mut self) {
-        self.approval.stop().await;
-        self.runner.stop().await;
+        for a in &mut self.approvals {
+            a.stop().await;
+        }
+        for r in &mut self.runners {
+            r.stop().await;
+        }
     }
 }

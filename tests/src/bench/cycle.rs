@@ -1,6 +1,7 @@
 //! The durable approval cycle: SubmitRun → gate suspends → decision → resume → RUN_SUCCEEDED,
 //! N times at concurrency K, decided either by an approval-svc policy rule or by a simulated
-//! person who follows WatchApprovals and calls ApprovalService.Resolve.
+//! person who follows WatchApprovals and calls ApprovalService.Resolve; on the embedded store or
+//! on PostgreSQL, with one or more replicas of each service.
 
 use std::{
     collections::HashMap,
@@ -15,7 +16,7 @@ use arbor_shared::proto::{approval::v1 as apb, runner::v1 as rpb};
 use tokio::sync::oneshot;
 
 use super::{
-    cluster::{APPROVER, BenchCluster, SUBMITTER},
+    cluster::{APPROVER, BenchCluster, SUBMITTER, Spec, Store},
     procstat,
 };
 
@@ -57,19 +58,30 @@ struct Track {
 }
 
 pub struct CycleResult {
+    /// `sled` or `postgres`.
+    pub store: &'static str,
+    /// Replicas of runner-svc (and of approval-svc).
+    pub replicas: usize,
     pub decider: Decider,
     pub concurrency: usize,
     pub cycles: usize,
     pub elapsed: Duration,
     pub submit_to_done: Vec<Duration>,
     pub suspend_to_resume: Vec<Duration>,
+    /// CPU seconds, summed over the replicas.
     pub runner_cpu: f64,
     pub approval_cpu: f64,
+    /// CPU seconds of the PostgreSQL server, where there is one.
+    pub db_cpu: Option<f64>,
+    /// Peak RSS, summed over the replicas.
     pub runner_peak_rss: u64,
     pub approval_peak_rss: u64,
+    /// Data dirs, or the growth of the one database (then all in `runner_bytes`).
     pub runner_bytes: u64,
     pub approval_bytes: u64,
     pub failed: usize,
+    /// Runs whose end the driver did not see within [`RUN_PATIENCE`].
+    pub unfinished: usize,
     pub fsyncs: Option<u64>,
     /// Where suspended → resumed went, per run (wall-clock ms, whole milliseconds): the runner's
     /// suspension event → the request stored at approval-svc → its decision → the runner's
@@ -83,13 +95,50 @@ impl CycleResult {
     pub fn cycles_per_s(&self) -> f64 {
         self.cycles as f64 / self.elapsed.as_secs_f64()
     }
+
+    /// CPU of every process of the system (services and database) per cycle, in ms.
+    pub fn cpu_ms_per_cycle(&self) -> f64 {
+        (self.runner_cpu + self.approval_cpu + self.db_cpu.unwrap_or(0.0)) * 1e3
+            / self.cycles.max(1) as f64
+    }
 }
 
-/// Runs `cycles` cycles at `concurrency` against a fresh cluster.
-pub async fn run(decider: Decider, cycles: usize, concurrency: usize) -> CycleResult {
-    let cluster = BenchCluster::start(decider == Decider::Policy, &[]).await;
-    let mut runner = cluster.runner_as(SUBMITTER).await;
-    runner
+type Tracks = Arc<Mutex<HashMap<String, Track>>>;
+
+/// How long a driver waits for its run's end before it counts the run as unfinished and moves
+/// on (so a stalled configuration ends with a row that says so instead of hanging the bench).
+pub const RUN_PATIENCE: Duration = Duration::from_secs(30);
+
+fn cpu_of(pids: &[u32]) -> f64 {
+    pids.iter().map(|p| procstat::cpu_seconds(*p)).sum()
+}
+
+/// Runs `cycles` cycles at `concurrency` against a fresh cluster on `store` with `replicas`
+/// replicas of each service. Driver `i` submits to runner replica `i % replicas` and waits for
+/// its run's end on that replica's event stream, as a client behind a load balancer would.
+pub async fn run(
+    store: &Store,
+    replicas: usize,
+    decider: Decider,
+    cycles: usize,
+    concurrency: usize,
+) -> CycleResult {
+    let name = format!("cycle_{}_r{replicas}_k{concurrency}", decider.label());
+    let cluster = BenchCluster::start_spec(&Spec {
+        store,
+        replicas,
+        approval: true,
+        auto_approve: decider == Decider::Policy,
+        runner_args: &[],
+        name: &name,
+    })
+    .await;
+    let mut runners = Vec::new();
+    for i in 0..replicas {
+        runners.push(cluster.runner_at(i, SUBMITTER).await);
+    }
+    runners[0]
+        .clone()
         .register_tree(rpb::RegisterTreeRequest {
             document: TREE.into(),
             format: 0,
@@ -97,27 +146,41 @@ pub async fn run(decider: Decider, cycles: usize, concurrency: usize) -> CycleRe
         .await
         .expect("register the bench tree");
 
-    let tracks: Arc<Mutex<HashMap<String, Track>>> = Arc::default();
-    let follower = tokio::spawn(follow(runner.clone(), tracks.clone()));
+    // One follower (and one map of what it saw) per runner replica.
+    let tracks: Vec<Tracks> = (0..replicas).map(|_| Tracks::default()).collect();
+    let followers: Vec<_> = runners
+        .iter()
+        .zip(&tracks)
+        .map(|(r, t)| tokio::spawn(follow(r.clone(), t.clone())))
+        .collect();
     let person = match decider {
-        Decider::Person => Some(tokio::spawn(person(cluster.approvals_as(APPROVER).await))),
+        Decider::Person => {
+            let mut resolvers = Vec::new();
+            for i in 0..replicas {
+                resolvers.push(cluster.approvals_at(i, APPROVER).await);
+            }
+            Some(tokio::spawn(person(resolvers)))
+        }
         Decider::Policy => None,
     };
 
-    let runner_pid = cluster.runner.pid().unwrap_or(0);
-    let approval_pid = cluster.approval.pid().unwrap_or(0);
+    let (runner_pids, approval_pids) = (cluster.runner_pids(), cluster.approval_pids());
+    let db_before = cluster.db.as_ref().map_or(0, |db| db.bytes());
     let meters_before = super::Meters::read(&cluster, decider.label()).await;
-    let (r_cpu0, a_cpu0) = (
-        procstat::cpu_seconds(runner_pid),
-        procstat::cpu_seconds(approval_pid),
-    );
+    let (r_cpu0, a_cpu0) = (cpu_of(&runner_pids), cpu_of(&approval_pids));
+    let db_cpu0 = cluster.db.as_ref().map(|db| db.server_cpu());
     let remaining = Arc::new(AtomicUsize::new(cycles));
     let start = Instant::now();
     let mut drivers = Vec::new();
-    for _ in 0..concurrency {
-        let (mut runner, tracks, remaining) = (runner.clone(), tracks.clone(), remaining.clone());
+    for i in 0..concurrency {
+        let replica = i % replicas;
+        let (mut runner, tracks, remaining) = (
+            runners[replica].clone(),
+            tracks[replica].clone(),
+            remaining.clone(),
+        );
         drivers.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
+            let (mut latencies, mut mine) = (Vec::new(), Vec::new());
             while remaining
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                 .is_ok()
@@ -145,7 +208,7 @@ pub async fn run(decider: Decider, cycles: usize, concurrency: usize) -> CycleRe
                     }
                 };
                 if let Some(rx) = rx {
-                    let _ = tokio::time::timeout(Duration::from_secs(120), rx).await;
+                    let _ = tokio::time::timeout(RUN_PATIENCE, rx).await;
                 }
                 let done = tracks
                     .lock()
@@ -153,35 +216,61 @@ pub async fn run(decider: Decider, cycles: usize, concurrency: usize) -> CycleRe
                     .get(&run.run_id)
                     .and_then(|t| t.done);
                 latencies.push(done.unwrap_or_else(Instant::now) - t0);
+                mine.push(run.run_id);
             }
-            latencies
+            (replica, latencies, mine)
         }));
     }
     let mut submit_to_done = Vec::new();
+    // Each run as seen on the stream of the replica it was submitted to.
+    let mut seen: HashMap<String, Track> = HashMap::new();
+    let mut owned = Vec::new();
     for d in drivers {
-        submit_to_done.extend(d.await.expect("driver"));
+        let (replica, latencies, mine) = d.await.expect("driver");
+        submit_to_done.extend(latencies);
+        owned.push((replica, mine));
     }
     let elapsed = start.elapsed();
-    let runner_cpu = procstat::cpu_seconds(runner_pid) - r_cpu0;
-    let approval_cpu = procstat::cpu_seconds(approval_pid) - a_cpu0;
+    let runner_cpu = cpu_of(&runner_pids) - r_cpu0;
+    let approval_cpu = cpu_of(&approval_pids) - a_cpu0;
+    let db_cpu = cluster
+        .db
+        .as_ref()
+        .zip(db_cpu0)
+        .map(|(db, c0)| db.server_cpu() - c0);
     let meters = super::Meters::read(&cluster, decider.label()).await;
     let fsyncs = meters.fsyncs_since(&meters_before);
     let decide_ms = meters.decide_ms_since(&meters_before);
-    follower.abort();
+    for f in followers {
+        f.abort();
+    }
     if let Some(p) = person {
         p.abort();
     }
-    let stages = stages(&cluster, &tracks).await;
-    let (mut suspend_to_resume, mut failed) = (Vec::new(), 0);
-    for t in tracks.lock().expect("tracks").values() {
+    for (replica, mine) in owned {
+        let mut map = tracks[replica].lock().expect("tracks");
+        for id in mine {
+            if let Some(t) = map.remove(&id) {
+                seen.insert(id, t);
+            }
+        }
+    }
+    let stages = stages(&cluster, &seen).await;
+    let (mut suspend_to_resume, mut failed, mut unfinished) = (Vec::new(), 0, 0);
+    for t in seen.values() {
         if let (Some(s), Some(r)) = (t.suspended, t.resumed) {
             suspend_to_resume.push(r - s);
         }
         failed += usize::from(t.failed);
+        unfinished += usize::from(t.done.is_none());
     }
     submit_to_done.sort();
     suspend_to_resume.sort();
+    let (runner_bytes, approval_bytes) = cluster.stored_bytes(db_before);
+    let peak = |pids: &[u32]| pids.iter().map(|p| procstat::peak_rss(*p)).sum();
     let result = CycleResult {
+        store: store.label(),
+        replicas,
         decider,
         concurrency,
         cycles,
@@ -190,11 +279,13 @@ pub async fn run(decider: Decider, cycles: usize, concurrency: usize) -> CycleRe
         suspend_to_resume,
         runner_cpu,
         approval_cpu,
-        runner_peak_rss: procstat::peak_rss(runner_pid),
-        approval_peak_rss: procstat::peak_rss(approval_pid),
-        runner_bytes: procstat::dir_bytes(&cluster.runner.data_dir),
-        approval_bytes: procstat::dir_bytes(&cluster.approval.data_dir),
+        db_cpu,
+        runner_peak_rss: peak(&runner_pids),
+        approval_peak_rss: peak(&approval_pids),
+        runner_bytes,
+        approval_bytes,
         failed,
+        unfinished,
         fsyncs,
         stages,
         decide_ms,
@@ -210,7 +301,7 @@ fn wall_ms(t: &prost_types::Timestamp) -> i64 {
 
 /// Splits each run's suspended → resumed by the approval's own timestamps (every approval is
 /// read back from approval-svc once the cycles are done).
-async fn stages(cluster: &BenchCluster, tracks: &Mutex<HashMap<String, Track>>) -> [Vec<i64>; 3] {
+async fn stages(cluster: &BenchCluster, map: &HashMap<String, Track>) -> [Vec<i64>; 3] {
     let mut approvals = cluster.approvals_as(APPROVER).await;
     let mut out: [Vec<i64>; 3] = Default::default();
     let mut token = String::new();
@@ -226,7 +317,6 @@ async fn stages(cluster: &BenchCluster, tracks: &Mutex<HashMap<String, Track>>) 
             return out;
         };
         let page = page.into_inner();
-        let map = tracks.lock().expect("tracks");
         for a in &page.approvals {
             let Some(run_id) = a.request.as_ref().map(|r| r.run_id.as_str()) else {
                 continue;
@@ -246,7 +336,6 @@ async fn stages(cluster: &BenchCluster, tracks: &Mutex<HashMap<String, Track>>) 
                 out[2].push(r - d);
             }
         }
-        drop(map);
         if page.next_page_token.is_empty() {
             break;
         }
@@ -258,7 +347,7 @@ async fn stages(cluster: &BenchCluster, tracks: &Mutex<HashMap<String, Track>>) 
     out
 }
 
-async fn follow(mut runner: super::cluster::Runner, tracks: Arc<Mutex<HashMap<String, Track>>>) {
+async fn follow(mut runner: super::cluster::Runner, tracks: Tracks) {
     use rpb::EventKind as K;
     let mut stream = runner
         .stream_events(rpb::StreamEventsRequest {
@@ -298,9 +387,10 @@ async fn follow(mut runner: super::cluster::Runner, tracks: Arc<Mutex<HashMap<St
     }
 }
 
-/// A person at a screen: sees every new pending approval and approves it.
-async fn person(approvals: super::cluster::Approvals) {
-    let mut watch = approvals
+/// A person at a screen: sees every new pending approval (on replica 0's watch) and approves
+/// it, the resolves spread round-robin over the approval-svc replicas.
+async fn person(resolvers: Vec<super::cluster::Approvals>) {
+    let mut watch = resolvers[0]
         .clone()
         .watch_approvals(apb::WatchApprovalsRequest {
             filter: Some(apb::ApprovalFilter {
@@ -311,6 +401,7 @@ async fn person(approvals: super::cluster::Approvals) {
         .await
         .expect("watch approvals")
         .into_inner();
+    let mut next = 0;
     while let Ok(Some(change)) = watch.message().await {
         let Some(approval) = change.approval else {
             continue;
@@ -318,7 +409,8 @@ async fn person(approvals: super::cluster::Approvals) {
         if approval.state != apb::ApprovalState::Pending as i32 {
             continue;
         }
-        let mut approvals = approvals.clone();
+        let mut approvals = resolvers[next % resolvers.len()].clone();
+        next += 1;
         tokio::spawn(async move {
             let _ = approvals
                 .resolve(apb::ResolveRequest {

@@ -6,6 +6,7 @@ pub mod cycle;
 pub mod fanout;
 pub mod langgraph;
 pub mod parked;
+pub mod pg_append;
 pub mod procstat;
 
 use std::time::Duration;
@@ -13,7 +14,7 @@ use std::time::Duration;
 use cycle::{CycleResult, Decider};
 use procstat::pct_ms;
 
-/// What both services' `/metrics` say so far, from one scrape of each: fsyncs of both, and
+/// What both services' `/metrics` say so far, from one scrape of each replica: fsyncs of both, and
 /// approval-svc's decision latency histogram for `source` (sum of seconds, count).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Meters {
@@ -22,19 +23,32 @@ pub struct Meters {
 }
 
 impl Meters {
+    /// Summed over every replica: each counts its own flushes, and the leader of approval-svc
+    /// takes the policy decisions (a follower's histogram stays empty).
     pub async fn read(cluster: &cluster::BenchCluster, source: &str) -> Self {
-        let runner = crate::scrape::scrape(&cluster.runner.metrics_url()).await;
-        let approval = crate::scrape::scrape(&cluster.approval.metrics_url()).await;
         let labels = [("source", source)];
-        Self {
-            fsyncs: runner
-                .get("arbor_runner_fsyncs_total", &[])
-                .zip(approval.get("arbor_approval_fsyncs_total", &[]))
-                .map(|(r, a)| r + a),
-            decided: approval
-                .get("arbor_approval_decision_latency_seconds_sum", &labels)
-                .zip(approval.get("arbor_approval_decision_latency_seconds_count", &labels)),
+        let mut fsyncs = Some(0.0);
+        let mut decided = None::<(f64, f64)>;
+        for r in &cluster.runners {
+            let runner = crate::scrape::scrape(&r.metrics_url()).await;
+            fsyncs = fsyncs
+                .zip(runner.get("arbor_runner_fsyncs_total", &[]))
+                .map(|(a, b)| a + b);
         }
+        for a in &cluster.approvals {
+            let approval = crate::scrape::scrape(&a.metrics_url()).await;
+            fsyncs = fsyncs
+                .zip(approval.get("arbor_approval_fsyncs_total", &[]))
+                .map(|(a, b)| a + b);
+            if let Some((s, n)) = approval
+                .get("arbor_approval_decision_latency_seconds_sum", &labels)
+                .zip(approval.get("arbor_approval_decision_latency_seconds_count", &labels))
+            {
+                let (s0, n0) = decided.unwrap_or_default();
+                decided = Some((s0 + s, n0 + n));
+            }
+        }
+        Self { fsyncs, decided }
     }
 
     /// fsyncs since `before`.
@@ -56,6 +70,9 @@ pub struct Options {
     pub cycles: usize,
     pub concurrency: Vec<usize>,
     pub deciders: Vec<Decider>,
+    pub stores: Vec<cluster::Store>,
+    /// Replicas of each service (more than one only on a shared store).
+    pub replicas: Vec<usize>,
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -64,7 +81,9 @@ fn mib(bytes: u64) -> f64 {
 
 pub fn print_cycle_table(rows: &[CycleResult]) {
     println!(
-        "\n{:<7} {:>3} {:>7} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8}",
+        "\n{:<8} {:>1} {:<7} {:>3} {:>7} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8}",
+        "store",
+        "R",
         "decider",
         "K",
         "cycles",
@@ -76,6 +95,8 @@ pub fn print_cycle_table(rows: &[CycleResult]) {
         "p99",
         "run CPU",
         "appr CPU",
+        "pg CPU",
+        "CPU ms/c",
         "run RSS",
         "appr RSS",
         "B/run",
@@ -84,7 +105,9 @@ pub fn print_cycle_table(rows: &[CycleResult]) {
     for r in rows {
         let per_run = (r.runner_bytes + r.approval_bytes) as f64 / r.cycles.max(1) as f64;
         println!(
-            "{:<7} {:>3} {:>7} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>9.2} {:>9.2} {:>7.1}s {:>7.1}s {:>6.0}Mi {:>7.0}Mi {:>9.0} {:>8}",
+            "{:<8} {:>1} {:<7} {:>3} {:>7} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>9.2} {:>9.2} {:>7.1}s {:>7.1}s {:>8} {:>8.2} {:>6.0}Mi {:>6.0}Mi {:>9.0} {:>8}",
+            r.store,
+            r.replicas,
             r.decider.label(),
             r.concurrency,
             r.cycles,
@@ -96,6 +119,10 @@ pub fn print_cycle_table(rows: &[CycleResult]) {
             pct_ms(&r.suspend_to_resume, 0.99),
             r.runner_cpu,
             r.approval_cpu,
+            r.db_cpu
+                .map(|c| format!("{c:.1}s"))
+                .unwrap_or_else(|| "-".into()),
+            r.cpu_ms_per_cycle(),
             mib(r.runner_peak_rss),
             mib(r.approval_peak_rss),
             per_run,
@@ -123,21 +150,118 @@ pub fn print_cycle_table(rows: &[CycleResult]) {
         if r.failed > 0 {
             println!("        ({} runs FAILED)", r.failed);
         }
+        if r.unfinished > 0 {
+            println!(
+                "        ({} runs UNFINISHED: no end seen within {} s each)",
+                r.unfinished,
+                cycle::RUN_PATIENCE.as_secs()
+            );
+        }
     }
     println!(
-        "(latencies in ms; s→d = SubmitRun → RUN_SUCCEEDED seen by the client; sus→res = EXECUTION_SUSPENDED → EXECUTION_RESUMED as streamed)"
+        "(R = replicas of each service; latencies in ms; s→d = SubmitRun → RUN_SUCCEEDED seen by the client on \
+         its replica's stream; sus→res = EXECUTION_SUSPENDED → EXECUTION_RESUMED as streamed; CPU summed over \
+         replicas; CPU ms/c = runner + approval + PostgreSQL server per cycle; B/run on PostgreSQL = growth of \
+         the database; fsync/c on PostgreSQL = committed batch transactions of the services per cycle)"
     );
 }
 
-pub async fn cycles(opts: &Options) -> Vec<CycleResult> {
-    let mut rows = Vec::new();
-    for decider in &opts.deciders {
-        for k in &opts.concurrency {
-            eprintln!("cycle: {} K={k} N={} …", decider.label(), opts.cycles);
-            rows.push(cycle::run(*decider, opts.cycles, *k).await);
+/// The storage-seam targets as ratios between rows of the table, per decider: PostgreSQL at
+/// the highest K ≥ 0.5× the embedded store's cycles/s, at the lowest K p50 ≤ 3× its p50, and
+/// two replicas at the highest K not slower than one.
+pub fn print_cycle_ratios(rows: &[CycleResult]) {
+    let (Some(lo), Some(hi)) = (
+        rows.iter().map(|r| r.concurrency).min(),
+        rows.iter().map(|r| r.concurrency).max(),
+    ) else {
+        return;
+    };
+    let find = |store: &str, replicas: usize, d: Decider, k: usize| {
+        rows.iter().find(|r| {
+            r.store == store && r.replicas == replicas && r.decider == d && r.concurrency == k
+        })
+    };
+    let mark = |ok: bool| if ok { "PASS" } else { "FAIL" };
+    let mut printed = false;
+    let mut header = || {
+        if !printed {
+            println!("\nratios against the targets");
+            printed = true;
+        }
+    };
+    for d in [Decider::Policy, Decider::Person] {
+        let label = d.label();
+        if let (Some(pg), Some(sl)) = (find("postgres", 1, d, hi), find("sled", 1, d, hi)) {
+            header();
+            let x = pg.cycles_per_s() / sl.cycles_per_s();
+            println!(
+                "  {label:<7} postgres/sled cycles/s at K={hi}: {:.0} / {:.0} = {x:.2}×  (target ≥ 0.50×) {}",
+                pg.cycles_per_s(),
+                sl.cycles_per_s(),
+                mark(x >= 0.5)
+            );
+        }
+        if let (Some(pg), Some(sl)) = (find("postgres", 1, d, lo), find("sled", 1, d, lo)) {
+            header();
+            let (a, b) = (
+                pct_ms(&pg.submit_to_done, 0.5),
+                pct_ms(&sl.submit_to_done, 0.5),
+            );
+            let x = a / b;
+            println!(
+                "  {label:<7} postgres/sled p50 at K={lo}: {a:.2} / {b:.2} ms = {x:.2}×  (target ≤ 3.00×) {}",
+                mark(x <= 3.0)
+            );
+        }
+        if let (Some(two), Some(one)) = (find("postgres", 2, d, hi), find("postgres", 1, d, hi)) {
+            header();
+            let x = two.cycles_per_s() / one.cycles_per_s();
+            println!(
+                "  {label:<7} postgres 2 runners/1 runner cycles/s at K={hi}: {:.0} / {:.0} = {x:.2}×  (target ≥ 1.00×) {}",
+                two.cycles_per_s(),
+                one.cycles_per_s(),
+                mark(x >= 1.0)
+            );
         }
     }
-    rows
+}
+
+/// Every (store, replicas, decider, K) of `opts`, one fresh cluster (and, on PostgreSQL, one
+/// fresh database) each. Returns the rows and the combinations skipped, with why.
+pub async fn cycles(opts: &Options) -> (Vec<CycleResult>, Vec<String>) {
+    let (mut rows, mut skipped) = (Vec::new(), Vec::new());
+    for store in &opts.stores {
+        for &replicas in &opts.replicas {
+            if replicas > 1 && !store.shared() {
+                skipped.push(format!(
+                    "{} × {replicas} runners skipped: the embedded store belongs to one process",
+                    store.label()
+                ));
+                continue;
+            }
+            for decider in &opts.deciders {
+                for k in &opts.concurrency {
+                    eprintln!(
+                        "cycle: {} R={replicas} {} K={k} N={} …",
+                        store.label(),
+                        decider.label(),
+                        opts.cycles
+                    );
+                    let row = cycle::run(store, replicas, *decider, opts.cycles, *k).await;
+                    // Each row as it comes, so a run cut short still says what it measured.
+                    eprintln!(
+                        "  {:.0} cycles/s, p50 {:.2} ms, p99 {:.2} ms, {} unfinished",
+                        row.cycles_per_s(),
+                        pct_ms(&row.submit_to_done, 0.5),
+                        pct_ms(&row.submit_to_done, 0.99),
+                        row.unfinished
+                    );
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    (rows, skipped)
 }
 
 /// A short pause so the machine settles between sections.
@@ -156,10 +280,12 @@ pub fn print_langgraph_table(arbor: &[CycleResult], lg: &[langgraph::LangGraphRe
         "K", "N", "Arbor cycles/s", "LangGraph cyc/s", "ratio", "Arbor p50 ms", "LangGraph p50 ms"
     );
     for l in lg {
-        let Some(a) = arbor
-            .iter()
-            .find(|a| a.decider == Decider::Policy && a.concurrency == l.concurrency)
-        else {
+        let Some(a) = arbor.iter().find(|a| {
+            a.store == "sled"
+                && a.replicas == 1
+                && a.decider == Decider::Policy
+                && a.concurrency == l.concurrency
+        }) else {
             continue;
         };
         println!(

@@ -111,17 +111,17 @@ pub async fn run(runs: usize) -> ParkedResult {
     follower.abort();
     // Let the page cache settle to what parked runs need, then read memory.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let runner_rss_parked = procstat::rss(cluster.runner.pid().unwrap_or(0));
+    let runner_rss_parked = procstat::rss(cluster.runners[0].pid().unwrap_or(0));
     let t = Instant::now();
-    crate::scrape::scrape(&cluster.runner.metrics_url()).await;
+    crate::scrape::scrape(&cluster.runners[0].metrics_url()).await;
     let metrics_scrape = t.elapsed();
 
-    cluster.runner.kill().await;
+    cluster.runners[0].kill().await;
     let t = Instant::now();
-    cluster.runner.start().await;
+    cluster.runners[0].start().await;
     let restart_to_serving = t.elapsed();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let runner_rss_after_restart = procstat::rss(cluster.runner.pid().unwrap_or(0));
+    let runner_rss_after_restart = procstat::rss(cluster.runners[0].pid().unwrap_or(0));
 
     let runner = cluster.runner_as(SUBMITTER).await;
     let succeeded = Arc::new(AtomicUsize::new(0));
@@ -166,7 +166,7 @@ pub async fn run(runs: usize) -> ParkedResult {
         runner_rss_after_restart,
         restart_to_serving,
         drain_elapsed,
-        runner_bytes: procstat::dir_bytes(&cluster.runner.data_dir),
+        runner_bytes: procstat::dir_bytes(&cluster.runners[0].data_dir),
     };
     cluster.stop().await;
     result

@@ -2,6 +2,36 @@
 
 pub use arbor_shared::procstat::cpu_seconds;
 
+/// CPU seconds of `root` and its live children, plus what its reaped children used (a
+/// PostgreSQL server: the postmaster forks a process per connection and per background task).
+pub fn tree_cpu_seconds(root: u32) -> f64 {
+    let mut total = cpu_seconds(root) + reaped_children_cpu(root);
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            if stat_field(pid, 1) == Some(f64::from(root)) {
+                total += cpu_seconds(pid);
+            }
+        }
+    }
+    total
+}
+
+/// cutime + cstime: CPU of children `pid` has waited for.
+fn reaped_children_cpu(pid: u32) -> f64 {
+    (stat_field(pid, 13).unwrap_or(0.0) + stat_field(pid, 14).unwrap_or(0.0)) / 100.0
+}
+
+/// Field `i` of /proc/<pid>/stat counted from the one after the command name (0 = state,
+/// 1 = ppid, 11/12 = utime/stime, 13/14 = cutime/cstime, in clock ticks).
+fn stat_field(pid: u32, i: usize) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(i)?.parse().ok()
+}
+
 /// Peak resident set size (VmHWM) in bytes.
 pub fn peak_rss(pid: u32) -> u64 {
     status_kb(pid, "VmHWM:") * 1024

@@ -1,9 +1,22 @@
 //! Arbor's end-to-end benchmark; see BENCHMARKS.md.
 //!
 //! `cargo run --release -p arbor-tests --bin arbor-bench -- [--cycles N] [--concurrency 1,64]
-//!  [--parked N] [--fanout S] [--fanout-cycles N] [--only cycle,langgraph,parked,fanout]`
+//!  [--store sled,postgres] [--runners 1,2] [--parked N] [--fanout S] [--fanout-cycles N]
+//!  [--appends N] [--append-concurrency K] [--only cycle,langgraph,parked,fanout,pg-append]`
+//!
+//! - `--store` (cycle): the stores to run the full cycle on, a list; default `sled`. `postgres`
+//!   starts one private PostgreSQL server for the whole run (`fsync=on`) and gives every
+//!   configuration a fresh database.
+//! - `--runners` (cycle, pg-append): replicas of each service, a list; default `1` (pg-append:
+//!   `1,2`). With 2, two runner-svc replicas share the database, each with an approval-svc
+//!   pointed at it, and the benchmark's clients go round-robin over them. Sled × 2 is skipped
+//!   (the embedded store belongs to one process).
+//! - `--only pg-append` (not in the default set): the event log's append rate on PostgreSQL,
+//!   `--appends` one-node runs (default 3000) from `--append-concurrency` clients (default 64).
 
-use arbor_tests::bench::{self, cycle::Decider};
+use std::sync::Arc;
+
+use arbor_tests::bench::{self, cluster::Store, cycle::Decider};
 
 #[tokio::main]
 async fn main() {
@@ -25,9 +38,36 @@ async fn main() {
         });
     let wants = |s: &str| only.iter().any(|o| o == s);
     let cycles = number("--cycles", 10_000);
-    let concurrency: Vec<usize> = value("--concurrency")
-        .map(|v| v.split(',').filter_map(|k| k.parse().ok()).collect())
-        .unwrap_or_else(|| vec![1, 64]);
+    let list = |flag: &str, default: &[usize]| -> Vec<usize> {
+        value(flag)
+            .map(|v| v.split(',').filter_map(|k| k.parse().ok()).collect())
+            .unwrap_or_else(|| default.to_vec())
+    };
+    let concurrency = list("--concurrency", &[1, 64]);
+    let store_names: Vec<String> = value("--store")
+        .map(|v| v.split(',').map(str::to_string).collect())
+        .unwrap_or_else(|| vec!["sled".into()]);
+    if let Some(bad) = store_names
+        .iter()
+        .find(|s| !matches!(s.as_str(), "sled" | "postgres"))
+    {
+        eprintln!("--store: unknown store {bad:?} (sled, postgres)");
+        std::process::exit(2);
+    }
+    // One PostgreSQL server for the whole run, started only when something needs it.
+    let needs_pg =
+        wants("pg-append") || (wants("cycle") && store_names.iter().any(|s| s == "postgres"));
+    let pg = needs_pg.then(|| {
+        eprintln!("starting PostgreSQL …");
+        Arc::new(arbor_testkit::PgCluster::start())
+    });
+    let stores: Vec<Store> = store_names
+        .iter()
+        .map(|s| match (s.as_str(), &pg) {
+            ("postgres", Some(pg)) => Store::Postgres(pg.clone()),
+            _ => Store::Sled,
+        })
+        .collect();
 
     bench::print_machine();
     let mut rows = Vec::new();
@@ -36,9 +76,16 @@ async fn main() {
             cycles,
             concurrency: concurrency.clone(),
             deciders: vec![Decider::Policy, Decider::Person],
+            stores,
+            replicas: list("--runners", &[1]),
         };
-        rows = bench::cycles(&opts).await;
+        let skipped;
+        (rows, skipped) = bench::cycles(&opts).await;
         bench::print_cycle_table(&rows);
+        for s in &skipped {
+            println!("({s})");
+        }
+        bench::print_cycle_ratios(&rows);
     }
     if wants("langgraph") {
         let mut lg = Vec::new();
@@ -81,5 +128,27 @@ async fn main() {
         let rate = number("--fanout-rate", 100);
         eprintln!("fan-out: {s} subscribers, {n} cycles at {rate}/s …");
         bench::print_fanout(&bench::fanout::run(s, n, rate).await);
+    }
+    if wants("pg-append")
+        && let Some(pg) = &pg
+    {
+        let store = Store::Postgres(pg.clone());
+        let (n, k) = (
+            number("--appends", 3_000),
+            number("--append-concurrency", 64),
+        );
+        let mut appends = Vec::new();
+        for r in list("--runners", &[1, 2]) {
+            eprintln!("pg-append: R={r} K={k} N={n} …");
+            let row = bench::pg_append::run(&store, r, n, k).await;
+            eprintln!(
+                "  {:.0} events/s, {:.0} txn/s, {} of {n} runs succeeded",
+                row.events_per_s(),
+                row.transactions_per_s(),
+                row.succeeded
+            );
+            appends.push(row);
+        }
+        bench::pg_append::print(&appends);
     }
 }

@@ -133,14 +133,43 @@ pub fn spawn(
     submitter: RunnerClient,
     approver: ApprovalClient,
 ) -> Vec<JoinHandle<()>> {
-    vec![
-        tokio::spawn(submit_loop(shared.clone(), cfg.clone(), submitter.clone())),
-        tokio::spawn(answer_loop(shared.clone(), cfg.clone(), submitter)),
-        tokio::spawn(approve_loop(shared, cfg, approver)),
-    ]
+    spawn_spread(shared, cfg, vec![submitter], vec![approver])
 }
 
-async fn submit_loop(shared: Arc<Shared>, cfg: DriveConfig, mut runner: RunnerClient) {
+/// Starts the actors over several replicas: the submitter spreads its runs over `runners`
+/// (moving to the next replica when one does not answer), every runner replica gets an answerer
+/// and every approval replica an approver. Answerers and approvers thus race each other with the
+/// same decisions on different replicas: exactly one of each must win.
+pub fn spawn_spread(
+    shared: Arc<Shared>,
+    cfg: DriveConfig,
+    runners: Vec<RunnerClient>,
+    approvers: Vec<ApprovalClient>,
+) -> Vec<JoinHandle<()>> {
+    assert!(!runners.is_empty() && !approvers.is_empty());
+    let mut actors = vec![tokio::spawn(submit_loop(
+        shared.clone(),
+        cfg.clone(),
+        runners.clone(),
+    ))];
+    for runner in runners {
+        actors.push(tokio::spawn(answer_loop(
+            shared.clone(),
+            cfg.clone(),
+            runner,
+        )));
+    }
+    for approver in approvers {
+        actors.push(tokio::spawn(approve_loop(
+            shared.clone(),
+            cfg.clone(),
+            approver,
+        )));
+    }
+    actors
+}
+
+async fn submit_loop(shared: Arc<Shared>, cfg: DriveConfig, mut runners: Vec<RunnerClient>) {
     let total = shared.plans.len();
     for i in 0..total {
         loop {
@@ -168,11 +197,12 @@ async fn submit_loop(shared: Arc<Shared>, cfg: DriveConfig, mut runner: RunnerCl
             )),
             ..Default::default()
         };
+        let mut at = i % runners.len();
         loop {
             if shared.stopped() {
                 return;
             }
-            match runner.submit_run(request.clone()).await {
+            match runners[at].submit_run(request.clone()).await {
                 Ok(_) => break,
                 Err(e) if e.code() == Code::AlreadyExists => break,
                 Err(e) if is_transient(&e) => {
@@ -180,6 +210,7 @@ async fn submit_loop(shared: Arc<Shared>, cfg: DriveConfig, mut runner: RunnerCl
                         .counters
                         .submit_retries
                         .fetch_add(1, Ordering::Relaxed);
+                    at = (at + 1) % runners.len();
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Err(e) => {

@@ -23,6 +23,7 @@ use crate::{
     Cluster,
     auth::Tokens,
     clients::{approvals_as, runner_as},
+    process::Replicas,
 };
 
 /// The seed: `ARBOR_CHAOS_SEED` when set (to replay a failure), else fresh.
@@ -50,9 +51,21 @@ pub struct Workload {
     recorder: Recorder,
     actors: Vec<JoinHandle<()>>,
     tokens: Tokens,
-    runner_url: String,
-    approval_url: String,
+    runner_urls: Vec<String>,
+    approval_urls: Vec<String>,
     pub started: Instant,
+}
+
+/// What the workload gathered before the services are stopped.
+struct Gathered {
+    report: Report,
+    plans: Vec<Plan>,
+    runs: std::collections::HashMap<String, arbor_shared::proto::runner::v1::Run>,
+    log: Vec<arbor_shared::proto::runner::v1::Event>,
+    approvals: Vec<apb::Approval>,
+    decided: std::collections::HashMap<String, usize>,
+    recorded: std::collections::BTreeMap<u64, recorder::Seen>,
+    recorder_problems: Vec<String>,
 }
 
 impl Workload {
@@ -64,28 +77,55 @@ impl Workload {
         plans: Vec<Plan>,
         cfg: DriveConfig,
     ) -> Workload {
-        let runner_url = cluster.runner.url();
-        let approval_url = cluster.approval.url();
-        let mut submitter = runner_as(&runner_url, Some(&tokens.submitter));
+        Self::start_spread(
+            &[cluster.runner.url()],
+            &[cluster.approval.url()],
+            tokens,
+            plans,
+            cfg,
+        )
+        .await
+    }
+
+    /// [`Workload::start`] against replicas: the actors spread over every replica (see
+    /// [`driver::spawn_spread`]) and the durable subscriber opens each stream on the next
+    /// runner replica.
+    pub async fn start_spread(
+        runner_urls: &[String],
+        approval_urls: &[String],
+        tokens: &Tokens,
+        plans: Vec<Plan>,
+        cfg: DriveConfig,
+    ) -> Workload {
+        let mut submitter = runner_as(&runner_urls[0], Some(&tokens.submitter));
         driver::register_trees(&mut submitter).await;
         let shared = Shared::new(plans);
-        let recorder = Recorder::start(
-            runner_as(&runner_url, Some(&tokens.operator)),
+        let recorder = Recorder::start_spread(
+            runner_urls
+                .iter()
+                .map(|u| runner_as(u, Some(&tokens.operator)))
+                .collect(),
             "chaos-auditor",
         );
-        let actors = driver::spawn(
+        let actors = driver::spawn_spread(
             shared.clone(),
             cfg,
-            submitter,
-            approvals_as(&approval_url, Some(&tokens.approver)),
+            runner_urls
+                .iter()
+                .map(|u| runner_as(u, Some(&tokens.submitter)))
+                .collect(),
+            approval_urls
+                .iter()
+                .map(|u| approvals_as(u, Some(&tokens.approver)))
+                .collect(),
         );
         Workload {
             shared,
             recorder,
             actors,
             tokens: tokens.clone(),
-            runner_url,
-            approval_url,
+            runner_urls: runner_urls.to_vec(),
+            approval_urls: approval_urls.to_vec(),
             started: Instant::now(),
         }
     }
@@ -118,8 +158,8 @@ impl Workload {
     /// missing.
     pub async fn settle(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
-        let mut approvals = approvals_as(&self.approval_url, Some(&self.tokens.operator));
-        let mut runner = runner_as(&self.runner_url, Some(&self.tokens.operator));
+        let mut approvals = approvals_as(&self.approval_urls[0], Some(&self.tokens.operator));
+        let mut runner = runner_as(&self.runner_urls[0], Some(&self.tokens.operator));
         while Instant::now() < deadline {
             let unsettled = driver::list_approvals(
                 &mut approvals,
@@ -160,6 +200,31 @@ impl Workload {
     /// Stops the actors, gathers the evidence, stops both services cleanly (their exit codes are
     /// checked too), reads the runner's ledger and runs every check.
     pub async fn finish(self, cluster: &mut Cluster) -> Report {
+        let mut g = self.gather().await;
+        let approval_exit = cluster.approval.stop().await;
+        let runner_exit = cluster.runner.stop().await;
+        if approval_exit != Some(0) || runner_exit != Some(0) {
+            g.report.problem(format!(
+                "clean shutdown: approval-svc exited {approval_exit:?}, runner-svc {runner_exit:?}"
+            ));
+        }
+        let ledger = verify::read_ledger(&cluster.runner.data_dir).await;
+        g.check(&ledger)
+    }
+
+    /// [`Workload::finish`] for replicas on PostgreSQL: every replica must stop cleanly, and
+    /// the ledger is the one they share in the database.
+    pub async fn finish_replicas(self, replicas: &mut Replicas) -> Report {
+        let mut g = self.gather().await;
+        for unclean in replicas.stop_all().await {
+            g.report.problem(format!("clean shutdown: {unclean}"));
+        }
+        let ledger = verify::read_ledger_postgres(&replicas.store_url).await;
+        g.check(&ledger)
+    }
+
+    /// Stops the actors and gathers everything but the ledger, while the services still run.
+    async fn gather(self) -> Gathered {
         self.shared.stop.store(true, Ordering::Relaxed);
         for actor in self.actors {
             let _ = actor.await;
@@ -169,8 +234,8 @@ impl Workload {
             "workload time {:.1}s",
             self.started.elapsed().as_secs_f64()
         ));
-        let mut runner = runner_as(&self.runner_url, Some(&self.tokens.operator));
-        let mut approvals = approvals_as(&self.approval_url, Some(&self.tokens.operator));
+        let mut runner = runner_as(&self.runner_urls[0], Some(&self.tokens.operator));
+        let mut approvals = approvals_as(&self.approval_urls[0], Some(&self.tokens.operator));
         let plans = self.shared.plans.clone();
         let runs = verify::final_runs(&mut runner, &plans)
             .await
@@ -178,6 +243,20 @@ impl Workload {
         let log = verify::full_log(&mut runner)
             .await
             .expect("read the event log");
+        for other in &self.runner_urls[1..] {
+            let theirs = verify::full_log(&mut runner_as(other, Some(&self.tokens.operator)))
+                .await
+                .expect("read the event log");
+            if theirs != log {
+                report.problem(format!(
+                    "the event log read from {other} ({} events) is not the one read from {} \
+                     ({} events)",
+                    theirs.len(),
+                    self.runner_urls[0],
+                    log.len()
+                ));
+            }
+        }
         let all_approvals = driver::list_approvals(&mut approvals, &[])
             .await
             .expect("ListApprovals");
@@ -205,28 +284,34 @@ impl Workload {
             c.input_retries.load(Ordering::Relaxed),
             c.submit_retries.load(Ordering::Relaxed),
         ));
-
-        let approval_exit = cluster.approval.stop().await;
-        let runner_exit = cluster.runner.stop().await;
-        if approval_exit != Some(0) || runner_exit != Some(0) {
-            report.problem(format!(
-                "clean shutdown: approval-svc exited {approval_exit:?}, runner-svc {runner_exit:?}"
-            ));
+        Gathered {
+            report,
+            plans,
+            runs,
+            log,
+            approvals: all_approvals,
+            decided,
+            recorded,
+            recorder_problems,
         }
-        let ledger = verify::read_ledger(&cluster.runner.data_dir).await;
+    }
+}
+
+impl Gathered {
+    fn check(mut self, ledger: &std::collections::BTreeMap<String, serde_json::Value>) -> Report {
         verify::check(
             &verify::Evidence {
-                plans: &plans,
-                runs: &runs,
-                log: &log,
-                recorded: &recorded,
-                recorder_problems: &recorder_problems,
-                approvals: &all_approvals,
-                decided: &decided,
-                ledger: &ledger,
+                plans: &self.plans,
+                runs: &self.runs,
+                log: &self.log,
+                recorded: &self.recorded,
+                recorder_problems: &self.recorder_problems,
+                approvals: &self.approvals,
+                decided: &self.decided,
+                ledger,
             },
-            &mut report,
+            &mut self.report,
         );
-        report
+        self.report
     }
 }

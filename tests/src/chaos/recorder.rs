@@ -75,12 +75,19 @@ const ACK_EVERY: usize = 64;
 
 impl Recorder {
     pub fn start(client: RunnerClient, subscriber_id: &str) -> Recorder {
+        Self::start_spread(vec![client], subscriber_id)
+    }
+
+    /// A subscriber that opens each new stream on the next of `clients` (runner replicas on one
+    /// database): its cursor lives in the database, so any replica resumes it.
+    pub fn start_spread(clients: Vec<RunnerClient>, subscriber_id: &str) -> Recorder {
+        assert!(!clients.is_empty());
         let state = Arc::new(Mutex::new(State::default()));
         let connects = Arc::new(AtomicU64::new(0));
         let acked = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn(follow(
-            client,
+            clients,
             subscriber_id.to_string(),
             state.clone(),
             connects.clone(),
@@ -136,7 +143,7 @@ fn contiguous(events: &BTreeMap<u64, Seen>) -> u64 {
 }
 
 async fn follow(
-    mut client: RunnerClient,
+    clients: Vec<RunnerClient>,
     subscriber_id: String,
     state: Arc<Mutex<State>>,
     connects: Arc<AtomicU64>,
@@ -144,7 +151,10 @@ async fn follow(
     stop: Arc<AtomicBool>,
 ) {
     let mut pause = Duration::from_millis(20);
+    let mut attempt = 0usize;
     while !stop.load(Ordering::Relaxed) {
+        let mut client = clients[attempt % clients.len()].clone();
+        attempt += 1;
         // No after_seq: the runner resumes from this subscriber's acked cursor.
         let request = pb::StreamEventsRequest {
             subscriber_id: subscriber_id.clone(),

@@ -5,7 +5,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use arbor_runner_svc::{ServeConfig, open_runner, store::T};
+use arbor_runner_svc::{
+    ServeConfig, open_runner,
+    store::{Store, T},
+};
 use arbor_shared::{
     json::from_proto_struct,
     proto::{
@@ -81,21 +84,24 @@ pub async fn full_log(runner: &mut RunnerClient) -> Result<Vec<rpb::Event>, toni
     Ok(out)
 }
 
-/// Final views of the planned runs.
+/// Final views of the planned runs. A run the runner does not know is left out (the checks
+/// then report it missing).
 pub async fn final_runs(
     runner: &mut RunnerClient,
     plans: &[Plan],
 ) -> Result<HashMap<String, rpb::Run>, tonic::Status> {
     let mut out = HashMap::new();
     for plan in plans {
-        let run = runner
+        let answer = runner
             .get_run(rpb::GetRunRequest {
                 run_id: plan.run_id.clone(),
             })
-            .await?
-            .into_inner()
-            .run
-            .unwrap_or_default();
+            .await;
+        let run = match answer {
+            Ok(r) => r.into_inner().run.unwrap_or_default(),
+            Err(e) if e.code() == tonic::Code::NotFound => continue,
+            Err(e) => return Err(e),
+        };
         out.insert(plan.run_id.clone(), run);
     }
     Ok(out)
@@ -143,8 +149,24 @@ pub async fn read_ledger(data_dir: &std::path::Path) -> BTreeMap<String, Json> {
         Ok(r) => r,
         Err(e) => panic!("cannot open the stopped runner's data: {e}"),
     };
-    runner
-        .store()
+    ledger_of(runner.store())
+}
+
+/// The ledger the runner replicas on PostgreSQL database `url` share, read through the same
+/// storage seam the runner writes it with.
+pub async fn read_ledger_postgres(url: &str) -> BTreeMap<String, Json> {
+    let store = match Store::open_postgres(url).await {
+        Ok(s) => s,
+        Err(e) => panic!("cannot open the runner's PostgreSQL store: {e}"),
+    };
+    // The backend's reads block on the database: not on a runtime thread.
+    tokio::task::spawn_blocking(move || ledger_of(&store))
+        .await
+        .expect("reading the ledger")
+}
+
+fn ledger_of(store: &Store) -> BTreeMap<String, Json> {
+    store
         .tree(T::Ledger)
         .iter()
         .map(|entry| {
