@@ -171,7 +171,7 @@ async fn serve<S: ApprovalStore>(
     let reachability = approvals
         .store()
         .reachable()
-        .map(|up| tokio::spawn(follow_reachability::<S>(up, health.clone())));
+        .map(|up| front.follow_reachability(up));
 
     let outcome = tokio::select! {
         _ = &mut shutdown => None,
@@ -228,29 +228,6 @@ async fn record_progress<S: ApprovalStore>(approvals: Approvals<S>, stop: Cancel
         }
         if let Err(e) = approvals.store().record_progress().await {
             tracing::error!(error = %e, "cannot record durable progress in the integrity marker");
-        }
-    }
-}
-
-/// Health follows the database: NOT_SERVING while it cannot be reached (every call that needs
-/// it answers UNAVAILABLE meanwhile), SERVING again once it can.
-async fn follow_reachability<S: ApprovalStore>(
-    mut up: tokio::sync::watch::Receiver<bool>,
-    health: tonic_health::server::HealthReporter,
-) {
-    use tonic::server::NamedService;
-    loop {
-        let status = if *up.borrow_and_update() {
-            ServingStatus::Serving
-        } else {
-            ServingStatus::NotServing
-        };
-        health.set_service_status("", status).await;
-        health
-            .set_service_status(<ApiService<S> as NamedService>::NAME, status)
-            .await;
-        if up.changed().await.is_err() {
-            return;
         }
     }
 }

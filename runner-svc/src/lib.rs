@@ -223,14 +223,12 @@ async fn serve_opened(
         ));
     }
     front.set_health(ServingStatus::Serving).await;
-    let probing = CancellationToken::new();
-    if runner.store().shared() {
-        background.spawn(follow_database(
-            runner.clone(),
-            front.health().clone(),
-            probing.clone(),
-        ));
-    }
+    // On a database server, health says NOT_SERVING while it cannot be reached (RPCs answer
+    // UNAVAILABLE meanwhile) and SERVING again once it can; the pool reconnects on its own.
+    let reachability = runner
+        .store()
+        .reachable()
+        .map(|up| front.follow_reachability(up));
     tracing::info!(
         addr = ?front.addr,
         workers = cfg.workers,
@@ -265,6 +263,9 @@ async fn serve_opened(
                         Err(e) => format!("the store check stopped: {e}"),
                         Ok(Ok(())) => String::new(),
                     };
+                    if let Some(task) = &reachability {
+                        task.abort();
+                    }
                     front.set_health(ServingStatus::NotServing).await;
                     stop.cancel();
                     front.close(cfg.drain).await;
@@ -274,7 +275,10 @@ async fn serve_opened(
             },
         }
     };
-    probing.cancel();
+    if let Some(task) = reachability {
+        // From here on health says NOT_SERVING, whatever the database does.
+        task.abort();
+    }
     front
         .grace(cfg.drain_grace, server_ended.is_none(), "runner-svc")
         .await;
@@ -302,42 +306,6 @@ async fn serve_opened(
         Some(r) => Ok(r?),
         // Aborted after the drain timeout, or the server task panicked: the store is flushed anyway.
         None => Ok(()),
-    }
-}
-
-/// On a database server: health says NOT_SERVING while the database cannot be reached (RPCs
-/// answer UNAVAILABLE meanwhile) and SERVING again once it can; the pool reconnects on its own.
-async fn follow_database(
-    runner: Arc<Runner>,
-    health: tonic_health::server::HealthReporter,
-    stop: CancellationToken,
-) {
-    let mut up = true;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-        }
-        let now_up = runner.store().probe().await;
-        if now_up == up || stop.is_cancelled() {
-            continue;
-        }
-        up = now_up;
-        let status = match up {
-            true => ServingStatus::Serving,
-            false => ServingStatus::NotServing,
-        };
-        match up {
-            true => tracing::info!("the database is reachable again: SERVING"),
-            false => tracing::warn!("the database is unreachable: NOT_SERVING"),
-        }
-        health.set_service_status("", status).await;
-        health
-            .set_service_status(
-                <RunnerServiceServer<grpc::RunnerGrpc> as tonic::server::NamedService>::NAME,
-                status,
-            )
-            .await;
     }
 }
 

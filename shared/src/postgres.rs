@@ -235,7 +235,7 @@ impl Database {
     }
 
     /// Whether the database answers a trivial query within `within`.
-    pub async fn ping(&self, within: Duration) -> bool {
+    async fn ping(&self, within: Duration) -> bool {
         let pool = self.pool.clone();
         let probe = self.run(async move {
             let answered = tokio::time::timeout(within, async {
@@ -249,30 +249,25 @@ impl Database {
         probe.await.is_ok()
     }
 
-    /// Calls `on_change(reachable)` whenever the database becomes unreachable or reachable
-    /// again, probing every `period`; the first call tells the state found at the start.
-    pub fn watch_health(
-        &self,
-        period: Duration,
-        on_change: impl Fn(bool) + Send + Sync + 'static,
-    ) -> tokio::task::JoinHandle<()> {
+    /// Whether the database can be reached, probed every `period` for as long as a receiver
+    /// is left. Starts as reachable (it was, to open).
+    pub fn reachability(&self, period: Duration) -> tokio::sync::watch::Receiver<bool> {
+        let (up, reachable) = tokio::sync::watch::channel(true);
         let db = self.clone();
         tokio::spawn(async move {
-            let mut last = None;
-            loop {
-                let up = db.ping(period.max(Duration::from_millis(500))).await;
-                if last != Some(up) {
-                    if up {
+            while !up.is_closed() {
+                let now_up = db.ping(period.max(Duration::from_millis(500))).await;
+                if up.send_if_modified(|was| std::mem::replace(was, now_up) != now_up) {
+                    if now_up {
                         tracing::info!("the database is reachable");
                     } else {
                         tracing::warn!("the database is unreachable");
                     }
-                    on_change(up);
-                    last = Some(up);
                 }
                 tokio::time::sleep(period).await;
             }
-        })
+        });
+        reachable
     }
 
     /// Listens on `channels` on a connection of its own and calls `on_notify(channel,

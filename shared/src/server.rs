@@ -286,6 +286,26 @@ where
         self.health.set_service_status(S::NAME, status).await;
     }
 
+    /// Health (of the server and the API) follows `up` from now on: NOT_SERVING while it says
+    /// the store cannot be reached, SERVING again once it can. Abort the task before shutdown
+    /// says NOT_SERVING for good.
+    pub fn follow_reachability(
+        &self,
+        mut up: tokio::sync::watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        let health = self.health.clone();
+        tokio::spawn(async move {
+            while up.changed().await.is_ok() {
+                let status = match *up.borrow_and_update() {
+                    true => tonic_health::ServingStatus::Serving,
+                    false => tonic_health::ServingStatus::NotServing,
+                };
+                health.set_service_status("", status).await;
+                health.set_service_status(S::NAME, status).await;
+            }
+        })
+    }
+
     /// The reporter, for health of other names the service keeps.
     pub fn health(&self) -> &tonic_health::server::HealthReporter {
         &self.health

@@ -249,9 +249,10 @@ pub trait Backend: Send + Sync + 'static {
     fn now_ms(&self) -> u64 {
         arbor_shared::time::now_ms()
     }
-    /// Whether the store can be reached now (a database server may be down for a while).
-    fn probe(&self) -> Pending<bool> {
-        Box::pin(async { true })
+    /// Whether the store can be reached, as it changes (a database server may be down for a
+    /// while); `None` for an embedded store, which always can.
+    fn reachable(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        None
     }
     /// Calls `wake` when another process committed something this one may be waiting for.
     fn subscribe(&self, wake: Arc<dyn Fn(Change) + Send + Sync>) {
@@ -481,9 +482,9 @@ impl Store {
         self.0.now_ms()
     }
 
-    /// See [`Backend::probe`].
-    pub async fn probe(&self) -> bool {
-        self.0.probe().await
+    /// See [`Backend::reachable`].
+    pub fn reachable(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        self.0.reachable()
     }
 
     /// See [`Backend::subscribe`].

@@ -92,7 +92,8 @@ impl Store {
     /// 30 s for an unreachable database; refuses a schema newer than this binary's.
     pub async fn open_postgres(url: &str) -> Result<Self, DbError> {
         let db = Database::open(url, "arbor-runner", SCHEMA, OPEN_PATIENCE).await?;
-        let backend = Arc::new(PgBackend::new(db));
+        let reachable = db.reachability(Duration::from_millis(500));
+        let backend = Arc::new(PgBackend::new(db, reachable));
         backend.measure_skew();
         let skew_of = Arc::downgrade(&backend);
         std::thread::Builder::new()
@@ -117,6 +118,8 @@ struct Queued {
 
 struct PgBackend {
     db: Database,
+    /// Whether the database answers (probed twice a second).
+    reachable: tokio::sync::watch::Receiver<bool>,
     /// The server's clock minus ours, in ms.
     skew_ms: AtomicI64,
     committer: mpsc::Sender<Queued>,
@@ -128,7 +131,7 @@ struct PgBackend {
 }
 
 impl PgBackend {
-    fn new(db: Database) -> Self {
+    fn new(db: Database, reachable: tokio::sync::watch::Receiver<bool>) -> Self {
         let (committer, queue) = mpsc::channel::<Queued>();
         let (batches, bodies) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let (db2, b2, n2) = (db.clone(), batches.clone(), bodies.clone());
@@ -141,6 +144,7 @@ impl PgBackend {
         }
         Self {
             db,
+            reachable,
             skew_ms: AtomicI64::new(0),
             committer,
             ids: std::sync::Mutex::new((0, 0)),
@@ -188,7 +192,9 @@ fn committer_loop(
                 Err(_) => break,
             }
         }
-        let outcomes = run_batch(db, &batch);
+        let queued: Vec<&Body<'_>> = batch.iter().map(|q| &*q.body).collect();
+        let outcomes = run_bodies(db, &queued);
+        drop(queued);
         batches.fetch_add(1, Ordering::Relaxed);
         bodies.fetch_add(batch.len() as u64, Ordering::Relaxed);
         for (q, outcome) in batch.into_iter().zip(outcomes) {
@@ -197,19 +203,24 @@ fn committer_loop(
     }
 }
 
-/// Runs every body of `batch` in one transaction (again on a conflict); a body that aborts
-/// leaves nothing behind and does not stop the others.
-fn run_batch(db: &Database, batch: &[Queued]) -> Vec<Result<(), Failed>> {
+/// Runs `bodies` in one transaction (again on a conflict); a body that aborts leaves nothing
+/// behind and does not stop the others. A storage failure fails them all. A transaction left
+/// on any early return is rolled back when its `PgTx` drops.
+fn run_bodies(db: &Database, bodies: &[&Body<'_>]) -> Vec<Result<(), Failed>> {
     let mut attempt = 0;
     loop {
         attempt += 1;
         let ran = (|| -> Result<Vec<Result<(), Failed>>, DbError> {
             let client = db.client_blocking()?;
             let tx = PgTx::begin(&client)?;
-            let mut outcomes = Vec::with_capacity(batch.len());
-            for q in batch {
+            let mut outcomes = Vec::with_capacity(bodies.len());
+            for body in bodies {
                 let mark = tx.mark();
-                match (q.body)(&tx) {
+                let outcome = body(&tx);
+                if let Some(e) = tx.fault() {
+                    return Err(e);
+                }
+                match outcome {
                     Ok(()) => outcomes.push(Ok(())),
                     Err(Abort::Domain(())) => {
                         tx.undo_to(mark);
@@ -217,16 +228,11 @@ fn run_batch(db: &Database, batch: &[Queued]) -> Vec<Result<(), Failed>> {
                     }
                     Err(Abort::Conflict) => return Err(DbError::Conflict("body".into())),
                     Err(Abort::Storage(e)) => {
-                        tx.rollback();
-                        // One body's storage failure fails the transaction for every body.
-                        return Ok(batch
+                        return Ok(bodies
                             .iter()
                             .map(|_| Err(Failed::Storage(e.clone())))
                             .collect());
                     }
-                }
-                if let Some(e) = tx.fault() {
-                    return Err(e);
                 }
             }
             tx.commit()?;
@@ -237,7 +243,7 @@ fn run_batch(db: &Database, batch: &[Queued]) -> Vec<Result<(), Failed>> {
             Err(DbError::Conflict(_)) if attempt < MAX_TRIES => conflict_pause(attempt),
             Err(e) => {
                 let e = StoreError::from(e);
-                return batch
+                return bodies
                     .iter()
                     .map(|_| Err(Failed::Storage(e.clone())))
                     .collect();
@@ -557,39 +563,9 @@ impl Backend for PgBackend {
     }
 
     fn transact(&self, body: &Body<'_>) -> Result<(), Failed> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let ran = (|| -> Result<Result<(), Failed>, DbError> {
-                let client = self.db.client_blocking()?;
-                let tx = PgTx::begin(&client)?;
-                let outcome = body(&tx);
-                if let Some(e) = tx.fault() {
-                    tx.rollback();
-                    return Err(e);
-                }
-                match outcome {
-                    Ok(()) => tx.commit().map(Ok),
-                    Err(Abort::Domain(())) => {
-                        tx.rollback();
-                        Ok(Err(Failed::Aborted))
-                    }
-                    Err(Abort::Conflict) => {
-                        tx.rollback();
-                        Err(DbError::Conflict("body".into()))
-                    }
-                    Err(Abort::Storage(e)) => {
-                        tx.rollback();
-                        Ok(Err(Failed::Storage(e)))
-                    }
-                }
-            })();
-            match ran {
-                Ok(outcome) => return outcome,
-                Err(DbError::Conflict(_)) if attempt < MAX_TRIES => conflict_pause(attempt),
-                Err(e) => return Err(Failed::Storage(e.into())),
-            }
-        }
+        run_bodies(&self.db, &[body])
+            .pop()
+            .unwrap_or(Err(Failed::Aborted))
     }
 
     fn commit(&self, body: Box<Body<'static>>, _durable: bool) -> Pending<Result<(), Failed>> {
@@ -669,9 +645,8 @@ impl Backend for PgBackend {
         now.max(0) as u64
     }
 
-    fn probe(&self) -> Pending<bool> {
-        let db = self.db.clone();
-        Box::pin(async move { db.ping(Duration::from_secs(2)).await })
+    fn reachable(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        Some(self.reachable.clone())
     }
 
     fn subscribe(&self, wake: Arc<dyn Fn(Change) + Send + Sync>) {

@@ -98,19 +98,11 @@ pub struct PgStore {
     instance: Arc<str>,
     commits: Arc<AtomicU64>,
     reachable: watch::Receiver<bool>,
-    health: tokio::task::JoinHandle<()>,
 }
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgStore").finish_non_exhaustive()
-    }
-}
-
-impl Drop for PgStore {
-    fn drop(&mut self) {
-        // The probe holds a handle on the pool; without it the pool and its runtime go.
-        self.health.abort();
     }
 }
 
@@ -125,16 +117,12 @@ impl PgStore {
                 DbError::Unavailable(m) => Error::Unavailable(m),
                 other => Error::Storage(other.to_string()),
             })?;
-        let (up, reachable) = watch::channel(true);
-        let health = db.watch_health(HEALTH_PERIOD, move |is_up| {
-            up.send_replace(is_up);
-        });
+        let reachable = db.reachability(HEALTH_PERIOD);
         Ok(PgStore {
             db,
             instance: uuid::Uuid::new_v4().simple().to_string().into(),
             commits: Arc::new(AtomicU64::new(0)),
             reachable,
-            health,
         })
     }
 
