@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "arbor/runner/v1/types.proto",
         "arbor/runner/v1/events.proto",
         "arbor/runner/v1/runner_service.proto",
+        "arbor/runner/v1/worker_service.proto",
         "arbor/approval/v1/approval_service.proto",
     ];
     println!("cargo:rerun-if-changed={}", proto_root.display());

@@ -9,7 +9,10 @@ use arbor_shared::{
     domain::{EventDetail, RunStatus},
     json::{from_proto_struct, to_proto_struct, to_proto_value},
     metrics::MetricsListen,
-    proto::runner::v1::{self as pb, runner_service_client::RunnerServiceClient},
+    proto::runner::v1::{
+        self as pb, runner_service_client::RunnerServiceClient,
+        worker_service_client::WorkerServiceClient,
+    },
 };
 use clap::{Args, Parser, Subcommand};
 use tonic::{service::interceptor::InterceptedService, transport::Channel};
@@ -122,6 +125,27 @@ pub enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// List tasks of task workers: queued, leased (by whom, until when), finished; failed ones
+    /// are the dead letters of remote tools.
+    Tasks {
+        /// Only tasks in this state (QUEUED, LEASED, COMPLETED, FAILED, ERRORED, CANCELLED,
+        /// RESOLVED); may be repeated.
+        #[arg(long)]
+        state: Vec<String>,
+        /// Only task types matching this glob.
+        #[arg(long = "type")]
+        task_type: Option<String>,
+        /// Only tasks leased (last) by this worker.
+        #[arg(long)]
+        worker: Option<String>,
+        #[arg(long)]
+        run: Option<String>,
+        /// Counts by state and type instead of one line per task.
+        #[arg(long)]
+        summary: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Requeue a dead-lettered job (operators).
     Requeue {
         job_id: String,
@@ -157,6 +181,10 @@ pub struct ServeArgs {
     /// Tool guard rules (TOML).
     #[arg(long, env = "ARBOR_GUARDS")]
     pub guards: Option<PathBuf>,
+    /// A tool that task workers serve (repeatable; env: comma-separated). Trees may use it
+    /// like a built-in; a tree can also declare its own in `task_types`.
+    #[arg(long = "task-type", env = "ARBOR_TASK_TYPES", value_delimiter = ',')]
+    pub task_types: Vec<String>,
     /// Allow serving without tokens on a non-loopback address.
     #[arg(long, env = "ARBOR_INSECURE")]
     pub insecure: bool,
@@ -218,6 +246,12 @@ pub struct ClientArgs {
 type Client = RunnerServiceClient<InterceptedService<Channel, BearerToken>>;
 
 async fn connect(args: &ClientArgs) -> Result<Client, String> {
+    let (channel, token) = connect_channel(args).await?;
+    Ok(RunnerServiceClient::with_interceptor(channel, token)
+        .max_decoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES))
+}
+
+async fn connect_channel(args: &ClientArgs) -> Result<(Channel, BearerToken), String> {
     let mut endpoint = Channel::from_shared(args.addr.clone())
         .map_err(|e| format!("bad address {}: {e}", args.addr))?;
     if let Some(ca) = &args.ca {
@@ -231,8 +265,109 @@ async fn connect(args: &ClientArgs) -> Result<Client, String> {
         .await
         .map_err(|e| format!("cannot reach runner-svc at {}: {e}", args.addr))?;
     let token = BearerToken::new(args.token.as_deref()).map_err(|s| s.message().to_string())?;
-    Ok(RunnerServiceClient::with_interceptor(channel, token)
-        .max_decoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES))
+    Ok((channel, token))
+}
+
+async fn list_tasks(
+    state: Vec<String>,
+    task_type: Option<String>,
+    worker: Option<String>,
+    run: Option<String>,
+    summary: bool,
+    client: &ClientArgs,
+) -> Result<(), String> {
+    let states = state
+        .iter()
+        .map(|s| {
+            pb::TaskState::from_str_name(&format!("TASK_STATE_{}", s.to_uppercase()))
+                .map(|s| s as i32)
+                .ok_or_else(|| format!("unknown task state {s}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let (channel, token) = connect_channel(client).await?;
+    let mut workers = WorkerServiceClient::with_interceptor(channel, token)
+        .max_decoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES);
+    let mut tasks = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let resp = workers
+            .list_tasks(pb::ListTasksRequest {
+                states: states.clone(),
+                task_type: task_type.clone().unwrap_or_default(),
+                worker_id: worker.clone().unwrap_or_default(),
+                run_id: run.clone().unwrap_or_default(),
+                page_size: 1000,
+                page_token,
+            })
+            .await
+            .map_err(status_err)?
+            .into_inner();
+        tasks.extend(resp.tasks);
+        if resp.next_page_token.is_empty() {
+            break;
+        }
+        page_token = resp.next_page_token;
+    }
+    let state_name = |s: i32| {
+        pb::TaskState::try_from(s)
+            .map(|s| {
+                s.as_str_name()
+                    .trim_start_matches("TASK_STATE_")
+                    .to_string()
+            })
+            .unwrap_or_default()
+    };
+    if summary {
+        let mut counts: std::collections::BTreeMap<(String, String), usize> = Default::default();
+        for t in &tasks {
+            *counts
+                .entry((t.task_type.clone(), state_name(t.state)))
+                .or_default() += 1;
+        }
+        println!("{:<32} {:<10} {:>8}", "TYPE", "STATE", "TASKS");
+        for ((ty, st), n) in counts {
+            println!("{ty:<32} {st:<10} {n:>8}");
+        }
+        return Ok(());
+    }
+    println!(
+        "{:<42} {:<20} {:<10} {:>7}  {:<16} {:<24} RUN",
+        "TASK", "TYPE", "STATE", "ATTEMPT", "WORKER", "LEASE ENDS"
+    );
+    for t in tasks {
+        let until = t
+            .lease_until
+            .as_ref()
+            .filter(|_| t.state == pb::TaskState::Leased as i32)
+            .map(|ts| {
+                let left = arbor_shared::time::from_timestamp(ts) as i64
+                    - arbor_shared::time::now_ms() as i64;
+                format!("in {:.1} s", left as f64 / 1000.0)
+            })
+            .unwrap_or_else(|| "-".into());
+        let state = match (state_name(t.state), t.cancel_requested) {
+            (s, true) if s == "LEASED" => "CANCELLING".to_string(),
+            (s, _) => s,
+        };
+        println!(
+            "{:<42} {:<20} {:<10} {:>7}  {:<16} {:<24} {}",
+            t.task_id,
+            t.task_type,
+            state,
+            format!("{}/{}", t.attempt, t.max_attempts),
+            if t.worker_id.is_empty() {
+                "-"
+            } else {
+                &t.worker_id
+            },
+            until,
+            t.run_id
+        );
+        if !t.last_error.is_empty() {
+            println!("    last error: {}", t.last_error);
+        }
+    }
+    Ok(())
 }
 
 fn status_err(s: tonic::Status) -> String {
@@ -302,6 +437,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         cache_bytes: args.cache_mb.max(8) << 20,
         auth,
         guards,
+        task_types: args.task_types,
         drain_grace: Duration::from_millis(args.drain_grace_ms),
         metrics_listen: args.metrics_listen,
         retention: arbor_runner_svc::retention::RetentionConfig {
@@ -572,6 +708,14 @@ async fn client(command: Command) -> Result<(), String> {
             );
             Ok(())
         }
+        Command::Tasks {
+            state,
+            task_type,
+            worker,
+            run,
+            summary,
+            client,
+        } => list_tasks(state, task_type, worker, run, summary, &client).await,
         Command::Jobs {
             thread,
             status,
@@ -697,6 +841,26 @@ fn event_line(e: &pb::Event) -> String {
             EventDetail::SuspensionWithdrawn { request_id, reason } => {
                 format!("request={request_id} reason={reason:?}")
             }
+            EventDetail::TaskDispatched { task, .. } | EventDetail::TaskCompleted { task } => {
+                format!(
+                    "task={} type={} attempt={} worker={}",
+                    task.task_id, task.task_type, task.attempt, task.worker_id
+                )
+            }
+            EventDetail::TaskFailed {
+                task,
+                error,
+                cause,
+                will_retry,
+                ..
+            } => format!(
+                "task={} type={} attempt={} worker={} cause={} retry={will_retry} error={error:?}",
+                task.task_id,
+                task.task_type,
+                task.attempt,
+                task.worker_id,
+                cause.as_str()
+            ),
             _ => String::new(),
         },
         Err(_) => String::new(),

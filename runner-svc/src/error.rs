@@ -73,6 +73,24 @@ pub enum RunnerError {
          reconcile state, then resume from a cursor of at most {last}"
     )]
     CursorAhead { cursor: u64, last: u64 },
+    #[error("task '{}' not found", clip(.0))]
+    TaskNotFound(String),
+    /// The caller's lease token is not the task's current one (a later attempt took over, or
+    /// the token is foreign): nothing changed.
+    #[error("task '{}': stale or foreign lease token; the lease was lost or belongs to another worker", clip(.0))]
+    StaleLease(String),
+    /// The task is no longer leased (it finished, or its lease expired and it was requeued).
+    #[error("task '{}' is {state}: it can no longer be acted on with this lease", clip(.task_id))]
+    TaskClosed {
+        task_id: String,
+        state: &'static str,
+    },
+    /// `Resolve` on a suspension that task workers answer.
+    #[error(
+        "request '{}' is served by task workers: complete it with WorkerService.CompleteTask",
+        clip(.0)
+    )]
+    ServedByWorkers(String),
     #[error(transparent)]
     Corrupt(#[from] Corrupt),
     /// Storage failed; the text is for the log only.
@@ -162,16 +180,18 @@ impl From<RunnerError> for Status {
             E::RunNotFound(_)
             | E::TreeNotFound { .. }
             | E::RequestNotFound { .. }
-            | E::JobNotFound(_) => Status::not_found(message),
+            | E::JobNotFound(_)
+            | E::TaskNotFound(_) => Status::not_found(message),
             E::TreeVersionTaken { .. } | E::RunExists(_) => Status::already_exists(message),
             E::NothingToRestore(_)
             | E::RunFinished { .. }
             | E::AlreadyDecided { .. }
             | E::Withdrawn(_)
             | E::DecisionNotOffered { .. }
-            | E::InvalidTransition(_) => Status::failed_precondition(message),
+            | E::InvalidTransition(_)
+            | E::ServedByWorkers(_) => Status::failed_precondition(message),
             E::ApprovalNeedsService => Status::permission_denied(message),
-            E::ClaimLost(_) => Status::aborted(message),
+            E::ClaimLost(_) | E::StaleLease(_) | E::TaskClosed { .. } => Status::aborted(message),
             E::CursorCompacted { .. } | E::CursorAhead { .. } => Status::out_of_range(message),
             // The details may name files or hold record bytes: they go to the log, the caller
             // learns what kind of thing failed.

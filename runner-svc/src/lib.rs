@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod retention;
 pub mod runs;
 pub mod store;
+pub mod tasks;
 pub mod worker;
 
 use std::{future::Future, path::PathBuf, sync::Arc, time::Duration};
@@ -20,7 +21,9 @@ use std::{future::Future, path::PathBuf, sync::Arc, time::Duration};
 use arbor_shared::{
     auth::{AuthInterceptor, Authenticator},
     metrics::MetricsListen,
-    proto::runner::v1::runner_service_server::RunnerServiceServer,
+    proto::runner::v1::{
+        runner_service_server::RunnerServiceServer, worker_service_server::WorkerServiceServer,
+    },
     server::MAX_MESSAGE_BYTES,
 };
 use tokio::net::TcpListener;
@@ -49,6 +52,9 @@ pub struct ServeConfig {
     pub cache_bytes: u64,
     pub auth: Authenticator,
     pub guards: GuardConfig,
+    /// Tools task workers serve (`--task-type`), usable by every tree; a tree may declare
+    /// more in its own `task_types`.
+    pub task_types: Vec<String>,
     /// How long shutdown waits for in-flight work before giving up.
     pub drain: Duration,
     /// How long health says NOT_SERVING before shutdown starts closing anything.
@@ -76,6 +82,7 @@ impl Default for ServeConfig {
             cache_bytes: 64 << 20,
             auth: Authenticator::disabled(),
             guards: GuardConfig::default(),
+            task_types: Vec::new(),
             drain: Duration::from_secs(10),
             drain_grace: Duration::ZERO,
             metrics_listen: MetricsListen(None),
@@ -114,7 +121,11 @@ pub async fn open_runner(cfg: &ServeConfig) -> Result<Arc<Runner>, ServeError> {
         None => Store::open_waiting(&cfg.data_dir, cfg.cache_bytes, LOCK_WAIT).await?,
     };
     let ledger = engine::LedgerTool::new(store.clone()).map_err(error::RunnerError::from)?;
-    let tools = Arc::new(ToolRegistry::with_builtins(ledger, cfg.guards.clone()));
+    let mut tools = ToolRegistry::with_builtins(ledger, cfg.guards.clone());
+    for name in &cfg.task_types {
+        tools.declare_remote(name.clone());
+    }
+    let tools = Arc::new(tools);
     let opts = RunnerOptions {
         mailbox: MailboxConfig {
             lease: cfg.lease,
@@ -143,7 +154,8 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let metrics_listener = bind_metrics(&cfg).await?;
     let health = tonic_health::server::health_reporter();
-    let mut front = Front::start(listener, health, cfg.max_in_flight, cfg.tls.clone()).await?;
+    let mut front =
+        Front::start_with(listener, health, cfg.max_in_flight, cfg.tls.clone(), true).await?;
     tracing::info!(addr = ?front.addr, data_dir = %cfg.data_dir.display(), "runner-svc recovering (health NOT_SERVING)");
     let mut shutdown = Box::pin(shutdown);
     let opened = tokio::select! {
@@ -175,11 +187,12 @@ pub async fn serve_runner(
     >,
 ) -> Result<(), ServeError> {
     let metrics_listener = bind_metrics(&cfg).await?;
-    let front = Front::start(
+    let front = Front::start_with(
         listener,
         (health, health_service),
         cfg.max_in_flight,
         cfg.tls.clone(),
+        true,
     )
     .await?;
     serve_opened(cfg, runner, front, Box::pin(shutdown), metrics_listener).await
@@ -191,8 +204,9 @@ async fn bind_metrics(cfg: &ServeConfig) -> Result<Option<TcpListener>, ServeErr
         .map_err(|e| ServeError::Metrics(cfg.metrics_listen.to_string(), e))
 }
 
-/// The runner's server: health and reflection from start-up on, the RunnerService once set.
-type Front = arbor_shared::server::Front<ApiService>;
+/// The runner's server: health and reflection from start-up on, the RunnerService and the
+/// WorkerService once set.
+type Front = arbor_shared::server::Front<ApiService, WorkerApi>;
 
 async fn serve_opened(
     cfg: ServeConfig,
@@ -214,6 +228,14 @@ async fn serve_opened(
         .max_encoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES),
         AuthInterceptor(cfg.auth.clone()),
     ));
+    if let Some(extra) = &front.extra {
+        extra.set(InterceptedService::new(
+            WorkerServiceServer::new(grpc::worker::WorkerGrpc::new(runner.clone(), stop.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES),
+            AuthInterceptor(cfg.auth.clone()),
+        ));
+    }
     if let Some(l) = metrics_listener {
         let registry = Arc::new(metrics::registry(runner.clone()));
         background.spawn(arbor_shared::metrics::serve(
@@ -250,6 +272,7 @@ async fn serve_opened(
                 Ok(Ok(())) => {
                     tracing::info!("store verified; workers starting");
                     let mut pool = worker::spawn(runner.clone(), cfg.workers, stop.clone());
+                    pool.spawn(runs::tasks::reap_task_leases(runner.clone(), stop.clone()));
                     pool.spawn(retention::compactor(
                         runner.clone(),
                         cfg.retention.clone(),
@@ -310,6 +333,7 @@ async fn serve_opened(
 }
 
 type ApiService = InterceptedService<RunnerServiceServer<grpc::RunnerGrpc>, AuthInterceptor>;
+type WorkerApi = InterceptedService<WorkerServiceServer<grpc::worker::WorkerGrpc>, AuthInterceptor>;
 
 /// How often the integrity marker records the durable progress: a loss of data made durable
 /// in the last interval before a crash cannot be told from the crash itself.

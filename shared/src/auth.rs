@@ -23,14 +23,17 @@ pub enum Role {
     Operator,
     /// A service identity (approval-svc): the only role that may resolve approval suspensions.
     Service,
+    /// A task worker: takes leased tasks and completes, fails or heartbeats them.
+    Worker,
 }
 
 impl Role {
-    pub const ALL: [Role; 4] = [
+    pub const ALL: [Role; 5] = [
         Role::Submitter,
         Role::Approver,
         Role::Operator,
         Role::Service,
+        Role::Worker,
     ];
 }
 

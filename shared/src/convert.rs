@@ -152,7 +152,8 @@ enum_map!(EventKind <=> EventKind {
     CheckpointSaved = CheckpointSaved, CheckpointRestored = CheckpointRestored,
     RunSucceeded = RunSucceeded, RunFailed = RunFailed, RunCancelled = RunCancelled,
     RunSuperseded = RunSuperseded, JobDeadLettered = JobDeadLettered,
-    SuspensionWithdrawn = SuspensionWithdrawn,
+    SuspensionWithdrawn = SuspensionWithdrawn, TaskDispatched = TaskDispatched,
+    TaskCompleted = TaskCompleted, TaskFailed = TaskFailed,
 });
 
 impl From<&ApprovalRequest> for pb::ApprovalRequested {
@@ -337,6 +338,43 @@ impl From<&Event> for pb::Event {
                     reason: reason.clone(),
                 })
             }
+            EventDetail::TaskDispatched {
+                task,
+                lease_until_ms,
+            } => D::TaskDispatched(pb::TaskDispatched {
+                task_id: task.task_id.clone(),
+                task_type: task.task_type.clone(),
+                attempt: task.attempt,
+                worker_id: task.worker_id.clone(),
+                lease_until: ts(*lease_until_ms),
+                request_id: task.request_id.clone(),
+            }),
+            EventDetail::TaskCompleted { task } => D::TaskCompleted(pb::TaskCompleted {
+                task_id: task.task_id.clone(),
+                task_type: task.task_type.clone(),
+                attempt: task.attempt,
+                worker_id: task.worker_id.clone(),
+                request_id: task.request_id.clone(),
+            }),
+            EventDetail::TaskFailed {
+                task,
+                error,
+                cause,
+                code,
+                will_retry,
+                retry_at_ms,
+            } => D::TaskFailed(pb::TaskFailed {
+                task_id: task.task_id.clone(),
+                task_type: task.task_type.clone(),
+                attempt: task.attempt,
+                worker_id: task.worker_id.clone(),
+                error: error.clone(),
+                cause: cause.as_str().to_string(),
+                code: code.clone(),
+                will_retry: *will_retry,
+                retry_at: (*retry_at_ms > 0).then(|| ts(*retry_at_ms)).flatten(),
+                request_id: task.request_id.clone(),
+            }),
         };
         Self {
             seq: e.seq,
@@ -433,6 +471,40 @@ impl TryFrom<&pb::Event> for Event {
             D::SuspensionWithdrawn(d) => EventDetail::SuspensionWithdrawn {
                 request_id: d.request_id.clone(),
                 reason: d.reason.clone(),
+            },
+            D::TaskDispatched(d) => EventDetail::TaskDispatched {
+                task: TaskRef {
+                    task_id: d.task_id.clone(),
+                    task_type: d.task_type.clone(),
+                    attempt: d.attempt,
+                    worker_id: d.worker_id.clone(),
+                    request_id: d.request_id.clone(),
+                },
+                lease_until_ms: d.lease_until.as_ref().map(from_timestamp).unwrap_or(0),
+            },
+            D::TaskCompleted(d) => EventDetail::TaskCompleted {
+                task: TaskRef {
+                    task_id: d.task_id.clone(),
+                    task_type: d.task_type.clone(),
+                    attempt: d.attempt,
+                    worker_id: d.worker_id.clone(),
+                    request_id: d.request_id.clone(),
+                },
+            },
+            D::TaskFailed(d) => EventDetail::TaskFailed {
+                task: TaskRef {
+                    task_id: d.task_id.clone(),
+                    task_type: d.task_type.clone(),
+                    attempt: d.attempt,
+                    worker_id: d.worker_id.clone(),
+                    request_id: d.request_id.clone(),
+                },
+                error: d.error.clone(),
+                cause: TaskFailure::parse(&d.cause)
+                    .ok_or(ConvertError::Missing("task_failed.cause"))?,
+                code: d.code.clone(),
+                will_retry: d.will_retry,
+                retry_at_ms: d.retry_at.as_ref().map(from_timestamp).unwrap_or(0),
             },
         };
         Ok(Self {

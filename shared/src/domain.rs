@@ -283,6 +283,9 @@ pub enum EventKind {
     RunSuperseded,
     JobDeadLettered,
     SuspensionWithdrawn,
+    TaskDispatched,
+    TaskCompleted,
+    TaskFailed,
 }
 
 /// One durable event-log entry.
@@ -361,6 +364,66 @@ pub enum EventDetail {
         request_id: String,
         reason: String,
     },
+    /// A task was leased to a worker.
+    TaskDispatched {
+        task: TaskRef,
+        lease_until_ms: u64,
+    },
+    TaskCompleted {
+        task: TaskRef,
+    },
+    /// An attempt of a task ended without a result.
+    TaskFailed {
+        task: TaskRef,
+        error: String,
+        cause: TaskFailure,
+        /// The business error's code (`TaskFailure::Error`).
+        code: String,
+        will_retry: bool,
+        /// When the next attempt may be dispatched (0 when none).
+        retry_at_ms: u64,
+    },
+}
+
+/// Which task and attempt an event is about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRef {
+    pub task_id: String,
+    pub task_type: String,
+    pub attempt: u32,
+    pub worker_id: String,
+    /// The suspension the task resolves.
+    pub request_id: String,
+}
+
+/// How an attempt of a task ended without a result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskFailure {
+    /// The worker called FailTask.
+    Failed,
+    /// The worker threw a business error.
+    Error,
+    /// The lease ran out.
+    LeaseExpired,
+}
+
+impl TaskFailure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Failed => "failed",
+            Self::Error => "error",
+            Self::LeaseExpired => "lease_expired",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "failed" => Self::Failed,
+            "error" => Self::Error,
+            "lease_expired" => Self::LeaseExpired,
+            _ => return None,
+        })
+    }
 }
 
 impl EventDetail {
@@ -383,6 +446,9 @@ impl EventDetail {
             },
             Self::JobDeadLettered { .. } => EventKind::JobDeadLettered,
             Self::SuspensionWithdrawn { .. } => EventKind::SuspensionWithdrawn,
+            Self::TaskDispatched { .. } => EventKind::TaskDispatched,
+            Self::TaskCompleted { .. } => EventKind::TaskCompleted,
+            Self::TaskFailed { .. } => EventKind::TaskFailed,
         }
     }
 }

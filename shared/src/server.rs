@@ -202,9 +202,11 @@ where
 /// serving for the drain grace (so load balancers stop routing here; [`grace`](Self::grace)),
 /// end the service's own streams and loops, then [`close`](Self::close): stop accepting and
 /// wait, within the drain timeout, for the calls in flight.
-pub struct Front<S> {
+pub struct Front<S, W = S> {
     pub addr: Option<SocketAddr>,
     pub api: Deferred<S>,
+    /// A second API on the same port (runner-svc's WorkerService), when started with one.
+    pub extra: Option<Deferred<W>>,
     health: tonic_health::server::HealthReporter,
     closing: tokio_util::sync::CancellationToken,
     server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
@@ -244,14 +246,54 @@ where
         max_in_flight: usize,
         tls: Option<tonic::transport::ServerTlsConfig>,
     ) -> Result<Self, FrontError> {
+        Front::<S, S>::start_with(listener, health, max_in_flight, tls, false).await
+    }
+}
+
+impl<S, W, B, B2> Front<S, W>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>, Error = Infallible>
+        + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    B: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    B::Error: Into<tonic::codegen::StdError>,
+    W: Service<http::Request<Body>, Response = http::Response<B2>, Error = Infallible>
+        + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    W::Future: Send + 'static,
+    B2: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    B2::Error: Into<tonic::codegen::StdError>,
+{
+    /// [`start`](Front::start), with a second API (`extra`) served on the same port when
+    /// `with_extra`; health reports it under its name as well.
+    pub async fn start_with(
+        listener: tokio::net::TcpListener,
+        health: (
+            tonic_health::server::HealthReporter,
+            tonic_health::pb::health_server::HealthServer<
+                impl tonic_health::pb::health_server::Health,
+            >,
+        ),
+        max_in_flight: usize,
+        tls: Option<tonic::transport::ServerTlsConfig>,
+        with_extra: bool,
+    ) -> Result<Self, FrontError> {
         let (reporter, health_service) = health;
         // Before the server answers anything: tonic-health starts the whole server as SERVING.
-        for name in ["", S::NAME] {
+        for name in ["", S::NAME, W::NAME] {
             reporter
                 .set_service_status(name, tonic_health::ServingStatus::NotServing)
                 .await;
         }
         let api: Deferred<S> = Deferred::new();
+        let extra: Option<Deferred<W>> = with_extra.then(Deferred::new);
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = tls {
             builder = builder.tls_config(tls)?;
@@ -266,6 +308,7 @@ where
                 .add_service(reflection_v1)
                 .add_service(reflection_v1alpha)
                 .add_service(api.clone())
+                .add_optional_service(extra.clone())
                 .serve_with_incoming_shutdown(
                     incoming(listener),
                     closing.clone().cancelled_owned(),
@@ -274,6 +317,7 @@ where
         Ok(Self {
             addr,
             api,
+            extra,
             health: reporter,
             closing,
             server,
@@ -282,8 +326,9 @@ where
 
     /// The server's and the API's health.
     pub async fn set_health(&self, status: tonic_health::ServingStatus) {
-        self.health.set_service_status("", status).await;
-        self.health.set_service_status(S::NAME, status).await;
+        for name in ["", S::NAME, W::NAME] {
+            self.health.set_service_status(name, status).await;
+        }
     }
 
     /// Health (of the server and the API) follows `up` from now on: NOT_SERVING while it says
@@ -300,8 +345,9 @@ where
                     true => tonic_health::ServingStatus::Serving,
                     false => tonic_health::ServingStatus::NotServing,
                 };
-                health.set_service_status("", status).await;
-                health.set_service_status(S::NAME, status).await;
+                for name in ["", S::NAME, W::NAME] {
+                    health.set_service_status(name, status).await;
+                }
             }
         })
     }

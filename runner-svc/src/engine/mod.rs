@@ -91,6 +91,31 @@ pub enum Effect {
         node_locator: String,
         message: String,
     },
+    /// A node asks task workers for a result: the runner queues the task in the same step as
+    /// the suspension it resolves (emitted together with that `Suspended`).
+    TaskQueued { order: Box<TaskOrder> },
+}
+
+/// A task a node asks for. Its id is the id of the suspension it resolves, so a replayed tick
+/// asks for the same task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskOrder {
+    pub task_id: String,
+    pub task_type: String,
+    /// A remote tool call (fenced to workers) or an `external` node (which `Resolve` may also
+    /// answer).
+    pub kind: TaskKind,
+    pub args: serde_json::Value,
+    pub idempotency_key: String,
+    pub max_attempts: u32,
+    pub backoff_ms: u64,
+    pub node_locator: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskKind {
+    Tool,
+    External,
 }
 
 /// Delivers `decisions` into the checkpoint's inbox, then ticks the root once. A checkpoint that

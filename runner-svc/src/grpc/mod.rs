@@ -2,6 +2,7 @@
 //! edge and call `Runner`.
 
 mod convert;
+pub mod worker;
 
 use std::{pin::Pin, sync::Arc, time::Duration};
 

@@ -7,6 +7,7 @@ pub mod records;
 mod resolve;
 pub mod state;
 mod submit;
+pub mod tasks;
 mod work;
 
 use std::{
@@ -69,6 +70,9 @@ pub struct Runner {
     /// Jobs whose lease expired (or whose process died) and went back to the queue for another
     /// worker to take over, since this process started.
     lease_takeovers: AtomicU64,
+    /// Woken when a task may have become due or a leased task ended.
+    task_changes: Notify,
+    pub(crate) task_metrics: crate::tasks::TaskMetrics,
 }
 
 impl Runner {
@@ -93,6 +97,8 @@ impl Runner {
             work: Notify::new(),
             changes,
             lease_takeovers: AtomicU64::new(0),
+            task_changes: Notify::new(),
+            task_metrics: Default::default(),
         });
         if !recovered.is_empty() {
             tracing::info!(
@@ -120,6 +126,7 @@ impl Runner {
                 && let Some(runner) = work_for.upgrade()
             {
                 runner.work.notify_waiters();
+                runner.task_changes.notify_waiters();
             }
             if matches!(change, Change::Events | Change::All) {
                 wake.notify_one();
@@ -138,6 +145,7 @@ impl Runner {
                 };
                 if polled {
                     runner.work.notify_waiters();
+                    runner.task_changes.notify_waiters();
                 }
                 match runner.events.last_seq() {
                     Ok(last) if last > runner.events.durable_seq() => {
@@ -366,6 +374,7 @@ impl Runner {
                         for effect in effects {
                             if let crate::engine::Effect::Withdrawn { request_id, reason } = effect
                             {
+                                crate::tasks::tx::cancel(tx, &request_id, &reason, now)?;
                                 events.push(event(
                                     &run,
                                     EventDetail::SuspensionWithdrawn { request_id, reason },

@@ -6,13 +6,14 @@ use arbor_shared::domain::{
 };
 use serde_json::Value as Json;
 
-use super::{RunView, Runner, records, submit::check_id};
+use super::{RunRecord, RunView, Runner, records, submit::check_id};
 use crate::{
-    engine::{Decision, validate_decision},
+    engine::{Decision, TaskKind, validate_decision},
     error::RunnerError,
     events::{self, NewEvent},
     mailbox::{EnqueueRequest, tx as mtx},
-    store::{TxResult, abort, lift},
+    store::{Tx, TxResult, abort, lift},
+    tasks,
 };
 
 /// A decision as the RPC received it.
@@ -141,25 +142,15 @@ impl Runner {
                         });
                     }
                 };
-                records::inbox_put(tx, &input.run_id, &normalised)?;
-                lift(mtx::enqueue(
-                    tx,
-                    &EnqueueRequest {
-                        job_id: uuid::Uuid::now_v7().to_string(),
-                        mailbox_id: run.thread_id.clone(),
-                        run_id: run.run_id.clone(),
-                        origin: JobOrigin::Internal,
-                        kind: Some(JobKind::Resume),
-                        priority: run.priority,
-                        dedupe_key: format!("wake:{}", run.run_id),
-                        dedupe_while_claimed: false,
-                        available_at_ms: now,
-                        max_attempts: run.max_attempts,
-                    },
-                    order,
-                    now,
-                    default_max,
-                ))?;
+                // An `external` node's task no longer waits for a worker.
+                match tasks::tx::get(tx, &input.request_id)? {
+                    Some(task) if task.kind == TaskKind::Tool => {
+                        return abort(RunnerError::ServedByWorkers(input.request_id.clone()));
+                    }
+                    Some(task) => tasks::tx::resolve_external(tx, task, now)?,
+                    None => {}
+                }
+                deliver(tx, &run, &normalised, order, now, default_max)?;
                 if let Some(trace) = &input.trace {
                     events::set_run_trace(tx, &run.run_id, trace)?;
                 }
@@ -195,6 +186,38 @@ impl Runner {
         }
         Ok(resolved)
     }
+}
+
+/// Puts a decision into the run's inbox and queues the job that wakes the run (one wake job per
+/// run at a time: later decisions join the queued one).
+pub(crate) fn deliver(
+    tx: &Tx<'_>,
+    run: &RunRecord,
+    decision: &Decision,
+    order: u64,
+    now: u64,
+    default_max: u32,
+) -> TxResult<(), RunnerError> {
+    records::inbox_put(tx, &run.run_id, decision)?;
+    lift(mtx::enqueue(
+        tx,
+        &EnqueueRequest {
+            job_id: uuid::Uuid::now_v7().to_string(),
+            mailbox_id: run.thread_id.clone(),
+            run_id: run.run_id.clone(),
+            origin: JobOrigin::Internal,
+            kind: Some(JobKind::Resume),
+            priority: run.priority,
+            dedupe_key: format!("wake:{}", run.run_id),
+            dedupe_while_claimed: false,
+            available_at_ms: now,
+            max_attempts: run.max_attempts,
+        },
+        order,
+        now,
+        default_max,
+    ))?;
+    Ok(())
 }
 
 fn not_found(input: &ResolveInput) -> RunnerError {

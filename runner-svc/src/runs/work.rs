@@ -12,11 +12,12 @@ use super::{
 };
 use crate::{
     counts,
-    engine::{self, Checkpoint, Decision, Effect, TickEnv, TickStatus},
+    engine::{self, Checkpoint, Decision, Effect, TaskOrder, TickEnv, TickStatus},
     error::RunnerError,
     events::{self, NewEvent},
     mailbox::{Claim, EnqueueRequest, MailboxStore, RetryCause, tx as mtx},
     store::{T, abort, codec, lift},
+    tasks::tx as ttx,
 };
 
 /// Ticks one wake may take back to back before yielding the worker.
@@ -53,6 +54,10 @@ struct Step {
     events: Vec<NewEvent>,
     consumed_inbox: Vec<String>,
     next_wake_ms: Option<u64>,
+    /// Tasks the step asks workers for.
+    tasks: Vec<TaskOrder>,
+    /// Suspensions the step withdrew (request id, reason): their tasks are cancelled.
+    withdrawn: Vec<(String, String)>,
 }
 
 impl Runner {
@@ -178,6 +183,7 @@ impl Runner {
             };
             let effects = engine::halt(&spec, &mut ck, &reason);
             effects_to_events(&effects, &mut new_events, &ev);
+            let (tasks, withdrawn) = task_changes(effects);
             Step {
                 ck,
                 status: RunStatus::Cancelled,
@@ -185,6 +191,8 @@ impl Runner {
                 events: new_events,
                 consumed_inbox: Vec::new(),
                 next_wake_ms: None,
+                tasks,
+                withdrawn,
             }
         } else {
             if !run.started {
@@ -234,6 +242,7 @@ impl Runner {
                 })
             })?;
             effects_to_events(&out.effects, &mut new_events, &ev);
+            let (tasks, withdrawn) = task_changes(out.effects);
             let status = match out.status {
                 TickStatus::Success => RunStatus::Succeeded,
                 TickStatus::Failure => RunStatus::Failed,
@@ -256,6 +265,8 @@ impl Runner {
                 } else {
                     out.next_wake_ms
                 },
+                tasks,
+                withdrawn,
             }
         };
         Ok(Prepared::Step {
@@ -294,6 +305,13 @@ impl Runner {
             None => 0,
         };
         let default_max = self.mailbox.config().default_max_attempts;
+        // Tasks are timed on the store's clock, which replicas share.
+        let task_now = self.store.now_ms();
+        let task_order = match step.tasks.is_empty() {
+            true => 0,
+            false => self.store.next_id()?,
+        };
+        let touches_tasks = !step.tasks.is_empty() || !step.withdrawn.is_empty();
         let blackboard = step.ck.blackboard().clone();
         let status = step.status;
         let next_wake = step.next_wake_ms;
@@ -306,6 +324,12 @@ impl Runner {
             let size = records::put_checkpoint(tx, &run, &step.ck, replaced)?;
             for request_id in &step.consumed_inbox {
                 records::inbox_remove(tx, &run.run_id, request_id)?;
+            }
+            for order in &step.tasks {
+                ttx::queue(tx, order, &run, task_order, task_now)?;
+            }
+            for (request_id, reason) in &step.withdrawn {
+                ttx::cancel(tx, request_id, reason, task_now)?;
             }
             let mut events_in = step.events.clone();
             events_in.push(NewEvent {
@@ -365,6 +389,9 @@ impl Runner {
         // worker is only needed for a timer that is already due.
         if next_wake.is_some_and(|at| at <= now) {
             self.wake_workers();
+        }
+        if touches_tasks {
+            self.notify_tasks();
         }
         Ok(status)
     }
@@ -427,6 +454,21 @@ fn effects_to_events(
                 node_locator,
                 message,
             } => tracing::info!(node = %node_locator, "{message}"),
+            // Recorded as the task itself (`task_changes`); its suspension's event says it.
+            Effect::TaskQueued { .. } => {}
         }
     }
+}
+
+/// The tasks a step asks for and the suspensions whose tasks it cancels.
+fn task_changes(effects: Vec<Effect>) -> (Vec<TaskOrder>, Vec<(String, String)>) {
+    let (mut tasks, mut withdrawn) = (Vec::new(), Vec::new());
+    for effect in effects {
+        match effect {
+            Effect::TaskQueued { order } => tasks.push(*order),
+            Effect::Withdrawn { request_id, reason } => withdrawn.push((request_id, reason)),
+            _ => {}
+        }
+    }
+    (tasks, withdrawn)
 }

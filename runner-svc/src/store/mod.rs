@@ -60,10 +60,16 @@ pub enum T {
     Finished,
     /// idempotency key → receipt of the `ledger.append` tool.
     Ledger,
+    /// task_id → task (a remote tool call or an `external` node's task).
+    Tasks,
+    /// `{available_at BE}{order BE}{task_id}` → task type, for queued tasks in dispatch order.
+    TaskQueue,
+    /// `{lease_until BE}{task_id}` → () for leased tasks, soonest expiry first.
+    TaskLeases,
 }
 
 /// The tables' names, in the order of [`T`].
-pub const TABLE_NAMES: [&str; 15] = [
+pub const TABLE_NAMES: [&str; 18] = [
     "trees",
     "runs",
     "thread_runs",
@@ -79,6 +85,9 @@ pub const TABLE_NAMES: [&str; 15] = [
     "mailbox_jobs",
     "finished",
     "ledger",
+    "tasks",
+    "task_queue",
+    "task_leases",
 ];
 
 /// A stored value, or a key.

@@ -336,7 +336,7 @@ impl<'c> PgTx<'c> {
             events |= t == T::Events as usize;
             match v {
                 Some(v) => {
-                    work |= t == T::Queue as usize;
+                    work |= t == T::Queue as usize || t == T::TaskQueue as usize;
                     put_t.push(t as i16);
                     put_k.push(k);
                     put_v.push(v);

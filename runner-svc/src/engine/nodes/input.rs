@@ -4,10 +4,10 @@
 use arbor_shared::domain::{SuspensionCategory, SuspensionState};
 use serde_json::{Map, Value as Json};
 
-use super::Ctx;
-use crate::engine::TickStatus;
+use super::{Ctx, task};
 use crate::engine::interaction::{Decision, SuspensionRecord};
 use crate::engine::spec::{ExternalSpec, InputSpec};
+use crate::engine::{TaskKind, TickStatus};
 
 pub(super) fn user_input(cx: &mut Ctx<'_>, idx: usize, spec: &InputSpec) -> TickStatus {
     let rid = cx.request_id(idx, "user_input");
@@ -62,45 +62,43 @@ fn input_value(decision: Decision) -> Json {
 pub(super) fn external(cx: &mut Ctx<'_>, idx: usize, spec: &ExternalSpec) -> TickStatus {
     let rid = cx.request_id(idx, "external");
     let loc = cx.locator(idx);
-    let Some(decision) = cx.take_decision(&rid) else {
-        if !cx.ck.interaction.suspensions.contains_key(&rid) {
-            let task = match cx.resolve(&spec.task) {
-                Ok(t) => t,
-                Err(e) => return cx.fail(format!("external '{loc}': {e}")),
-            };
-            let mut payload = Map::new();
-            payload.insert("execution_kind".into(), spec.execution_kind.clone().into());
-            payload.insert("task".into(), task);
-            if let Some(hint) = &spec.callback_hint {
-                payload.insert("callback_hint".into(), hint.clone().into());
-            }
-            let message = format!("waiting for {} ({loc})", spec.execution_kind);
-            let record = record(
-                cx,
-                idx,
-                SuspensionCategory::RequireExternalExecution,
-                &message,
-                rid,
-            );
-            cx.suspend(
-                idx,
-                SuspensionRecord {
-                    payload: Json::Object(payload),
-                    ..record
-                },
-            );
+    let waiting = cx.ck.interaction.suspensions.contains_key(&rid);
+    // The task is resolved once, when the node first suspends; a replay finds the record.
+    let task = if waiting {
+        Json::Null
+    } else {
+        match cx.resolve(&spec.task) {
+            Ok(t) => t,
+            Err(e) => return cx.fail(format!("external '{loc}': {e}")),
         }
-        return TickStatus::Running;
     };
-    if decision.action.is_cancel() {
-        return cx.fail(format!("external '{loc}' cancelled: {}", decision.reason));
+    let mut payload = Map::new();
+    payload.insert("execution_kind".into(), spec.execution_kind.clone().into());
+    payload.insert("task".into(), task.clone());
+    if let Some(hint) = &spec.callback_hint {
+        payload.insert("callback_hint".into(), hint.clone().into());
     }
-    let status = decision.result.get("status").and_then(Json::as_str);
-    let result = decision.result.get("result").cloned().unwrap_or(Json::Null);
-    if status == Some("failed") {
-        return cx.fail(format!("external '{loc}' failed: {result}"));
+    let ask = task::Ask {
+        idempotency_key: format!("{}:{rid}", cx.env.run_id),
+        request_id: rid,
+        task_type: &spec.execution_kind,
+        kind: TaskKind::External,
+        args: task,
+        options: &spec.options,
+        message: format!("waiting for {} ({loc})", spec.execution_kind),
+        payload: Json::Object(payload),
+    };
+    match task::wait(cx, idx, ask) {
+        Ok(decision) => task::outcome(
+            cx,
+            idx,
+            "external",
+            decision,
+            spec.output.as_deref(),
+            &spec.options,
+        ),
+        Err(running) => running,
     }
-    output(cx, idx, spec.output.as_deref(), result)
 }
 
 fn output(cx: &mut Ctx<'_>, idx: usize, key: Option<&str>, value: Json) -> TickStatus {

@@ -6,6 +6,7 @@ mod decorator;
 mod gate;
 mod input;
 mod leaf;
+mod task;
 mod tool;
 
 use std::ops::Range;

@@ -8,13 +8,13 @@ use arbor_shared::domain::{
 };
 use serde_json::{Map, Value as Json, json};
 
-use super::Ctx;
-use crate::engine::TickStatus;
+use super::{Ctx, task};
 use crate::engine::interaction::SuspensionRecord;
 use crate::engine::interaction::request_id;
 use crate::engine::interaction::store::{Progress, ProgressEntry, ToolCallRecord, ToolCallState};
 use crate::engine::spec::{ToolOnReject, ToolSpec};
 use crate::engine::tools::{Policy, ToolCall};
+use crate::engine::{TaskKind, TickStatus};
 
 pub(super) fn tool(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec) -> TickStatus {
     let loc = cx.locator(idx);
@@ -59,7 +59,7 @@ fn admit(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, call_id: &str) -> Result
     let args = cx
         .resolve(&spec.args)
         .map_err(|e| format!("tool '{loc}': {e}"))?;
-    if cx.env.tools.get(name).is_none() {
+    if cx.env.tools.get(name).is_none() && !is_remote(cx, name) {
         return Err(format!("tool '{loc}': unknown tool '{name}'"));
     }
     let guards = cx.env.tools.guards();
@@ -176,9 +176,17 @@ fn rejected(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, reason: &str) -> Tick
     }
 }
 
+/// Served by task workers: configured in the runner, or declared by the tree.
+fn is_remote(cx: &Ctx<'_>, name: &str) -> bool {
+    cx.env.tools.is_remote(name) || cx.spec.task_types.iter().any(|t| t == name)
+}
+
 fn execute(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, call_id: &str) -> TickStatus {
     let loc = cx.locator(idx);
     let Some(tool) = cx.env.tools.get(&spec.tool) else {
+        if is_remote(cx, &spec.tool) {
+            return execute_remote(cx, idx, spec, call_id);
+        }
         return cx.fail(format!("tool '{loc}': unknown tool '{}'", spec.tool));
     };
     let args = cx
@@ -211,6 +219,64 @@ fn execute(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, call_id: &str) -> Tick
             cx.fail(error)
         }
     }
+}
+
+/// The call becomes a task (after the guards and any approval), with the call's idempotency
+/// key; the node waits for the task's outcome.
+fn execute_remote(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, call_id: &str) -> TickStatus {
+    let loc = cx.locator(idx);
+    let args = cx
+        .ck
+        .interaction
+        .tool_calls
+        .get(call_id)
+        .map_or(Json::Null, |r| r.args.clone());
+    let key = format!("{}:{call_id}", cx.env.run_id);
+    let rid = request_id(
+        cx.env.thread_id,
+        cx.env.run_id,
+        loc,
+        &format!("task:{call_id}"),
+        cx.attempt(idx),
+    );
+    let payload = json!({
+        "execution_kind": "task",
+        "task_type": spec.tool,
+        "task_id": rid,
+        "tool_call_id": call_id,
+        "args": args,
+        "idempotency_key": key,
+    });
+    let ask = task::Ask {
+        request_id: rid,
+        task_type: &spec.tool,
+        kind: TaskKind::Tool,
+        args,
+        idempotency_key: key,
+        options: &spec.task,
+        message: format!("waiting for task '{}' ({loc})", spec.tool),
+        payload,
+    };
+    let decision = match task::wait(cx, idx, ask) {
+        Ok(decision) => decision,
+        Err(running) => return running,
+    };
+    let status = task::outcome(
+        cx,
+        idx,
+        "tool",
+        decision,
+        spec.output.as_deref(),
+        &spec.task,
+    );
+    let state = match status {
+        TickStatus::Success => ToolCallState::Succeeded,
+        _ => ToolCallState::Failed {
+            error: "the task failed".into(),
+        },
+    };
+    set_state(cx, call_id, state);
+    status
 }
 
 fn write_output(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, result: Json) -> TickStatus {

@@ -6,7 +6,7 @@ use serde_json::{Map, Value as Json};
 use super::fields::{Fields, unknown_word};
 use super::{
     CondOp, ConditionSpec, ExternalSpec, GateSpec, InputKind, InputSpec, MAX_NODES, NodeKind,
-    OnReject, ToolOnReject, ToolSpec,
+    OnReject, TaskOptions, ToolOnReject, ToolSpec,
 };
 use crate::engine::interaction::input;
 use crate::engine::tools::Policy;
@@ -75,6 +75,9 @@ pub(super) fn read_kind(ty: &str, f: &mut Fields<'_>) -> Option<NodeKind> {
             "on_reject",
             "reject_output",
             "output",
+            "attempts",
+            "backoff_ms",
+            "error_output",
         ],
         "user_input" => &[
             "input_kind",
@@ -84,7 +87,15 @@ pub(super) fn read_kind(ty: &str, f: &mut Fields<'_>) -> Option<NodeKind> {
             "options",
             "output",
         ],
-        "external" => &["execution_kind", "task", "callback_hint", "output"],
+        "external" => &[
+            "execution_kind",
+            "task",
+            "callback_hint",
+            "output",
+            "attempts",
+            "backoff_ms",
+            "error_output",
+        ],
         "" => return None,
         other => {
             f.violation(
@@ -341,6 +352,7 @@ fn read_tool(f: &mut Fields<'_>) -> Option<NodeKind> {
         check_refs(f, "reject_output", v);
     }
     let output = read_opt_key(f, "output");
+    let task = read_task_options(f);
     let bad = (f.has("policy") && policy.is_none())
         || (f.has("resume_mode") && resume_mode.is_none())
         || (f.has("allow_edit") && allow_edit.is_none())
@@ -369,7 +381,26 @@ fn read_tool(f: &mut Fields<'_>) -> Option<NodeKind> {
             .unwrap_or(false),
         on_reject,
         output: output?,
+        task: task?,
     })))
+}
+
+/// `attempts`, `backoff_ms` and `error_output` of a node served by task workers.
+fn read_task_options(f: &mut Fields<'_>) -> Option<TaskOptions> {
+    let attempts = f.opt_uint("attempts", 1, 100);
+    let backoff_ms = f.opt_uint("backoff_ms", 0, 3_600_000);
+    let error_output = read_opt_key(f, "error_output");
+    let defaults = TaskOptions::default();
+    let bad =
+        (f.has("attempts") && attempts.is_none()) || (f.has("backoff_ms") && backoff_ms.is_none());
+    if bad {
+        return None;
+    }
+    Some(TaskOptions {
+        attempts: attempts.map_or(defaults.attempts, |a| a as u32),
+        backoff_ms: backoff_ms.unwrap_or(defaults.backoff_ms),
+        error_output: error_output?,
+    })
 }
 
 fn read_external(f: &mut Fields<'_>) -> Option<NodeKind> {
@@ -380,11 +411,13 @@ fn read_external(f: &mut Fields<'_>) -> Option<NodeKind> {
     }
     let callback_hint = f.opt_string("callback_hint");
     let output = read_opt_key(f, "output");
+    let options = read_task_options(f);
     Some(NodeKind::External(Box::new(ExternalSpec {
         execution_kind: execution_kind?,
         task: task?,
         callback_hint,
         output: output?,
+        options: options?,
     })))
 }
 

@@ -30,6 +30,9 @@ pub struct TreeSpec {
     pub(crate) version: u32,
     pub(crate) nodes: Vec<NodeSpec>,
     pub(crate) document: Json,
+    /// Tools this tree expects task workers to serve (`task_types`), besides those the runner
+    /// is configured with.
+    pub(crate) task_types: Vec<String>,
 }
 
 impl TreeSpec {
@@ -59,10 +62,17 @@ impl TreeSpec {
     /// node's `tool` field; the description lists the tools there are.
     pub fn unknown_tools(&self, known: &[&str]) -> Vec<FieldViolation> {
         let mut out = Vec::new();
+        let mut known = known.to_vec();
+        known.extend(self.task_types.iter().map(String::as_str));
         if let Some(root) = self.document.get("root") {
-            unknown_tools_at(root, "$.root", known, &mut out);
+            unknown_tools_at(root, "$.root", &known, &mut out);
         }
         out
+    }
+
+    /// The task types the tree declares (`task_types`).
+    pub fn task_types(&self) -> &[String] {
+        &self.task_types
     }
 }
 
@@ -290,6 +300,28 @@ pub(crate) struct ToolSpec {
     pub allow_respond: bool,
     pub on_reject: ToolOnReject,
     pub output: Option<String>,
+    /// Used when the tool is served by task workers.
+    pub task: TaskOptions,
+}
+
+/// How a task of a node is tried: `attempts` in all (lease expiries and retryable failures
+/// count), `backoff_ms` before the second (doubling after), and the blackboard key a business
+/// error's `{code, message}` is written to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TaskOptions {
+    pub attempts: u32,
+    pub backoff_ms: u64,
+    pub error_output: Option<String>,
+}
+
+impl Default for TaskOptions {
+    fn default() -> Self {
+        Self {
+            attempts: 3,
+            backoff_ms: 1000,
+            error_output: None,
+        }
+    }
 }
 
 impl ToolSpec {
@@ -343,4 +375,5 @@ pub(crate) struct ExternalSpec {
     pub task: Json,
     pub callback_hint: Option<String>,
     pub output: Option<String>,
+    pub options: TaskOptions,
 }

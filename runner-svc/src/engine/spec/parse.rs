@@ -20,7 +20,7 @@ pub(super) fn parse_document(doc: Json) -> Result<TreeSpec, Vec<FieldViolation>>
         path: "$",
         out: &mut out,
     };
-    f.deny_unknown(&["id", "version", "root"]);
+    f.deny_unknown(&["id", "version", "root", "task_types"]);
     let id = f.string("id");
     if let Some(id) = &id
         && !valid_id(id)
@@ -29,6 +29,15 @@ pub(super) fn parse_document(doc: Json) -> Result<TreeSpec, Vec<FieldViolation>>
     }
     let version = f.uint("version", 1, u64::from(u32::MAX));
     let root = f.any("root");
+    let task_types = f.opt_string_list("task_types");
+    for (i, name) in task_types.iter().enumerate() {
+        if name.len() > 128 || name.chars().any(|c| c.is_control() || c == '*' || c == '?') {
+            f.violation(
+                &format!("task_types[{i}]"),
+                "must be a task type name of at most 128 characters, without globs",
+            );
+        }
+    }
     let mut parser = Parser {
         out,
         nodes: Vec::new(),
@@ -44,6 +53,7 @@ pub(super) fn parse_document(doc: Json) -> Result<TreeSpec, Vec<FieldViolation>>
             version: u32::try_from(version).unwrap_or(u32::MAX),
             nodes: parser.nodes,
             document: canonical(doc),
+            task_types,
         }),
         _ => Err(parser.out),
     }

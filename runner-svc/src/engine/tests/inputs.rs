@@ -183,7 +183,7 @@ fn external_payload_resolves_refs_and_results_drive_the_outcome() {
     );
     let out = h.decide(vec![validate_decision(&record, d).unwrap()]);
     assert_eq!(out.status, TickStatus::Failure);
-    assert_eq!(out.error, "external 'ci' failed: \"red\"");
+    assert_eq!(out.error, "external 'ci' failed: red");
 
     for bad in [
         json!({"status": "done"}),

@@ -46,6 +46,8 @@ pub trait Tool: Send + Sync {
 /// The tools of a runner process and the guards every call passes.
 pub struct ToolRegistry {
     tools: HashMap<String, Arc<dyn Tool>>,
+    /// Tools served by task workers (the runner's configured task types).
+    remote: std::collections::BTreeSet<String>,
     guards: Guards,
 }
 
@@ -55,6 +57,7 @@ impl std::fmt::Debug for ToolRegistry {
         names.sort();
         f.debug_struct("ToolRegistry")
             .field("tools", &names)
+            .field("remote", &self.remote)
             .field("guards", &self.guards.config())
             .finish()
     }
@@ -66,6 +69,7 @@ impl ToolRegistry {
     pub fn new(guards: GuardConfig) -> Self {
         Self {
             tools: HashMap::new(),
+            remote: Default::default(),
             guards: Guards::new(guards),
         }
     }
@@ -84,12 +88,25 @@ impl ToolRegistry {
         self.tools.insert(tool.name().to_string(), Arc::new(tool));
     }
 
+    /// Declares a tool that task workers serve; a built-in of the same name stays built in.
+    pub fn declare_remote(&mut self, name: impl Into<String>) {
+        self.remote.insert(name.into());
+    }
+
+    /// Whether task workers serve `name` (configured here; a tree may declare more).
+    pub fn is_remote(&self, name: &str) -> bool {
+        !self.tools.contains_key(name) && self.remote.contains(name)
+    }
+
     pub fn get(&self, name: &str) -> Option<&dyn Tool> {
         self.tools.get(name).map(|t| t.as_ref())
     }
 
+    /// Built-in and remote tools.
     pub fn names(&self) -> Vec<&str> {
         let mut names: Vec<&str> = self.tools.keys().map(String::as_str).collect();
+        names.extend(self.remote.iter().map(String::as_str));
+        names.dedup();
         names.sort_unstable();
         names
     }
