@@ -58,4 +58,54 @@ fn sample(runner: &Runner, s: &mut Samples) {
         &[],
         runner.lease_takeovers(),
     );
+
+    tasks(runner, s);
+}
+
+/// Tasks of task workers: queued and leased now (from the store's indexes, whatever replica
+/// took them), and this process's counters of dispatches, outcomes and lease expiries.
+fn tasks(runner: &Runner, s: &mut Samples) {
+    let (queued, leased) = runner.live_task_counts();
+    for (state, n) in [("queued", queued), ("leased", leased)] {
+        s.gauge(
+            "arbor_runner_tasks",
+            "Tasks waiting for a worker (queued) or held by one (leased).",
+            &[("state", state)],
+            n as f64,
+        );
+    }
+    let m = &runner.task_metrics;
+    let read = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    for (outcome, counter) in [
+        ("completed", &m.completed),
+        ("failed", &m.failed),
+        ("errored", &m.errored),
+        ("cancelled", &m.cancelled),
+    ] {
+        s.counter(
+            "arbor_runner_tasks_ended",
+            "Tasks ended by this process, by outcome (failed: attempts spent or not retryable).",
+            &[("outcome", outcome)],
+            read(counter),
+        );
+    }
+    s.counter(
+        "arbor_runner_task_dispatches",
+        "Task attempts leased to workers by this process.",
+        &[],
+        read(&m.dispatched),
+    );
+    s.counter(
+        "arbor_runner_task_dispatch_wait_ms",
+        "Sum over dispatches of the wait from due to dispatched (ms); divide by dispatches for \
+         the mean dispatch latency.",
+        &[],
+        read(&m.dispatch_wait_ms),
+    );
+    s.counter(
+        "arbor_runner_task_lease_expiries",
+        "Task leases that ran out (the worker stopped heartbeating or died) and were reaped here.",
+        &[],
+        read(&m.lease_expiries),
+    );
 }

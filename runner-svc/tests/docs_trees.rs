@@ -1,5 +1,5 @@
-//! Every example tree in `docs/trees.md` registers with the real parser and tool registry, so
-//! the reference can never drift from what the runner accepts. An example is a ```json block
+//! Every example tree in `docs/trees.md` and `docs/workers.md` registers with the real parser and
+//! tool registry, so the reference can never drift from what the runner accepts. An example is a ```json block
 //! with a top-level "root"; fragments are written in other blocks.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -27,8 +27,10 @@ fn json_blocks(markdown: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn every_example_tree_in_the_reference_registers() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/trees.md");
-    let doc = std::fs::read_to_string(path).expect("docs/trees.md");
+    let docs = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/");
+    let doc = ["trees.md", "workers.md"]
+        .map(|f| std::fs::read_to_string(format!("{docs}{f}")).expect("a reference page"))
+        .join("\n");
     let dir = tempfile::tempdir().unwrap();
     let runner = common::open_runner(dir.path(), |_| {}).await;
     let mut ids = Vec::new();

@@ -77,6 +77,13 @@ fn globs(field: &str, patterns: &[String]) -> Result<GlobSet, RunnerError> {
                 "must be 1-128 bytes",
             ));
         }
+        // `*` and `?` only: what every worker helper can match too.
+        if p.contains(['[', ']', '{', '}', '\\']) {
+            return Err(RunnerError::invalid(
+                &format!("{field}[{i}]"),
+                "only `*` (any run of characters) and `?` (one character) are supported",
+            ));
+        }
         let glob = Glob::new(p)
             .map_err(|e| RunnerError::invalid(&format!("{field}[{i}]"), e.to_string()))?;
         set.add(glob);
@@ -195,13 +202,28 @@ impl WorkerService for WorkerGrpc {
         let (tx, rx) = tokio::sync::mpsc::channel(max.min(64) + 1);
         let (runner, stop) = (self.runner.clone(), self.shutdown.clone());
         tokio::spawn(async move {
-            // (task id, lease token) of activations sent and not yet finished.
+            // (task id, lease token) of activations sent and not yet finished. Leases that end
+            // in this process are reported on `ends`; the store is read for the rest (a lease
+            // ended on another replica) once per IDLE_LOOK.
             let mut in_flight: Vec<(String, String)> = Vec::new();
+            let mut ends = runner.task_ends();
+            let mut looked = tokio::time::Instant::now();
             loop {
                 let changed = runner.task_changes();
                 tokio::pin!(changed);
                 changed.as_mut().enable();
-                in_flight.retain(|(id, token)| runner.holds_lease(id, token));
+                let mut look = looked.elapsed() >= IDLE_LOOK;
+                loop {
+                    match ends.try_recv() {
+                        Ok(id) => in_flight.retain(|(t, _)| *t != id),
+                        Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => look = true,
+                        Err(_) => break,
+                    }
+                }
+                if look {
+                    in_flight.retain(|(id, token)| runner.holds_lease(id, token));
+                    looked = tokio::time::Instant::now();
+                }
                 let mut wait = IDLE_LOOK;
                 if in_flight.len() < max {
                     let free = max - in_flight.len();

@@ -72,6 +72,9 @@ pub struct Runner {
     lease_takeovers: AtomicU64,
     /// Woken when a task may have become due or a leased task ended.
     task_changes: Notify,
+    /// Ids of tasks whose lease ended in this process (completed, failed, thrown, expired), so
+    /// a stream frees their flow-control slots without reading the store.
+    task_ends: tokio::sync::broadcast::Sender<String>,
     pub(crate) task_metrics: crate::tasks::TaskMetrics,
 }
 
@@ -98,6 +101,7 @@ impl Runner {
             changes,
             lease_takeovers: AtomicU64::new(0),
             task_changes: Notify::new(),
+            task_ends: tokio::sync::broadcast::channel(4096).0,
             task_metrics: Default::default(),
         });
         if !recovered.is_empty() {

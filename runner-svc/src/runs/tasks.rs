@@ -83,6 +83,16 @@ impl Runner {
         self.task_changes.notify_waiters();
     }
 
+    /// Ids of tasks whose lease ends in this process from now on (a lagging receiver must look
+    /// at the store instead).
+    pub fn task_ends(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.task_ends.subscribe()
+    }
+
+    fn lease_ended(&self, task_id: &str) {
+        let _ = self.task_ends.send(task_id.to_string());
+    }
+
     /// Leases up to `max` due tasks whose type `types` matches to `worker_id`, in queue order,
     /// in one durable transaction that records TASK_DISPATCHED for each. Also returns when the
     /// next queued task of those types falls due (ms on the store's clock), if one waits.
@@ -218,14 +228,22 @@ impl Runner {
         let (id, token) = (task_id.to_string(), token.to_string());
         let taken = self
             .commit(move |tx| {
-                if event_kind == TaskEvent::Complete
-                    && let Some(task) = ttx::get(tx, &id)?
-                    && task.state == TaskState::Completed
+                // A repeat of the call that ended this lease (its answer was lost) is answered
+                // the same way and changes nothing.
+                let done = match event_kind {
+                    TaskEvent::Complete => TaskState::Completed,
+                    _ => TaskState::Errored,
+                };
+                if let Some(task) = ttx::get(tx, &id)?
                     && task.lease_token == token
+                    && (task.state == done || task.state == TaskState::Cancelled)
                 {
                     let taken = Taken {
-                        accepted: true,
-                        reason: "already completed".into(),
+                        accepted: task.state == done,
+                        reason: match task.state == done {
+                            true => "already taken".into(),
+                            false => format!("task was cancelled: {}", task.cancel_reason),
+                        },
                     };
                     return Ok((taken, Vec::new()));
                 }
@@ -281,6 +299,7 @@ impl Runner {
         } else {
             TaskEvent::Cancel
         });
+        self.lease_ended(task_id);
         self.after_task_change();
         Ok(taken)
     }
@@ -301,6 +320,23 @@ impl Runner {
         let (id, token, error) = (task_id.to_string(), token.to_string(), error.to_string());
         let outcome = self
             .commit(move |tx| {
+                // A repeat of the FailTask that ended this lease: the same answer, no change.
+                if let Some(task) = ttx::get(tx, &id)?
+                    && task.lease_token == token
+                    && task.state != TaskState::Leased
+                {
+                    let out = FailOutcome {
+                        will_retry: task.state == TaskState::Queued,
+                        attempt: task.attempt,
+                        retry_at_ms: match task.state {
+                            TaskState::Queued => task.available_at_ms,
+                            _ => 0,
+                        },
+                    };
+                    if matches!(task.state, TaskState::Queued | TaskState::Failed | TaskState::Cancelled) {
+                        return Ok((out, Vec::new()));
+                    }
+                }
                 let task = ttx::leased(tx, &id, &token)?;
                 let attempt = task.attempt;
                 if task.cancel_requested {
@@ -333,6 +369,7 @@ impl Runner {
         if !outcome.will_retry {
             self.task_metrics.ended(TaskEvent::Fail);
         }
+        self.lease_ended(task_id);
         self.after_task_change();
         Ok(outcome)
     }
@@ -360,6 +397,7 @@ impl Runner {
         }
         let order = self.store.next_id()?;
         let default_max = self.mailbox.config().default_max_attempts;
+        let ids: Vec<String> = expired.iter().map(|(_, id)| id.clone()).collect();
         let reaped = self
             .commit(move |tx| {
                 let mut reaped = 0;
@@ -410,6 +448,9 @@ impl Runner {
                 Ok((reaped, appended))
             })
             .await?;
+        for id in &ids {
+            self.lease_ended(id);
+        }
         if reaped > 0 {
             self.task_metrics
                 .lease_expiries

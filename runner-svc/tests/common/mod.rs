@@ -155,3 +155,59 @@ pub async fn open_runner(
     .await
     .unwrap()
 }
+
+/// A runner served over gRPC on an ephemeral port of 127.0.0.1 (RunnerService and
+/// WorkerService on one port, run workers and the task lease reaper running), on the store of
+/// `dir` — sled there, or its PostgreSQL schema in `conformance_postgres`.
+pub struct Served {
+    pub runner: std::sync::Arc<Runner>,
+    pub addr: std::net::SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), arbor_runner_svc::ServeError>>,
+}
+
+/// Serves the database in `dir` (new, or the one a stopped [`Served`] left).
+pub async fn serve(dir: &std::path::Path) -> Served {
+    let cfg = arbor_runner_svc::ServeConfig {
+        data_dir: dir.to_path_buf(),
+        store_url: store_url(dir),
+        workers: 2,
+        drain: Duration::from_secs(5),
+        ..arbor_runner_svc::ServeConfig::default()
+    };
+    let runner = arbor_runner_svc::open_runner(&cfg).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(arbor_runner_svc::serve_runner(
+        cfg,
+        runner.clone(),
+        listener,
+        async move {
+            let _ = stopped.await;
+        },
+        health,
+        health_svc,
+    ));
+    Served {
+        runner,
+        addr,
+        stop,
+        server,
+    }
+}
+
+impl Served {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Shuts the server down (streams end, workers stop, the store is flushed) and lets go of
+    /// the store, so that [`serve`] can open it again.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        self.server.await.unwrap().unwrap();
+        drop(self.runner);
+    }
+}
