@@ -1,0 +1,254 @@
+"""Serve Arbor tasks (remote tools, `external` nodes) from Python, over the stubs generated from
+proto/ (put them on sys.path first, see approval_loop.py):
+
+    worker = Worker("127.0.0.1:50051", "py-worker-1")
+
+    @worker.task("py.*")
+    def handle(task):
+        return {"length": len(task.args["text"])}
+
+    worker.run()  # until SIGTERM/SIGINT or worker.stop()
+"""
+
+import fnmatch
+import logging
+import queue
+import signal
+import threading
+import time
+
+import grpc
+from google.protobuf import json_format, struct_pb2
+
+from arbor.runner.v1 import worker_service_pb2 as wpb
+from arbor.runner.v1 import worker_service_pb2_grpc as wpb_grpc
+
+log = logging.getLogger("arbor_worker")
+
+BACKOFF_CAP_S = 2.0
+# grpc's own reconnect backoff grows to minutes; keep it in step with ours.
+CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
+                   ("grpc.min_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", int(BACKOFF_CAP_S * 1000))]
+# Stream errors that reconnecting will not fix.
+FATAL_CODES = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+               grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED}
+# Heartbeat answers meaning the lease is gone for good.
+LOST_CODES = {grpc.StatusCode.ABORTED, grpc.StatusCode.NOT_FOUND}
+
+
+class BusinessError(Exception):
+    """Fails the node at once with {code, message} in its `error_output` (ThrowError)."""
+    def __init__(self, code, message=""):
+        super().__init__(f"{code}: {message}")
+        self.code, self.message = code, message
+
+
+class RetryableError(Exception):
+    """Worth another attempt, after `backoff_ms` or else the node's own backoff."""
+    def __init__(self, message, backoff_ms=None):
+        super().__init__(message)
+        self.backoff_ms = backoff_ms
+
+
+class FatalError(Exception):
+    """A technical failure that another attempt would not fix."""
+
+
+def to_py(value):
+    """google.protobuf.Value -> plain JSON value. Value only has doubles: 3.0 comes back as 3."""
+    def whole(v):
+        if isinstance(v, dict):
+            return {k: whole(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [whole(x) for x in v]
+        return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**53 else v
+    return whole(json_format.MessageToDict(value))
+
+
+def to_value(obj):
+    return json_format.ParseDict(obj, struct_pb2.Value())
+
+
+class Task:
+    """One leased task. `cancelled` is set when the run no longer wants it or the lease is lost."""
+
+    def __init__(self, act, worker):
+        self.task_id, self.task_type, self.args = act.task_id, act.task_type, to_py(act.args)
+        self.idempotency_key, self.attempt, self.max_attempts, self.details = (
+            act.idempotency_key, act.attempt, act.max_attempts, to_py(act.details))
+        self.run_id, self.thread_id, self.node_locator = act.run_id, act.thread_id, act.node_locator
+        self.cancelled, self.lease_lost, self.heartbeats = threading.Event(), False, 0
+        self._worker, self._ids = worker, {"task_id": act.task_id, "lease_token": act.lease_token}
+        self._interval_s = (act.lease_ms or worker.lease_ms) / 3000
+        self._settled, self._done = False, threading.Event()
+
+    def heartbeat(self, details=None):
+        """Extends the lease now, storing `details` for a later attempt; False once cancelled."""
+        return self._worker._heartbeat(self, details)
+
+
+class Worker:
+    def __init__(self, target, worker_id, token=None, max_in_flight=4, lease_ms=10000):
+        self.worker_id, self.max_in_flight, self.lease_ms = worker_id, max_in_flight, lease_ms
+        self._stub = wpb_grpc.WorkerServiceStub(grpc.insecure_channel(target, CHANNEL_OPTIONS))
+        self._md = [("authorization", f"Bearer {token}")] if token else None
+        self._handlers = []  # (glob, fn); the first match wins
+        self._jobs, self._inflight = queue.Queue(), {}  # lease token -> Task
+        self._lock = threading.Condition(threading.RLock())  # RLock: stop() runs in signal handlers
+        self._stream, self._stopping, self._grace_s = None, threading.Event(), 10.0
+
+    def task(self, glob):
+        """Decorator: `fn(task) -> JSON value` serves the task types matching `glob`."""
+        def register(fn):
+            self._handlers.append((glob, fn))
+            return fn
+        return register
+
+    def on_connect(self):
+        """Hook: called right after each StreamTasks call is issued."""
+
+    def on_done(self, task, outcome, request, reply):
+        """Hook: the server answered a task's last call; outcome: completed, failed or threw."""
+
+    def stop(self, grace_s=10.0):
+        """Stops taking tasks; run() gives in-flight ones `grace_s` to finish, then returns."""
+        self._grace_s = grace_s
+        self._stopping.set()
+        with self._lock:
+            if self._stream is not None:
+                self._stream.cancel()
+
+    def run(self):
+        """Serves tasks until stop(), or SIGTERM/SIGINT when called on the main thread."""
+        restore = []
+        if threading.current_thread() is threading.main_thread():
+            restore = [(s, signal.signal(s, lambda *_: self.stop()))
+                       for s in (signal.SIGTERM, signal.SIGINT)]
+        for i in range(self.max_in_flight):
+            threading.Thread(target=self._work, name=f"arbor-task-{i}", daemon=True).start()
+        try:
+            self._serve()
+        finally:
+            self._drain()
+            for sig, previous in restore:
+                signal.signal(sig, signal.SIG_DFL if previous is None else previous)
+
+    def _serve(self):
+        request = wpb.StreamTasksRequest(
+            worker_id=self.worker_id, task_types=[glob for glob, _ in self._handlers],
+            max_in_flight=self.max_in_flight, lease_ms=self.lease_ms)
+        backoff = 0.1
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            try:
+                with self._lock:
+                    stream = self._stream = self._stub.StreamTasks(request, metadata=self._md)
+                if self._stopping.is_set():  # stop() may have cancelled the previous stream
+                    stream.cancel()
+                self.on_connect()
+                for reply in stream:
+                    self._dispatch(Task(reply.task, self))
+                log.info("the server ended the task stream")
+            except grpc.RpcError as e:
+                if self._stopping.is_set():
+                    break
+                if e.code() in FATAL_CODES:
+                    raise
+                log.info("task stream broke: %s: %s", e.code().name, e.details())
+            if time.monotonic() - started > BACKOFF_CAP_S:
+                backoff = 0.1
+            self._stopping.wait(backoff)
+            backoff = min(backoff * 2, BACKOFF_CAP_S)
+
+    def _dispatch(self, task):
+        with self._lock:
+            self._inflight[task._ids["lease_token"]] = task
+        fn = next((f for glob, f in self._handlers if fnmatch.fnmatchcase(task.task_type, glob)),
+                  None)
+        if fn is None:
+            return self._fail(task, f"no handler for task type {task.task_type!r}")
+        # Heartbeats start at once: the task may wait in the queue while the pool is busy.
+        threading.Thread(target=self._keep_alive, args=(task,), daemon=True).start()
+        self._jobs.put((task, fn))
+
+    def _work(self):
+        while True:
+            task, fn = self._jobs.get()
+            if task._settled:  # failed at shutdown while it was queued
+                continue
+            try:
+                output = to_value(fn(task))
+            except BusinessError as e:
+                self._settle(task, "threw", self._stub.ThrowError, wpb.ThrowErrorRequest(
+                    **task._ids, code=str(e.code), message=str(e.message)))
+            except FatalError as e:
+                self._fail(task, str(e), retryable=False)
+            except RetryableError as e:
+                self._fail(task, str(e), backoff_ms=e.backoff_ms)
+            except Exception as e:
+                log.warning("task %s (%s) raised", task.task_id, task.task_type, exc_info=True)
+                self._fail(task, f"{type(e).__name__}: {e}")
+            else:
+                self._settle(task, "completed", self._stub.CompleteTask,
+                             wpb.CompleteTaskRequest(**task._ids, output=output))
+
+    def _fail(self, task, error, retryable=True, backoff_ms=None):
+        self._settle(task, "failed", self._stub.FailTask, wpb.FailTaskRequest(
+            **task._ids, error=error, retryable=retryable, backoff_ms=backoff_ms))
+
+    def _settle(self, task, outcome, rpc, request):
+        with self._lock:
+            if task._settled:
+                return
+            task._settled = True
+        try:
+            if task.lease_lost:
+                log.info("dropping the result of task %s: lease lost", task.task_id)
+                return
+            reply = rpc(request, metadata=self._md, timeout=10)
+            if not getattr(reply, "accepted", True):
+                log.info("task %s %s, not accepted: %s", task.task_id, outcome, reply.reason)
+            self.on_done(task, outcome, request, reply)
+        except grpc.RpcError as e:
+            log.warning("task %s %s, refused: %s: %s", task.task_id, outcome, e.code().name,
+                        e.details())
+        except Exception:
+            log.exception("on_done of task %s", task.task_id)
+        finally:
+            task._done.set()
+            with self._lock:
+                self._inflight.pop(task._ids["lease_token"], None)
+                self._lock.notify_all()
+
+    def _keep_alive(self, task):
+        while not task._done.wait(task._interval_s) and not task.lease_lost:
+            self._heartbeat(task)
+
+    def _heartbeat(self, task, details=None):
+        request = wpb.HeartbeatRequest(**task._ids)
+        if details is not None:
+            task.details = details
+            request.details.CopyFrom(to_value(details))
+        try:
+            reply = self._stub.Heartbeat(request, metadata=self._md, timeout=task._interval_s)
+            task.heartbeats += 1
+            if reply.cancel_requested:
+                task.cancelled.set()
+        except grpc.RpcError as e:
+            log.info("heartbeat of task %s: %s: %s", task.task_id, e.code().name, e.details())
+            # After the task's last call a stale token is expected, not a lost lease.
+            if e.code() in LOST_CODES and not task._done.is_set():
+                task.lease_lost = True
+                task.cancelled.set()
+        return not task.cancelled.is_set()
+
+    def _drain(self):
+        deadline = time.monotonic() + self._grace_s
+        with self._lock:
+            while self._inflight and (left := deadline - time.monotonic()) > 0:
+                self._lock.wait(left)
+            late = list(self._inflight.values())
+        for task in late:
+            self._fail(task, "worker shutting down")
+            task.cancelled.set()
