@@ -44,6 +44,8 @@ pub struct Compacted {
     pub events: u64,
     pub runs: u64,
     pub jobs: u64,
+    /// Ended tasks of task workers.
+    pub tasks: u64,
 }
 
 /// Keys deleted per transaction, so one pass never holds the write lock for long.
@@ -60,7 +62,13 @@ impl Runner {
         let cutoff = now_ms.saturating_sub(cfg.finished.as_millis() as u64);
         let runs = self.compact_finished(b'r', cutoff).await?;
         let jobs = self.compact_finished(b'j', cutoff).await?;
-        Ok(Compacted { events, runs, jobs })
+        let tasks = self.compact_finished(b't', cutoff).await?;
+        Ok(Compacted {
+            events,
+            runs,
+            jobs,
+            tasks,
+        })
     }
 
     async fn compact_events(&self, cfg: &RetentionConfig, now_ms: u64) -> Result<u64, RunnerError> {
@@ -114,7 +122,8 @@ impl Runner {
         }
     }
 
-    /// Deletes finished runs (`kind` b'r') or final jobs (b'j') that finished before `cutoff`.
+    /// Deletes finished runs (`kind` b'r'), final jobs (b'j') or ended tasks (b't') that finished
+    /// before `cutoff`.
     async fn compact_finished(&self, kind: u8, cutoff: u64) -> Result<u64, RunnerError> {
         let mut removed = 0;
         loop {
@@ -142,6 +151,7 @@ impl Runner {
                         tx.tree(T::Finished).remove(index_key.as_slice())?;
                         n += match kind {
                             b'r' => delete_run(tx, id, cutoff)?,
+                            b't' => delete_task(tx, id, cutoff)?,
                             _ => delete_job(tx, id, cutoff)?,
                         };
                     }
@@ -200,6 +210,17 @@ fn delete_job(tx: &Tx<'_>, job_id: &str, cutoff: u64) -> R<u64> {
     key.extend_from_slice(&codec::u64_key(job.order));
     tx.tree(T::MailboxJobs).remove(key)?;
     Ok(1)
+}
+
+/// Deletes a task that ended before `cutoff` (its run has its outcome in its checkpoint).
+fn delete_task(tx: &Tx<'_>, task_id: &str, cutoff: u64) -> R<u64> {
+    match crate::tasks::tx::get(tx, task_id)? {
+        Some(task) if task.state.is_terminal() && task.updated_at_ms <= cutoff => {
+            tx.tree(T::Tasks).remove(task_id.as_bytes())?;
+            Ok(1)
+        }
+        _ => Ok(0),
+    }
 }
 
 /// Runs a compaction pass every `cfg.interval` until `stop`.

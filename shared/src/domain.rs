@@ -405,6 +405,8 @@ pub enum TaskFailure {
     Error,
     /// The lease ran out.
     LeaseExpired,
+    /// The run no longer wanted the result (cancelled, interrupted, timed out, ended).
+    Cancelled,
 }
 
 impl TaskFailure {
@@ -413,6 +415,7 @@ impl TaskFailure {
             Self::Failed => "failed",
             Self::Error => "error",
             Self::LeaseExpired => "lease_expired",
+            Self::Cancelled => "cancelled",
         }
     }
 
@@ -421,6 +424,7 @@ impl TaskFailure {
             "failed" => Self::Failed,
             "error" => Self::Error,
             "lease_expired" => Self::LeaseExpired,
+            "cancelled" => Self::Cancelled,
             _ => return None,
         })
     }

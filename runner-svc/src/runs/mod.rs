@@ -378,7 +378,12 @@ impl Runner {
                         for effect in effects {
                             if let crate::engine::Effect::Withdrawn { request_id, reason } = effect
                             {
-                                crate::tasks::tx::cancel(tx, &request_id, &reason, now)?;
+                                if let Some(task) =
+                                    crate::tasks::tx::cancel(tx, &request_id, &reason, now)?
+                                    && task.state == crate::tasks::TaskState::Cancelled
+                                {
+                                    events.push(tasks::cancelled_event(&task));
+                                }
                                 events.push(event(
                                     &run,
                                     EventDetail::SuspensionWithdrawn { request_id, reason },

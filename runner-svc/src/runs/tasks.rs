@@ -61,6 +61,21 @@ fn event(task: &Task, detail: EventDetail) -> NewEvent {
     }
 }
 
+/// TASK_FAILED for a task that ended because its run no longer wanted it.
+pub(crate) fn cancelled_event(task: &Task) -> NewEvent {
+    event(
+        task,
+        EventDetail::TaskFailed {
+            task: task.event_ref(),
+            error: format!("cancelled: {}", task.cancel_reason),
+            cause: TaskFailure::Cancelled,
+            code: String::new(),
+            will_retry: false,
+            retry_at_ms: 0,
+        },
+    )
+}
+
 fn outcome(task: &Task, result: Json) -> Decision {
     Decision {
         request_id: task.task_id.clone(),
@@ -250,12 +265,13 @@ impl Runner {
                 let task = ttx::leased(tx, &id, &token)?;
                 if task.cancel_requested {
                     let reason = format!("task was cancelled: {}", task.cancel_reason);
-                    ttx::close(tx, task, TaskEvent::Cancel, "", now)?;
+                    let task = ttx::close(tx, task, TaskEvent::Cancel, "", now)?;
+                    let appended = events::append(tx, &[cancelled_event(&task)], now, "")?;
                     let taken = Taken {
                         accepted: false,
                         reason,
                     };
-                    return Ok((taken, Vec::new()));
+                    return Ok((taken, appended));
                 }
                 let run = records::must_get_run(tx, &task.run_id)?;
                 let task = ttx::close(tx, task, event_kind, &error, now)?;
@@ -333,20 +349,24 @@ impl Runner {
                             _ => 0,
                         },
                     };
-                    if matches!(task.state, TaskState::Queued | TaskState::Failed | TaskState::Cancelled) {
+                    if matches!(
+                        task.state,
+                        TaskState::Queued | TaskState::Failed | TaskState::Cancelled
+                    ) {
                         return Ok((out, Vec::new()));
                     }
                 }
                 let task = ttx::leased(tx, &id, &token)?;
                 let attempt = task.attempt;
                 if task.cancel_requested {
-                    ttx::close(tx, task, TaskEvent::Cancel, &error, now)?;
+                    let task = ttx::close(tx, task, TaskEvent::Cancel, &error, now)?;
+                    let appended = events::append(tx, &[cancelled_event(&task)], now, "")?;
                     let out = FailOutcome {
                         will_retry: false,
                         attempt,
                         retry_at_ms: 0,
                     };
-                    return Ok((out, Vec::new()));
+                    return Ok((out, appended));
                 }
                 let retry = retryable && task.attempt < task.max_attempts;
                 let backoff = backoff_ms
@@ -418,13 +438,17 @@ impl Runner {
                         }
                         continue;
                     }
-                    let Some(task) = task else { continue };
+                    let Some(mut task) = task else { continue };
                     if task.lease_until_ms > now {
                         continue;
                     }
                     reaped += 1;
+                    // The lease ended without its worker: its token is void, so a late call
+                    // with it is ABORTED, not answered as a repeat of a call that ended it.
+                    task.lease_token.clear();
                     if task.cancel_requested {
-                        ttx::close(tx, task, TaskEvent::Cancel, "lease expired", now)?;
+                        let task = ttx::close(tx, task, TaskEvent::Cancel, "lease expired", now)?;
+                        appended.extend(events::append(tx, &[cancelled_event(&task)], now, "")?);
                         continue;
                     }
                     let retry = task.attempt < task.max_attempts;

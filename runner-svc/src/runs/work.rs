@@ -328,10 +328,14 @@ impl Runner {
             for order in &step.tasks {
                 ttx::queue(tx, order, &run, task_order, task_now)?;
             }
-            for (request_id, reason) in &step.withdrawn {
-                ttx::cancel(tx, request_id, reason, task_now)?;
-            }
             let mut events_in = step.events.clone();
+            for (request_id, reason) in &step.withdrawn {
+                if let Some(task) = ttx::cancel(tx, request_id, reason, task_now)?
+                    && task.state == crate::tasks::TaskState::Cancelled
+                {
+                    events_in.push(super::tasks::cancelled_event(&task));
+                }
+            }
             events_in.push(NewEvent {
                 run_id: run.run_id.clone(),
                 thread_id: run.thread_id.clone(),

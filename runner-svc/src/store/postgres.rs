@@ -342,6 +342,8 @@ impl<'c> PgTx<'c> {
                     put_v.push(v);
                 }
                 None => {
+                    // A lease that ended frees a slot of a task stream, maybe on another replica.
+                    work |= t == T::TaskLeases as usize;
                     del_t.push(t as i16);
                     del_k.push(k);
                 }

@@ -8,7 +8,7 @@ use crate::{
     engine::TaskOrder,
     error::RunnerError,
     runs::RunRecord,
-    store::{T, Tx, TxResult, abort, codec},
+    store::{T, Tx, TxResult, abort, codec, finished_key},
 };
 
 pub fn get(tx: &Tx<'_>, task_id: &str) -> TxResult<Option<Task>, RunnerError> {
@@ -182,6 +182,9 @@ pub fn close(
         task.last_error = error.to_string();
     }
     task.updated_at_ms = now;
+    // Retention deletes ended tasks with finished runs and jobs.
+    tx.tree(T::Finished)
+        .insert(finished_key(b't', now, &task.task_id), [])?;
     put(tx, &task)?;
     Ok(task)
 }

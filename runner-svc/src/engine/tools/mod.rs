@@ -106,8 +106,8 @@ impl ToolRegistry {
     pub fn names(&self) -> Vec<&str> {
         let mut names: Vec<&str> = self.tools.keys().map(String::as_str).collect();
         names.extend(self.remote.iter().map(String::as_str));
-        names.dedup();
         names.sort_unstable();
+        names.dedup();
         names
     }
 
