@@ -143,3 +143,84 @@ async fn acked_events_finished_runs_and_final_jobs_are_compacted() {
     let _ = stop_tx.send(());
     server.await.unwrap().unwrap();
 }
+
+/// Tasks of task workers go with the runs they served: an ended task is compacted once it is
+/// past the finished-retention age, a task still waiting for a worker never is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_tasks_are_compacted_and_waiting_ones_kept() {
+    use arbor_runner_svc::{
+        runs::{ResolveInput, tasks::TaskFilter},
+        tasks::TaskState,
+    };
+    use arbor_shared::domain::{DecisionSource, Verdict};
+
+    let dir = tempfile::tempdir().unwrap();
+    let runner = common::open_runner(dir.path(), |_| {}).await;
+    let workers = arbor_runner_svc::worker::spawn(
+        runner.clone(),
+        2,
+        tokio_util::sync::CancellationToken::new(),
+    );
+    const WAITS: &str = r#"{"id": "waits", "version": 1, "root": {"type": "external",
+        "name": "ci", "execution_kind": "ci.build", "task": {"sha": "abc"}, "output": "ci"}}"#;
+    runner.register_tree(WAITS, TreeFormat::Json).await.unwrap();
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let s = runner
+            .submit(SubmitInput {
+                tree_id: "waits".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        runs.push(s.run.run_id);
+    }
+    let tasks = |state: Option<TaskState>| {
+        let filter = TaskFilter {
+            states: state.into_iter().collect(),
+            ..Default::default()
+        };
+        runner.list_tasks(&filter, 0, "").unwrap().tasks
+    };
+    let queued = eventually("both tasks queued", Duration::from_secs(20), || async {
+        let queued = tasks(Some(TaskState::Queued));
+        (queued.len() == 2).then_some(queued)
+    })
+    .await;
+    // The first run's task is answered from outside through Resolve: the task is closed.
+    let first = queued.iter().find(|t| t.run_id == runs[0]).unwrap();
+    runner
+        .resolve(ResolveInput {
+            run_id: runs[0].clone(),
+            request_id: first.task_id.clone(),
+            decision_id: "d1".into(),
+            action: Verdict::Resume,
+            result: serde_json::json!({"status": "succeeded", "result": {"ok": true}}),
+            reason: String::new(),
+            decided_by: "ci".into(),
+            source: DecisionSource::Person,
+            may_resolve_approvals: false,
+            trace: None,
+        })
+        .await
+        .unwrap();
+    common::wait_status(&runner, &runs[0], RunStatus::Succeeded).await;
+    assert_eq!(tasks(Some(TaskState::Resolved)).len(), 1);
+
+    let drop_all = RetentionConfig {
+        events_acked: Duration::ZERO,
+        events_max: HOUR,
+        finished: Duration::ZERO,
+        interval: HOUR,
+    };
+    let c = runner
+        .compact(&drop_all, arbor_shared::time::now_ms() + 1)
+        .await
+        .unwrap();
+    assert_eq!(c.tasks, 1, "the resolved task goes");
+    let left = tasks(None);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].run_id, runs[1]);
+    assert_eq!(left[0].state, TaskState::Queued, "a waiting task stays");
+    drop(workers);
+}
