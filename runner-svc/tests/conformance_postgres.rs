@@ -21,3 +21,5 @@ mod retention;
 mod slow_subscriber;
 #[path = "state_counts.rs"]
 mod state_counts;
+#[path = "tasks.rs"]
+mod tasks;
