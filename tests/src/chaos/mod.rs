@@ -5,6 +5,7 @@ pub mod driver;
 pub mod plan;
 pub mod recorder;
 pub mod verify;
+pub mod workers;
 
 use std::{
     sync::{Arc, atomic::Ordering},
