@@ -23,6 +23,8 @@ pub struct Tokens {
     pub submitter_approver: String,
     /// `old`: a submitter whose token expired in 2001.
     pub expired: String,
+    /// `wendy`: a task worker.
+    pub worker: String,
 }
 
 pub const SUBMITTER: &str = "sam";
@@ -30,6 +32,7 @@ pub const APPROVER: &str = "alice";
 pub const OPERATOR: &str = "olga";
 pub const SERVICE: &str = "approval-svc";
 pub const SUBMITTER_APPROVER: &str = "bob";
+pub const WORKER: &str = "wendy";
 
 impl Tokens {
     /// Writes the tokens file and the runner token file into `dir`. Tokens are random per
@@ -45,6 +48,7 @@ impl Tokens {
             service: token(SERVICE),
             submitter_approver: token(SUBMITTER_APPROVER),
             expired: token("old"),
+            worker: token(WORKER),
         };
         let entry = |name: &str, roles: &str, tok: &str, extra: &str| {
             format!(
@@ -63,6 +67,7 @@ impl Tokens {
                 &t.submitter_approver,
                 "",
             ),
+            entry(WORKER, "\"worker\"", &t.worker, ""),
             entry(
                 "old",
                 "\"submitter\"",

@@ -8,13 +8,16 @@ use arbor_shared::{
     auth::BearerToken,
     proto::{
         approval::v1::approval_service_client::ApprovalServiceClient,
-        runner::v1::runner_service_client::RunnerServiceClient,
+        runner::v1::{
+            runner_service_client::RunnerServiceClient, worker_service_client::WorkerServiceClient,
+        },
     },
 };
 use tonic::{service::interceptor::InterceptedService, transport::Channel};
 
 pub type RunnerClient = RunnerServiceClient<InterceptedService<Channel, BearerToken>>;
 pub type ApprovalClient = ApprovalServiceClient<InterceptedService<Channel, BearerToken>>;
+pub type WorkerClient = WorkerServiceClient<InterceptedService<Channel, BearerToken>>;
 
 /// Per-call deadline of test clients.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(15);
@@ -36,6 +39,12 @@ fn bearer(token: Option<&str>) -> BearerToken {
 /// A RunnerService client acting as the holder of `token` (`None`: no credentials at all).
 pub fn runner_as(url: &str, token: Option<&str>) -> RunnerClient {
     RunnerServiceClient::with_interceptor(lazy_channel(url), bearer(token))
+        .max_decoding_message_size(64 << 20)
+}
+
+/// A WorkerService client (the runner's port) acting as the holder of `token`.
+pub fn workers_as(url: &str, token: Option<&str>) -> WorkerClient {
+    WorkerServiceClient::with_interceptor(lazy_channel(url), bearer(token))
         .max_decoding_message_size(64 << 20)
 }
 

@@ -15,7 +15,7 @@ use arbor_tests::{
     Binaries, Cluster, Profile, Service, ServiceKind, WAIT,
     auth::{APPROVER, SUBMITTER_APPROVER, Tokens},
     chaos::verify::full_log,
-    clients::{approvals_as, runner_as},
+    clients::{approvals_as, runner_as, workers_as},
     eventually, gate_tree,
     process::{free_port, run_to_exit},
     secured::{register, submit, wait_approval, wait_run},
@@ -349,6 +349,95 @@ async fn missing_unknown_and_expired_tokens_are_unauthenticated_on_both_services
         code(olga.list_runs(rpb::ListRunsRequest::default()).await),
         Code::Ok
     );
+}
+
+/// Tasks are for workers: only the `worker` (or `service`) role takes, heartbeats and completes
+/// them, operators may list them, and a worker's token does nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_workers_take_and_finish_tasks() {
+    let (cluster, t) = Cluster::start_secure(Profile::Release).await;
+    let r = cluster.runner.url();
+    let mut sam = runner_as(&r, Some(&t.submitter));
+    let tree = json!({"id": "auth-remote", "version": 1, "task_types": ["auth.echo"],
+        "root": {"type": "tool", "name": "call", "tool": "auth.echo",
+                 "args": {"n": 1}, "output": "out"}});
+    register(&mut sam, tree.to_string()).await;
+    submit(&mut sam, "auth-remote", "auth-remote-run").await;
+    let poll = |wait_ms| rpb::PollTasksRequest {
+        worker_id: "w".into(),
+        task_types: vec!["auth.*".into()],
+        max_tasks: 1,
+        lease_ms: 30_000,
+        wait_ms,
+    };
+    for (who, token) in [
+        ("submitter", Some(t.submitter.as_str())),
+        ("operator", Some(t.operator.as_str())),
+        ("approver", Some(t.approver.as_str())),
+    ] {
+        let taken = workers_as(&r, token).poll_tasks(poll(0)).await;
+        assert_eq!(code(taken), Code::PermissionDenied, "{who} takes tasks");
+    }
+    let anonymous = workers_as(&r, None).poll_tasks(poll(0)).await;
+    assert_eq!(code(anonymous), Code::Unauthenticated);
+    let listed = workers_as(&r, Some(&t.submitter))
+        .list_tasks(rpb::ListTasksRequest::default())
+        .await;
+    assert_eq!(
+        code(listed),
+        Code::PermissionDenied,
+        "submitter lists tasks"
+    );
+
+    let mut wendy = workers_as(&r, Some(&t.worker));
+    let task = wendy
+        .poll_tasks(poll(10_000))
+        .await
+        .unwrap()
+        .into_inner()
+        .tasks
+        .pop()
+        .expect("the worker takes the task");
+    // Only the lease holder's token acts on it: the role alone is not enough.
+    let foreign = workers_as(&r, Some(&t.service))
+        .complete_task(rpb::CompleteTaskRequest {
+            task_id: task.task_id.clone(),
+            lease_token: "not-the-lease".into(),
+            output: Some(to_proto_value(&json!({"n": 0}))),
+        })
+        .await;
+    assert_eq!(code(foreign), Code::Aborted);
+    let done = wendy
+        .complete_task(rpb::CompleteTaskRequest {
+            task_id: task.task_id.clone(),
+            lease_token: task.lease_token.clone(),
+            output: Some(to_proto_value(&json!({"n": 2}))),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(done.accepted);
+    let run = wait_run(&sam, "auth-remote-run", rpb::RunStatus::Succeeded).await;
+    assert_eq!(
+        arbor_shared::json::from_proto_struct(run.blackboard.as_ref().unwrap())["out"],
+        json!({"n": 2})
+    );
+    let listed = workers_as(&r, Some(&t.operator))
+        .list_tasks(rpb::ListTasksRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.tasks.len(), 1);
+    assert_eq!(listed.tasks[0].worker_id, "w");
+    // A worker's token submits nothing.
+    let mut wendy_r = runner_as(&r, Some(&t.worker));
+    let submitted = wendy_r
+        .submit_run(rpb::SubmitRunRequest {
+            tree_id: "auth-remote".into(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(code(submitted), Code::PermissionDenied, "worker submits");
 }
 
 /// approval-svc holding an approver's token instead of its service identity cannot slip a
