@@ -891,39 +891,47 @@ async fn a_misspelt_tool_is_refused_unless_the_runner_serves_it_as_a_task_type()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_python_worker_finishes_its_task_on_sigterm_and_exits_cleanly() {
+async fn python_and_node_workers_finish_their_task_on_sigterm_and_exit_cleanly() {
     let cluster = Cluster::start(Profile::Debug).await;
-    let mut py = Worker::python(&cluster, "py-term", "py.*", &[]).await;
-    let run_id = submit(
-        &cluster,
-        tree(
-            "workers-sigterm",
-            &["py.slow"],
-            tool("finish", "py.slow", json!({"ms": 1000}), "finished"),
-        ),
-    )
-    .await;
-    let task = py.task_line("py.slow").await;
-    py.signal(Signal::SIGTERM);
+    for lang in ["py", "node"] {
+        let id = format!("{lang}-term");
+        let types = format!("{lang}.*");
+        let mut worker = match lang {
+            "py" => Worker::python(&cluster, &id, &types, &[]).await,
+            _ => Worker::node(&cluster, &id, &types, &[]).await,
+        };
+        let slow = format!("{lang}.slow");
+        let run_id = submit(
+            &cluster,
+            tree(
+                &format!("workers-sigterm-{lang}"),
+                &[slow.as_str()],
+                tool("finish", &slow, json!({"ms": 1000}), "finished"),
+            ),
+        )
+        .await;
+        let task = worker.task_line(&slow).await;
+        worker.signal(Signal::SIGTERM);
 
-    assert_eq!(py.exit_code().await, Some(0), "{}", py.transcript());
-    let lines = py.lines();
-    let done = format!("completed id={} accepted=true", task.id);
-    let tail: Vec<&str> = lines
-        .iter()
-        .rev()
-        .take(2)
-        .rev()
-        .map(String::as_str)
-        .collect();
-    assert_eq!(tail, [done.as_str(), "stopped"], "{}", py.transcript());
-    let bb = finished(&cluster, &run_id, rpb::RunStatus::Succeeded).await;
-    assert_eq!(bb["finished"]["slept_ms"], json!(1000));
-    assert_eq!(
-        task_log(&cluster, &run_id).await,
-        [
-            "dispatched py.slow #1 to py-term",
-            "completed py.slow #1 by py-term"
-        ]
-    );
+        assert_eq!(worker.exit_code().await, Some(0), "{}", worker.transcript());
+        let lines = worker.lines();
+        let done = format!("completed id={} accepted=true", task.id);
+        let tail: Vec<&str> = lines
+            .iter()
+            .rev()
+            .take(2)
+            .rev()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(tail, [done.as_str(), "stopped"], "{}", worker.transcript());
+        let bb = finished(&cluster, &run_id, rpb::RunStatus::Succeeded).await;
+        assert_eq!(bb["finished"]["slept_ms"], json!(1000));
+        assert_eq!(
+            task_log(&cluster, &run_id).await,
+            [
+                format!("dispatched {slow} #1 to {id}"),
+                format!("completed {slow} #1 by {id}")
+            ]
+        );
+    }
 }
