@@ -168,9 +168,10 @@ class Worker:
                   None)
         if fn is None:
             return self._fail(task, f"no handler for task type {task.task_type!r}")
-        # Heartbeats start at once: the task may wait in the queue while the pool is busy.
-        threading.Thread(target=self._keep_alive, args=(task,), daemon=True).start()
+        # The handler first (starting a thread costs time); heartbeats start at once after it,
+        # as the task may wait in the queue while the pool is busy.
         self._jobs.put((task, fn))
+        threading.Thread(target=self._keep_alive, args=(task,), daemon=True).start()
 
     def _work(self):
         while True:

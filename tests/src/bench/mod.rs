@@ -8,6 +8,7 @@ pub mod langgraph;
 pub mod parked;
 pub mod pg_append;
 pub mod procstat;
+pub mod tasks;
 
 use std::time::Duration;
 

@@ -2,9 +2,10 @@
 //!
 //! `cargo run --release -p arbor-tests --bin arbor-bench -- [--cycles N] [--concurrency 1,64]
 //!  [--store sled,postgres] [--runners 1,2] [--parked N] [--fanout S] [--fanout-cycles N]
-//!  [--appends N] [--append-concurrency K] [--only cycle,langgraph,parked,fanout,pg-append]`
+//!  [--appends N] [--append-concurrency K] [--task-latency N] [--tasks N] [--task-repeat M]
+//!  [--only cycle,langgraph,parked,fanout,pg-append,tasks]`
 //!
-//! - `--store` (cycle): the stores to run the full cycle on, a list; default `sled`. `postgres`
+//! - `--store` (cycle, tasks): the stores to run on, a list; default `sled`. `postgres`
 //!   starts one private PostgreSQL server for the whole run (`fsync=on`) and gives every
 //!   configuration a fresh database.
 //! - `--runners` (cycle, pg-append): replicas of each service, a list; default `1` (pg-append:
@@ -13,6 +14,11 @@
 //!   (the embedded store belongs to one process).
 //! - `--only pg-append` (not in the default set): the event log's append rate on PostgreSQL,
 //!   `--appends` one-node runs (default 3000) from `--append-concurrency` clients (default 64).
+//! - `--only tasks` (not in the default set; on every `--store`): task workers. `--task-latency`
+//!   tasks one at a time through a Python worker (default 2000), `--tasks` tasks at 64 in flight
+//!   through a Rust worker in the bench (default 20000), runs of `--task-repeat` tasks each
+//!   (default 20), next to the policy cycle at K=64 (`--cycles` of them, unless the cycle section
+//!   of the same invocation measured it).
 
 use std::sync::Arc;
 
@@ -55,8 +61,8 @@ async fn main() {
         std::process::exit(2);
     }
     // One PostgreSQL server for the whole run, started only when something needs it.
-    let needs_pg =
-        wants("pg-append") || (wants("cycle") && store_names.iter().any(|s| s == "postgres"));
+    let needs_pg = wants("pg-append")
+        || ((wants("cycle") || wants("tasks")) && store_names.iter().any(|s| s == "postgres"));
     let pg = needs_pg.then(|| {
         eprintln!("starting PostgreSQL …");
         Arc::new(arbor_testkit::PgCluster::start())
@@ -76,7 +82,7 @@ async fn main() {
             cycles,
             concurrency: concurrency.clone(),
             deciders: vec![Decider::Policy, Decider::Person],
-            stores,
+            stores: stores.clone(),
             replicas: list("--runners", &[1]),
         };
         let skipped;
@@ -86,6 +92,16 @@ async fn main() {
             println!("({s})");
         }
         bench::print_cycle_ratios(&rows);
+    }
+    if wants("tasks") {
+        let opts = bench::tasks::TaskOptions {
+            latency_tasks: number("--task-latency", 2_000),
+            throughput_tasks: number("--tasks", 20_000),
+            repeat: number("--task-repeat", 20).max(1),
+            cycles,
+        };
+        let tasks = bench::tasks::run(&stores, &opts, &rows).await;
+        bench::tasks::print(&tasks, opts.repeat);
     }
     if wants("langgraph") {
         let mut lg = Vec::new();
