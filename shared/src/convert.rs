@@ -388,6 +388,22 @@ impl From<&Event> for pb::Event {
     }
 }
 
+fn task_ref(
+    task_id: &str,
+    task_type: &str,
+    attempt: u32,
+    worker_id: &str,
+    request_id: &str,
+) -> TaskRef {
+    TaskRef {
+        task_id: task_id.to_string(),
+        task_type: task_type.to_string(),
+        attempt,
+        worker_id: worker_id.to_string(),
+        request_id: request_id.to_string(),
+    }
+}
+
 impl TryFrom<&pb::Event> for Event {
     type Error = ConvertError;
 
@@ -473,32 +489,32 @@ impl TryFrom<&pb::Event> for Event {
                 reason: d.reason.clone(),
             },
             D::TaskDispatched(d) => EventDetail::TaskDispatched {
-                task: TaskRef {
-                    task_id: d.task_id.clone(),
-                    task_type: d.task_type.clone(),
-                    attempt: d.attempt,
-                    worker_id: d.worker_id.clone(),
-                    request_id: d.request_id.clone(),
-                },
+                task: task_ref(
+                    &d.task_id,
+                    &d.task_type,
+                    d.attempt,
+                    &d.worker_id,
+                    &d.request_id,
+                ),
                 lease_until_ms: d.lease_until.as_ref().map(from_timestamp).unwrap_or(0),
             },
             D::TaskCompleted(d) => EventDetail::TaskCompleted {
-                task: TaskRef {
-                    task_id: d.task_id.clone(),
-                    task_type: d.task_type.clone(),
-                    attempt: d.attempt,
-                    worker_id: d.worker_id.clone(),
-                    request_id: d.request_id.clone(),
-                },
+                task: task_ref(
+                    &d.task_id,
+                    &d.task_type,
+                    d.attempt,
+                    &d.worker_id,
+                    &d.request_id,
+                ),
             },
             D::TaskFailed(d) => EventDetail::TaskFailed {
-                task: TaskRef {
-                    task_id: d.task_id.clone(),
-                    task_type: d.task_type.clone(),
-                    attempt: d.attempt,
-                    worker_id: d.worker_id.clone(),
-                    request_id: d.request_id.clone(),
-                },
+                task: task_ref(
+                    &d.task_id,
+                    &d.task_type,
+                    d.attempt,
+                    &d.worker_id,
+                    &d.request_id,
+                ),
                 error: d.error.clone(),
                 cause: TaskFailure::parse(&d.cause)
                     .ok_or(ConvertError::Missing("task_failed.cause"))?,

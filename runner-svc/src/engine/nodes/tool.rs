@@ -102,6 +102,15 @@ fn admit(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, call_id: &str) -> Result
     Ok(())
 }
 
+/// The call's arguments as the guards (and any EDIT) left them.
+fn call_args(cx: &Ctx<'_>, call_id: &str) -> Json {
+    cx.ck
+        .interaction
+        .tool_calls
+        .get(call_id)
+        .map_or(Json::Null, |r| r.args.clone())
+}
+
 fn set_state(cx: &mut Ctx<'_>, call_id: &str, state: ToolCallState) {
     if let Some(record) = cx.ck.interaction.tool_calls.get_mut(call_id) {
         record.state = state;
@@ -189,12 +198,7 @@ fn execute(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, call_id: &str) -> Tick
         }
         return cx.fail(format!("tool '{loc}': unknown tool '{}'", spec.tool));
     };
-    let args = cx
-        .ck
-        .interaction
-        .tool_calls
-        .get(call_id)
-        .map_or(Json::Null, |r| r.args.clone());
+    let args = call_args(cx, call_id);
     let call = ToolCall {
         tool: spec.tool.clone(),
         args,
@@ -225,12 +229,7 @@ fn execute(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, call_id: &str) -> Tick
 /// key; the node waits for the task's outcome.
 fn execute_remote(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, call_id: &str) -> TickStatus {
     let loc = cx.locator(idx);
-    let args = cx
-        .ck
-        .interaction
-        .tool_calls
-        .get(call_id)
-        .map_or(Json::Null, |r| r.args.clone());
+    let args = call_args(cx, call_id);
     let key = format!("{}:{call_id}", cx.env.run_id);
     let rid = request_id(
         cx.env.thread_id,
@@ -301,12 +300,7 @@ fn approval_record(
 ) -> SuspensionRecord {
     let env = cx.env;
     let node = cx.node(idx);
-    let args = cx
-        .ck
-        .interaction
-        .tool_calls
-        .get(call_id)
-        .map_or(Json::Null, |r| r.args.clone());
+    let args = call_args(cx, call_id);
     let title = format!("Allow tool '{}' ({})?", spec.tool, node.locator);
     let allowed = spec.allowed_decisions();
     let payload = json!({
