@@ -121,17 +121,23 @@ impl Runner {
         let now = self.store.now_ms();
         let mut candidates = Vec::new();
         let mut next_due = None;
+        if max == 0 {
+            return Ok((Vec::new(), None));
+        }
+        // The queue is in due order: the scan ends at the first task not due yet, whatever its
+        // type (waking for another type's task costs one look; scanning on would read every
+        // future task).
         for entry in self.store.tree(T::TaskQueue).iter() {
             let (key, task_type) = entry?;
             let Some((at, id)) = split_key(&key, 16) else {
                 continue;
             };
-            if !types.is_match(String::from_utf8_lossy(&task_type).as_ref()) {
-                continue;
-            }
             if at > now {
                 next_due = Some(at);
                 break;
+            }
+            if !types.is_match(String::from_utf8_lossy(&task_type).as_ref()) {
+                continue;
             }
             candidates.push((id.to_string(), uuid::Uuid::new_v4().simple().to_string()));
             // Room for a few taken by others meanwhile.
@@ -139,7 +145,7 @@ impl Runner {
                 break;
             }
         }
-        if candidates.is_empty() || max == 0 {
+        if candidates.is_empty() {
             return Ok((Vec::new(), next_due));
         }
         let worker = worker_id.to_string();
