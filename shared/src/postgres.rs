@@ -12,7 +12,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 pub use deadpool_postgres::Object;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
 pub use tokio_postgres;
-use tokio_postgres::{NoTls, error::SqlState};
+use tokio_postgres::{NoTls, Row, error::SqlState, types::ToSql};
 
 /// Connections kept per service process.
 pub const POOL_SIZE: usize = 24;
@@ -296,6 +296,70 @@ impl Database {
             }
         });
         Ok(())
+    }
+}
+
+/// The statements of a connection's queries, parsed and planned once per connection (the
+/// pooled connection keeps them): a statement sent as text is parsed again and costs a round
+/// trip of its own before it runs.
+pub trait Prepared {
+    fn prepared_query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> impl Future<Output = Result<Vec<Row>, tokio_postgres::Error>>;
+    fn prepared_query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> impl Future<Output = Result<Option<Row>, tokio_postgres::Error>>;
+    fn prepared_query_one(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> impl Future<Output = Result<Row, tokio_postgres::Error>>;
+    fn prepared_execute(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> impl Future<Output = Result<u64, tokio_postgres::Error>>;
+}
+
+impl Prepared for Object {
+    async fn prepared_query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let statement = self.prepare_cached(sql).await?;
+        self.query(&statement, params).await
+    }
+
+    async fn prepared_query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, tokio_postgres::Error> {
+        let statement = self.prepare_cached(sql).await?;
+        self.query_opt(&statement, params).await
+    }
+
+    async fn prepared_query_one(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, tokio_postgres::Error> {
+        let statement = self.prepare_cached(sql).await?;
+        self.query_one(&statement, params).await
+    }
+
+    async fn prepared_execute(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        let statement = self.prepare_cached(sql).await?;
+        self.execute(&statement, params).await
     }
 }
 

@@ -15,8 +15,9 @@
 //!   that appends events, so appends are serialised by it: seqs are assigned in commit order,
 //!   without gaps, across replicas. That row is what the event log's append rate is bounded by.
 //! - A transaction that appends events or queues jobs notifies `arbor_runner_events` /
-//!   `arbor_runner_work` (delivered at commit); every replica listens and wakes its streams and
-//!   idle workers. The notification is a hint: the runner also looks every second.
+//!   `arbor_runner_work` right after its COMMIT, in the same round trip; every replica listens
+//!   and wakes its streams and idle workers. The notification is a hint: the runner also looks
+//!   every second.
 //! - Leases and timers use the database's clock: the offset of the local clock from the
 //!   server's is measured at open and every few seconds.
 
@@ -353,14 +354,18 @@ impl<'c> PgTx<'c> {
         if !writes && !self.begun.get() {
             return Ok(());
         }
-        let mut finish = String::new();
+        // The notifications go out after the COMMIT, each in a transaction of its own: a
+        // transaction that notifies holds PostgreSQL's one notification-queue lock from its
+        // commit until its WAL flush is done, which would put every notifying commit of every
+        // replica in one line, and stop their flushes from being shared. A statement after
+        // a failed COMMIT does not run.
+        let mut finish = String::from("COMMIT");
         if events {
-            finish.push_str(&format!("NOTIFY {EVENTS_CHANNEL};"));
+            finish.push_str(&format!(";NOTIFY {EVENTS_CHANNEL}"));
         }
         if work {
-            finish.push_str(&format!("NOTIFY {WORK_CHANNEL};"));
+            finish.push_str(&format!(";NOTIFY {WORK_CHANNEL}"));
         }
-        finish.push_str("COMMIT");
         // One round trip: BEGIN (if no read sent it), the deletes, the upserts and COMMIT go
         // out together. When a statement fails the transaction is aborted, and the COMMIT
         // behind it only rolls back.

@@ -33,7 +33,7 @@ use std::{
 
 use arbor_shared::{
     domain::ApprovalRequest,
-    postgres::{Database, DbError, wait},
+    postgres::{Database, DbError, Prepared, wait},
     time::now_ms,
 };
 use serde::{Serialize, de::DeserializeOwned};
@@ -147,8 +147,10 @@ impl PgStore {
 
     fn meta(&self, key: &str) -> Result<Option<u64>> {
         let client = self.db.client_blocking()?;
-        let row = wait(client.query_opt("SELECT value FROM approval_meta WHERE key = $1", &[&key]))
-            .map_err(db_error)?;
+        let row = wait(
+            client.prepared_query_opt("SELECT value FROM approval_meta WHERE key = $1", &[&key]),
+        )
+        .map_err(db_error)?;
         Ok(row.map(|r| r.get::<_, i64>(0).max(0) as u64))
     }
 }
@@ -163,7 +165,7 @@ fn transact_blocking<T>(
         attempt += 1;
         let ran = (|| -> Result<Result<T, Error>, DbError> {
             let client = db.client_blocking()?;
-            let tx = PgTx::begin(&client, instance)?;
+            let tx = PgTx::begin(&client, instance);
             let outcome = body(&tx);
             let result = match outcome {
                 Ok(v) => tx.commit().map(|()| Ok(v)),
@@ -282,7 +284,7 @@ impl ApprovalStore for PgStore {
 
     fn get(&self, request_id: &str) -> Result<Option<Approval>> {
         let client = self.db.client_blocking()?;
-        let row = wait(client.query_opt(
+        let row = wait(client.prepared_query_opt(
             "SELECT record::text FROM approval_records WHERE request_id = $1",
             &[&request_id],
         ))
@@ -311,7 +313,7 @@ impl ApprovalStore for PgStore {
 
     fn next_deadline(&self) -> Result<Option<(u64, String)>> {
         let client = self.db.client_blocking()?;
-        let row = wait(client.query_opt(
+        let row = wait(client.prepared_query_opt(
             "SELECT deadline_ms, request_id FROM approval_records
              WHERE state = 'PENDING' AND deadline_ms > 0
              ORDER BY deadline_ms, request_id LIMIT 1",
@@ -323,7 +325,7 @@ impl ApprovalStore for PgStore {
 
     fn pending_count(&self) -> Result<u64> {
         let client = self.db.client_blocking()?;
-        let row = wait(client.query_one(
+        let row = wait(client.prepared_query_one(
             "SELECT count(*) FROM approval_records WHERE state = 'PENDING'",
             &[],
         ))
@@ -333,7 +335,7 @@ impl ApprovalStore for PgStore {
 
     fn undelivered(&self) -> Result<Vec<Approval>> {
         let client = self.db.client_blocking()?;
-        let rows = wait(client.query(
+        let rows = wait(client.prepared_query(
             "SELECT record::text FROM approval_records WHERE awaiting_delivery ORDER BY arrival",
             &[],
         ))
@@ -347,7 +349,7 @@ impl ApprovalStore for PgStore {
 
     fn set_cursor(&self, seq: u64) -> Result<()> {
         let client = self.db.client_blocking()?;
-        wait(client.execute(
+        wait(client.prepared_execute(
             "INSERT INTO approval_meta (key, value) VALUES ($1, $2), ($3, $4)
              ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
             &[&CURSOR_KEY, &clamp(seq), &CURSOR_AT_KEY, &clamp(now_ms())],
@@ -404,7 +406,7 @@ impl ApprovalStore for PgStore {
 
     fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<()> {
         let client = self.db.client_blocking()?;
-        wait(client.execute(
+        wait(client.prepared_execute(
             "INSERT INTO approval_traces (request_id, traceparent) VALUES ($1, $2)
              ON CONFLICT (request_id) DO UPDATE SET traceparent = EXCLUDED.traceparent",
             &[&request_id, &traceparent],
@@ -415,7 +417,7 @@ impl ApprovalStore for PgStore {
 
     fn trace(&self, request_id: &str) -> Result<Option<String>> {
         let client = self.db.client_blocking()?;
-        let row = wait(client.query_opt(
+        let row = wait(client.prepared_query_opt(
             "SELECT traceparent FROM approval_traces WHERE request_id = $1",
             &[&request_id],
         ))

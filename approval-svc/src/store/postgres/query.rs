@@ -3,7 +3,7 @@
 //! pushed into SQL; the rest (thread, tree, tool glob) are checked on the rows that come back,
 //! by the same `Filter::matches` the other backend uses.
 
-use arbor_shared::postgres::{tokio_postgres::types::ToSql, wait};
+use arbor_shared::postgres::{Prepared, tokio_postgres::types::ToSql, wait};
 
 use super::{PgStore, clamp, decode};
 use crate::{
@@ -75,6 +75,8 @@ impl PgStore {
                 &filter.run_id,
                 &chunk,
             ];
+            // Sent as text: each page gets a plan for its own filter (a prepared statement's
+            // generic plan could not use the run index for one run and not for another).
             let rows = wait(client.query(
                 "SELECT record::text, created_at_ms, arrival FROM approval_records
                  WHERE (created_at_ms, arrival) > ($1, $2)
@@ -126,7 +128,8 @@ impl PgStore {
         };
         let (AuditQuery::Request(owner) | AuditQuery::Run(owner)) = query;
         let client = self.db.client_blocking()?;
-        let rows = wait(client.query(sql, &[owner, &after, &limit])).map_err(super::db_error)?;
+        let rows =
+            wait(client.prepared_query(sql, &[owner, &after, &limit])).map_err(super::db_error)?;
         let mut items: Vec<AuditEntry> = rows
             .iter()
             .map(|r| decode(r.get(0)))

@@ -1,11 +1,14 @@
 //! One state change as one SQL transaction: the approval's row is read `FOR UPDATE`, so two
 //! transactions on the same approval (on any replica) take turns and the second sees what the
 //! first committed; the record, its indexed columns and its audit entry are written by the
-//! same transaction, which notifies `arbor_approvals` before it commits.
+//! same transaction; `arbor_approvals` is notified right after the commit.
 
-use std::cell::RefCell;
+use std::{
+    cell::{Cell, RefCell},
+    future::Future,
+};
 
-use arbor_shared::postgres::{DbError, Object, tokio_postgres, wait};
+use arbor_shared::postgres::{DbError, Object, Prepared, tokio_postgres, wait};
 
 use super::{CHANNEL, clamp, decode, encode};
 use crate::{
@@ -43,41 +46,86 @@ pub struct PgTx<'c> {
     /// The notification payloads of the approvals changed, sent at commit.
     changed: RefCell<Vec<String>>,
     instance: &'c str,
+    /// Whether `BEGIN` was sent: it goes out with the first statement, in the same round trip.
+    begun: Cell<bool>,
 }
 
 impl<'c> PgTx<'c> {
-    pub fn begin(client: &'c Object, instance: &'c str) -> Result<Self, DbError> {
-        wait(client.batch_execute("BEGIN"))?;
-        Ok(Self {
+    pub fn begin(client: &'c Object, instance: &'c str) -> Self {
+        Self {
             client,
             now: arbor_shared::time::now_ms(),
             changed: RefCell::default(),
             instance,
+            begun: Cell::new(false),
+        }
+    }
+
+    /// Waits for `statement`, with `BEGIN` ahead of it in the same round trip when it is the
+    /// transaction's first.
+    fn run<R>(
+        &self,
+        statement: impl Future<Output = Result<R, tokio_postgres::Error>>,
+    ) -> Result<R, tokio_postgres::Error> {
+        let send_begin = !self.begun.replace(true);
+        wait(async {
+            let begin = async {
+                if send_begin {
+                    self.client.batch_execute("BEGIN").await?;
+                }
+                Ok(())
+            };
+            let (begun, answer) = futures_util::join!(begin, statement);
+            begun?;
+            answer
         })
     }
 
-    /// Notifies the other replicas of every approval changed, then commits; answers once the
-    /// commit is durable (`synchronous_commit`, on by default).
+    /// Commits, then notifies the other replicas of every approval changed; answers once the
+    /// commit is durable (`synchronous_commit`, on by default). The notification goes out
+    /// right behind the COMMIT, in the same round trip, as a transaction of its own: a
+    /// transaction that notifies holds PostgreSQL's one notification lock from its commit to
+    /// its WAL flush, which would queue every notifying commit behind the one flushing. The
+    /// server runs the notification after the commit unless it stops in between, and then every
+    /// listener's connection drops and its replica looks at everything again.
     pub fn commit(&self) -> Result<(), DbError> {
-        let payloads = std::mem::take(&mut *self.changed.borrow_mut());
-        if !payloads.is_empty() {
-            wait(self.client.execute(
-                "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p",
-                &[&CHANNEL, &payloads],
-            ))?;
+        if !self.begun.replace(false) {
+            return Ok(());
         }
-        wait(self.client.batch_execute("COMMIT"))?;
+        let payloads = std::mem::take(&mut *self.changed.borrow_mut());
+        let client = self.client;
+        let (committed, notified) = wait(async {
+            let commit = client.batch_execute("COMMIT");
+            let notify = async {
+                if !payloads.is_empty() {
+                    client
+                        .prepared_execute(
+                            "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p",
+                            &[&CHANNEL, &payloads],
+                        )
+                        .await?;
+                }
+                Ok::<_, tokio_postgres::Error>(())
+            };
+            futures_util::join!(commit, notify)
+        });
+        committed?;
+        if let Err(e) = notified {
+            tracing::debug!("approval change not notified: {e}");
+        }
         Ok(())
     }
 
     pub fn rollback(&self) {
-        let _ = wait(self.client.batch_execute("ROLLBACK"));
+        if self.begun.replace(false) {
+            let _ = wait(self.client.batch_execute("ROLLBACK"));
+        }
     }
 
     /// Locks the rows of `run_id`'s approvals that may still be cancelled, in id order (so two
     /// transactions never wait for each other in a circle), and returns their ids.
     pub fn cancellable_of_run(&self, run_id: &str) -> Result<Vec<String>, Fail> {
-        let rows = wait(self.client.query(
+        let rows = self.run(self.client.prepared_query(
             "SELECT request_id FROM approval_records
              WHERE run_id = $1 AND state IN ('PENDING', 'RESOLVED', 'EXPIRED')
              ORDER BY request_id FOR UPDATE",
@@ -107,7 +155,7 @@ impl Records for PgTx<'_> {
     }
 
     fn find(&self, request_id: &str) -> Result<Option<Approval>, Fail> {
-        let row = wait(self.client.query_opt(
+        let row = self.run(self.client.prepared_query_opt(
             "SELECT record::text FROM approval_records WHERE request_id = $1 FOR UPDATE",
             &[&request_id],
         ))?;
@@ -118,9 +166,9 @@ impl Records for PgTx<'_> {
     }
 
     fn next_arrival(&self) -> Result<u64, Fail> {
-        let row = wait(
+        let row = self.run(
             self.client
-                .query_one("SELECT nextval('approval_arrivals')", &[]),
+                .prepared_query_one("SELECT nextval('approval_arrivals')", &[]),
         )?;
         Ok(row.get::<_, i64>(0) as u64)
     }
@@ -133,7 +181,7 @@ impl Records for PgTx<'_> {
             new.needs_delivery(),
         );
         if old.is_none() {
-            wait(self.client.execute(
+            self.run(self.client.prepared_execute(
                 "INSERT INTO approval_records (request_id, run_id, state, created_at_ms, \
                  arrival, updated_at_ms, deadline_ms, awaiting_delivery, record) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text::jsonb)",
@@ -150,7 +198,7 @@ impl Records for PgTx<'_> {
                 ],
             ))?;
         } else {
-            wait(self.client.execute(
+            self.run(self.client.prepared_execute(
                 "UPDATE approval_records SET state = $2, updated_at_ms = $3, \
                  awaiting_delivery = $4, record = $5::text::jsonb WHERE request_id = $1",
                 &[&new.id(), &state, &updated, &outbox, &record],
@@ -165,7 +213,7 @@ impl Records for PgTx<'_> {
         let json = encode(&entry)?;
         let action = format!("{:?}", entry.action).to_uppercase();
         // One round trip: the id comes from the sequence and is written into the entry too.
-        let row = wait(self.client.query_one(
+        let row = self.run(self.client.prepared_query_one(
             "WITH n AS (SELECT nextval('approval_audit_ids') AS id)
              INSERT INTO approval_audit (id, request_id, run_id, time_ms, action, entry)
              SELECT n.id, $1, $2, $3, $4, jsonb_set($5::text::jsonb, '{id}', to_jsonb(n.id))
