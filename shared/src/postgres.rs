@@ -9,7 +9,7 @@
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-pub use deadpool_postgres::Object;
+pub use deadpool_postgres::{ClientWrapper, Object};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
 pub use tokio_postgres;
 use tokio_postgres::{NoTls, Row, error::SqlState, types::ToSql};
@@ -234,6 +234,19 @@ impl Database {
         Ok(wait(tokio::task::unconstrained(self.pool.get()))?)
     }
 
+    /// A connection of the calling thread's own (see [`Dedicated`]).
+    pub fn dedicated(&self) -> Result<Dedicated, DbError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| DbError::Failed(format!("cannot start a connection's runtime: {e}")))?;
+        Ok(Dedicated {
+            config: self.config.clone(),
+            rt,
+            client: None,
+        })
+    }
+
     /// Whether the database answers a trivial query within `within`.
     async fn ping(&self, within: Duration) -> bool {
         let pool = self.pool.clone();
@@ -299,6 +312,45 @@ impl Database {
     }
 }
 
+/// A connection of one thread's own, outside the pool, whose I/O runs on that thread while it
+/// waits ([`Dedicated::block`]): a round trip is the thread's own write and read, without the
+/// hand-over to the pool's runtime and back that a pooled connection costs. Made on first use,
+/// and again after [`Dedicated::reset`].
+pub struct Dedicated {
+    config: tokio_postgres::Config,
+    rt: tokio::runtime::Runtime,
+    client: Option<ClientWrapper>,
+}
+
+impl Dedicated {
+    /// The connection (connecting first when there is none, or it has closed) and the runtime
+    /// to wait on it with.
+    pub fn connection(&mut self) -> Result<(&ClientWrapper, &tokio::runtime::Runtime), DbError> {
+        if self.client.as_ref().is_some_and(|c| c.is_closed()) {
+            self.client = None;
+        }
+        let client = match self.client.take() {
+            Some(client) => client,
+            None => {
+                let (client, connection) = self.rt.block_on(self.config.connect(NoTls))?;
+                let driver = self.rt.spawn(async move {
+                    if let Err(e) = connection.await {
+                        tracing::debug!(error = %e, "dedicated connection closed");
+                    }
+                });
+                ClientWrapper::new(client, driver)
+            }
+        };
+        let client = self.client.insert(client);
+        Ok((client, &self.rt))
+    }
+
+    /// Drops the connection (after a failure that may have left it unusable).
+    pub fn reset(&mut self) {
+        self.client = None;
+    }
+}
+
 /// The statements of a connection's queries, parsed and planned once per connection (the
 /// pooled connection keeps them): a statement sent as text is parsed again and costs a round
 /// trip of its own before it runs.
@@ -325,7 +377,7 @@ pub trait Prepared {
     ) -> impl Future<Output = Result<u64, tokio_postgres::Error>>;
 }
 
-impl Prepared for Object {
+impl Prepared for ClientWrapper {
     async fn prepared_query(
         &self,
         sql: &str,

@@ -18,6 +18,9 @@
 //!   `arbor_runner_work` right after its COMMIT, in the same round trip; every replica listens
 //!   and wakes its streams and idle workers. The notification is a hint: the runner also looks
 //!   every second.
+//! - Statements are prepared once per connection. The commit thread has a connection of its
+//!   own, driven on that thread while it waits, so its round trips (most of the runner's) skip
+//!   the hand-over to the pool's runtime and back.
 //! - Leases and timers use the database's clock: the offset of the local clock from the
 //!   server's is measured at open and every few seconds.
 
@@ -33,7 +36,7 @@ use std::{
 };
 
 use arbor_shared::postgres::{
-    Database, DbError, Object, Schema, tokio_postgres::types::ToSql, wait,
+    ClientWrapper, Database, DbError, Dedicated, Schema, tokio_postgres::types::ToSql, wait,
 };
 
 use super::{
@@ -185,6 +188,14 @@ fn committer_loop(
     batches: &AtomicU64,
     bodies: &AtomicU64,
 ) {
+    // The commit thread's connection is its own: its round trips are most of the runner's.
+    let mut own = match db.dedicated() {
+        Ok(own) => own,
+        Err(e) => {
+            tracing::error!("cannot start the commit thread's connection: {e}");
+            return;
+        }
+    };
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -194,7 +205,7 @@ fn committer_loop(
             }
         }
         let queued: Vec<&Body<'_>> = batch.iter().map(|q| &*q.body).collect();
-        let outcomes = run_bodies(db, &queued);
+        let outcomes = run_bodies(&mut Conn::Own(&mut own), &queued);
         drop(queued);
         batches.fetch_add(1, Ordering::Relaxed);
         bodies.fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -204,16 +215,34 @@ fn committer_loop(
     }
 }
 
+/// Where a transaction's connection comes from.
+enum Conn<'a> {
+    /// A pooled one, waited on from the calling thread.
+    Pool(&'a Database),
+    /// The calling thread's own.
+    Own(&'a mut Dedicated),
+}
+
 /// Runs `bodies` in one transaction (again on a conflict); a body that aborts leaves nothing
 /// behind and does not stop the others. A storage failure fails them all. A transaction left
 /// on any early return is rolled back when its `PgTx` drops.
-fn run_bodies(db: &Database, bodies: &[&Body<'_>]) -> Vec<Result<(), Failed>> {
+fn run_bodies(conn: &mut Conn<'_>, bodies: &[&Body<'_>]) -> Vec<Result<(), Failed>> {
     let mut attempt = 0;
     loop {
         attempt += 1;
         let ran = (|| -> Result<Vec<Result<(), Failed>>, DbError> {
-            let client = db.client_blocking()?;
-            let tx = PgTx::begin(&client)?;
+            let pooled;
+            let (client, rt) = match conn {
+                Conn::Pool(db) => {
+                    pooled = db.client_blocking()?;
+                    (&*pooled, None)
+                }
+                Conn::Own(own) => {
+                    let (client, rt) = own.connection()?;
+                    (client, Some(rt))
+                }
+            };
+            let tx = PgTx::begin(client, rt)?;
             let mut outcomes = Vec::with_capacity(bodies.len());
             for body in bodies {
                 let mark = tx.mark();
@@ -243,6 +272,11 @@ fn run_bodies(db: &Database, bodies: &[&Body<'_>]) -> Vec<Result<(), Failed>> {
             Ok(outcomes) => return outcomes,
             Err(DbError::Conflict(_)) if attempt < MAX_TRIES => conflict_pause(attempt),
             Err(e) => {
+                // The connection may be unusable (the database restarted): the next batch
+                // makes a new one.
+                if let Conn::Own(own) = conn {
+                    own.reset();
+                }
                 let e = StoreError::from(e);
                 return bodies
                     .iter()
@@ -256,7 +290,10 @@ fn run_bodies(db: &Database, bodies: &[&Body<'_>]) -> Vec<Result<(), Failed>> {
 /// One SQL transaction: reads go to the server (seeing the transaction's own writes first),
 /// writes wait in `writes` until commit.
 struct PgTx<'c> {
-    client: &'c Object,
+    client: &'c ClientWrapper,
+    /// The runtime a dedicated connection's I/O runs on while the transaction waits (`None`:
+    /// a pooled connection, whose I/O runs on the pool's).
+    rt: Option<&'c tokio::runtime::Runtime>,
     /// Every write so far, in order; `None` deletes.
     log: RefCell<Vec<(T, Value, Option<Value>)>>,
     /// The latest write of each key.
@@ -275,14 +312,26 @@ fn first_error(results: [Result<(), DbError>; 4]) -> Result<(), DbError> {
 }
 
 impl<'c> PgTx<'c> {
-    fn begin(client: &'c Object) -> Result<Self, DbError> {
+    fn begin(
+        client: &'c ClientWrapper,
+        rt: Option<&'c tokio::runtime::Runtime>,
+    ) -> Result<Self, DbError> {
         Ok(Self {
             client,
+            rt,
             log: RefCell::default(),
             writes: RefCell::default(),
             failed: RefCell::default(),
             begun: std::cell::Cell::new(false),
         })
+    }
+
+    /// Waits for `fut`, a request on the transaction's connection.
+    fn wait<F: std::future::Future>(&self, fut: F) -> F::Output {
+        match self.rt {
+            Some(rt) => rt.block_on(fut),
+            None => wait(fut),
+        }
     }
 
     /// `BEGIN`, unless already sent (as a future, to pipeline with the next statement).
@@ -323,7 +372,7 @@ impl<'c> PgTx<'c> {
     /// Ends the SQL transaction without keeping anything (nothing to do when none was begun).
     fn rollback(&self) {
         if self.begun.replace(false) {
-            let _ = wait(self.client.batch_execute("ROLLBACK"));
+            let _ = self.wait(self.client.batch_execute("ROLLBACK"));
         }
     }
 
@@ -371,7 +420,7 @@ impl<'c> PgTx<'c> {
         // behind it only rolls back.
         let send_begin = !self.begun.replace(true);
         let client = self.client;
-        let results = wait(async {
+        let results = self.wait(async {
             // Prepared first: a statement that still has to be parsed would go out after the
             // COMMIT queued behind it, and run outside the transaction.
             let prepared = futures_util::try_join!(
@@ -431,7 +480,7 @@ impl Txn for PgTx<'_> {
             return Ok(v.clone());
         }
         let send_begin = !self.begun.replace(true);
-        let read = wait(async {
+        let read = self.wait(async {
             let (begun, read) =
                 futures_util::join!(self.begin_once(send_begin), read_async(self.client, t, key));
             begun?;
@@ -460,11 +509,11 @@ impl Txn for PgTx<'_> {
 }
 
 /// Reads one row, with the connection's prepared statement.
-fn read_one(client: &Object, t: T, key: &[u8]) -> Result<Option<Value>, DbError> {
+fn read_one(client: &ClientWrapper, t: T, key: &[u8]) -> Result<Option<Value>, DbError> {
     wait(read_async(client, t, key))
 }
 
-async fn read_async(client: &Object, t: T, key: &[u8]) -> Result<Option<Value>, DbError> {
+async fn read_async(client: &ClientWrapper, t: T, key: &[u8]) -> Result<Option<Value>, DbError> {
     let statement = client
         .prepare_cached("SELECT v FROM runner_kv WHERE t = $1 AND k = $2")
         .await?;
@@ -570,7 +619,7 @@ impl Backend for PgBackend {
     }
 
     fn transact(&self, body: &Body<'_>) -> Result<(), Failed> {
-        run_bodies(&self.db, &[body])
+        run_bodies(&mut Conn::Pool(&self.db), &[body])
             .pop()
             .unwrap_or(Err(Failed::Aborted))
     }
