@@ -7,7 +7,7 @@
 //! from synchronous code on any thread ([`Database::block`]): the stores' read paths are
 //! synchronous, as the embedded store's are.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{cell::Cell, future::Future, sync::Arc, time::Duration};
 
 pub use deadpool_postgres::{ClientWrapper, Object};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
@@ -313,9 +313,9 @@ impl Database {
 }
 
 /// A connection of one thread's own, outside the pool, whose I/O runs on that thread while it
-/// waits ([`Dedicated::block`]): a round trip is the thread's own write and read, without the
-/// hand-over to the pool's runtime and back that a pooled connection costs. Made on first use,
-/// and again after [`Dedicated::reset`].
+/// waits on the runtime [`Dedicated::connection`] returns: a round trip is the thread's own
+/// write and read, without the hand-over to the pool's runtime and back that a pooled
+/// connection costs. Made on first use, and again after [`Dedicated::reset`].
 pub struct Dedicated {
     config: tokio_postgres::Config,
     rt: tokio::runtime::Runtime,
@@ -326,10 +326,7 @@ impl Dedicated {
     /// The connection (connecting first when there is none, or it has closed) and the runtime
     /// to wait on it with.
     pub fn connection(&mut self) -> Result<(&ClientWrapper, &tokio::runtime::Runtime), DbError> {
-        if self.client.as_ref().is_some_and(|c| c.is_closed()) {
-            self.client = None;
-        }
-        let client = match self.client.take() {
+        let client = match self.client.take().filter(|c| !c.is_closed()) {
             Some(client) => client,
             None => {
                 let (client, connection) = self.rt.block_on(self.config.connect(NoTls))?;
@@ -341,13 +338,49 @@ impl Dedicated {
                 ClientWrapper::new(client, driver)
             }
         };
-        let client = self.client.insert(client);
-        Ok((client, &self.rt))
+        Ok((self.client.insert(client), &self.rt))
     }
 
     /// Drops the connection (after a failure that may have left it unusable).
     pub fn reset(&mut self) {
         self.client = None;
+    }
+}
+
+/// A transaction's `BEGIN`, sent with its first statement in the same round trip instead of in
+/// a round trip of its own.
+pub struct LazyBegin {
+    sql: &'static str,
+    sent: Cell<bool>,
+}
+
+impl LazyBegin {
+    /// `sql` is the `BEGIN` statement (with its isolation level).
+    pub const fn new(sql: &'static str) -> Self {
+        Self {
+            sql,
+            sent: Cell::new(false),
+        }
+    }
+
+    /// Sends `BEGIN` unless it was sent. Join it ahead of the statement it precedes: a join
+    /// polls its futures in order, and each sends its request on its first poll.
+    pub async fn before(&self, client: &ClientWrapper) -> Result<(), tokio_postgres::Error> {
+        if !self.sent.replace(true) {
+            client.batch_execute(self.sql).await?;
+        }
+        Ok(())
+    }
+
+    /// Whether the transaction was begun and not ended.
+    pub fn open(&self) -> bool {
+        self.sent.get()
+    }
+
+    /// Marks the transaction ended; answers whether it was open (so whether a `COMMIT` or
+    /// `ROLLBACK` is due).
+    pub fn end(&self) -> bool {
+        self.sent.replace(false)
     }
 }
 

@@ -36,7 +36,8 @@ use std::{
 };
 
 use arbor_shared::postgres::{
-    ClientWrapper, Database, DbError, Dedicated, Schema, tokio_postgres::types::ToSql, wait,
+    ClientWrapper, Database, DbError, Dedicated, LazyBegin, Schema, tokio_postgres::types::ToSql,
+    wait,
 };
 
 use super::{
@@ -300,11 +301,8 @@ struct PgTx<'c> {
     writes: RefCell<BTreeMap<(usize, Value), Option<Value>>>,
     /// A failure a read or write hit (the SQL transaction is then aborted).
     failed: RefCell<Option<DbError>>,
-    /// Whether `BEGIN` was sent: it goes out with the first statement, in the same round trip.
-    begun: std::cell::Cell<bool>,
+    begin: LazyBegin,
 }
-
-const BEGIN: &str = "BEGIN ISOLATION LEVEL SERIALIZABLE";
 
 /// The first error of pipelined statements.
 fn first_error(results: [Result<(), DbError>; 4]) -> Result<(), DbError> {
@@ -322,7 +320,7 @@ impl<'c> PgTx<'c> {
             log: RefCell::default(),
             writes: RefCell::default(),
             failed: RefCell::default(),
-            begun: std::cell::Cell::new(false),
+            begin: LazyBegin::new("BEGIN ISOLATION LEVEL SERIALIZABLE"),
         })
     }
 
@@ -335,11 +333,8 @@ impl<'c> PgTx<'c> {
     }
 
     /// `BEGIN`, unless already sent (as a future, to pipeline with the next statement).
-    async fn begin_once(&self, send: bool) -> Result<(), DbError> {
-        if send {
-            self.client.batch_execute(BEGIN).await?;
-        }
-        Ok(())
+    async fn begin_once(&self) -> Result<(), DbError> {
+        Ok(self.begin.before(self.client).await?)
     }
 
     fn mark(&self) -> usize {
@@ -371,7 +366,7 @@ impl<'c> PgTx<'c> {
 
     /// Ends the SQL transaction without keeping anything (nothing to do when none was begun).
     fn rollback(&self) {
-        if self.begun.replace(false) {
+        if self.begin.end() {
             let _ = self.wait(self.client.batch_execute("ROLLBACK"));
         }
     }
@@ -400,7 +395,7 @@ impl<'c> PgTx<'c> {
             }
         }
         let writes = !put_t.is_empty() || !del_t.is_empty();
-        if !writes && !self.begun.get() {
+        if !writes && !self.begin.open() {
             return Ok(());
         }
         // The notifications go out after the COMMIT, each in a transaction of its own: a
@@ -418,7 +413,6 @@ impl<'c> PgTx<'c> {
         // One round trip: BEGIN (if no read sent it), the deletes, the upserts and COMMIT go
         // out together. When a statement fails the transaction is aborted, and the COMMIT
         // behind it only rolls back.
-        let send_begin = !self.begun.replace(true);
         let client = self.client;
         let results = self.wait(async {
             // Prepared first: a statement that still has to be parsed would go out after the
@@ -451,14 +445,15 @@ impl<'c> PgTx<'c> {
                 Ok(())
             };
             let commit = async { Ok(client.batch_execute(&finish).await?) };
-            let (b, d, u, c) =
-                futures_util::join!(self.begin_once(send_begin), deletes, upserts, commit);
+            let (b, d, u, c) = futures_util::join!(self.begin_once(), deletes, upserts, commit);
             [b, d, u, c]
         });
         let result = first_error(results);
         match result {
             // Committed: nothing is left open on the connection.
-            Ok(()) => self.begun.set(false),
+            Ok(()) => {
+                self.begin.end();
+            }
             Err(_) => self.rollback(),
         }
         result
@@ -479,10 +474,9 @@ impl Txn for PgTx<'_> {
         if let Some(v) = self.writes.borrow().get(&(t as usize, key.to_vec())) {
             return Ok(v.clone());
         }
-        let send_begin = !self.begun.replace(true);
         let read = self.wait(async {
             let (begun, read) =
-                futures_util::join!(self.begin_once(send_begin), read_async(self.client, t, key));
+                futures_util::join!(self.begin_once(), read_async(self.client, t, key));
             begun?;
             read
         });

@@ -3,12 +3,9 @@
 //! first committed; the record, its indexed columns and its audit entry are written by the
 //! same transaction; `arbor_approvals` is notified right after the commit.
 
-use std::{
-    cell::{Cell, RefCell},
-    future::Future,
-};
+use std::{cell::RefCell, future::Future};
 
-use arbor_shared::postgres::{DbError, Object, Prepared, tokio_postgres, wait};
+use arbor_shared::postgres::{DbError, LazyBegin, Object, Prepared, tokio_postgres, wait};
 
 use super::{CHANNEL, clamp, decode, encode};
 use crate::{
@@ -46,8 +43,7 @@ pub struct PgTx<'c> {
     /// The notification payloads of the approvals changed, sent at commit.
     changed: RefCell<Vec<String>>,
     instance: &'c str,
-    /// Whether `BEGIN` was sent: it goes out with the first statement, in the same round trip.
-    begun: Cell<bool>,
+    begin: LazyBegin,
 }
 
 impl<'c> PgTx<'c> {
@@ -57,7 +53,7 @@ impl<'c> PgTx<'c> {
             now: arbor_shared::time::now_ms(),
             changed: RefCell::default(),
             instance,
-            begun: Cell::new(false),
+            begin: LazyBegin::new("BEGIN"),
         }
     }
 
@@ -67,15 +63,8 @@ impl<'c> PgTx<'c> {
         &self,
         statement: impl Future<Output = Result<R, tokio_postgres::Error>>,
     ) -> Result<R, tokio_postgres::Error> {
-        let send_begin = !self.begun.replace(true);
         wait(async {
-            let begin = async {
-                if send_begin {
-                    self.client.batch_execute("BEGIN").await?;
-                }
-                Ok(())
-            };
-            let (begun, answer) = futures_util::join!(begin, statement);
+            let (begun, answer) = futures_util::join!(self.begin.before(self.client), statement);
             begun?;
             answer
         })
@@ -89,7 +78,7 @@ impl<'c> PgTx<'c> {
     /// server runs the notification after the commit unless it stops in between, and then every
     /// listener's connection drops and its replica looks at everything again.
     pub fn commit(&self) -> Result<(), DbError> {
-        if !self.begun.replace(false) {
+        if !self.begin.end() {
             return Ok(());
         }
         let payloads = std::mem::take(&mut *self.changed.borrow_mut());
@@ -117,7 +106,7 @@ impl<'c> PgTx<'c> {
     }
 
     pub fn rollback(&self) {
-        if self.begun.replace(false) {
+        if self.begin.end() {
             let _ = wait(self.client.batch_execute("ROLLBACK"));
         }
     }
