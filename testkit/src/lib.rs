@@ -64,6 +64,8 @@ pub struct PgCluster {
     next_db: AtomicU64,
     /// The watchdog; its stdin is the pipe whose end-of-file means "this process is gone".
     watchdog: Option<Child>,
+    /// Server settings beyond ours (`name=value`).
+    settings: Vec<String>,
 }
 
 impl PgCluster {
@@ -72,14 +74,20 @@ impl PgCluster {
     /// Panics when PostgreSQL is not installed (naming `apt-get install -y postgresql`), or
     /// when `initdb` or the server fail (with their output and the server log).
     pub fn start() -> PgCluster {
-        PgCluster::create(false)
+        PgCluster::create(false, &[])
+    }
+
+    /// [`start`](Self::start) with extra server settings, each `name=value` as `postgres -c`
+    /// takes it (for example `shared_preload_libraries=pg_stat_statements`).
+    pub fn start_with(settings: &[&str]) -> PgCluster {
+        PgCluster::create(false, settings)
     }
 
     /// The cluster of this test process, started on first use. Tests share it and take a
     /// database each ([`PgCluster::fresh_database`]); stopping it is refused.
     pub fn shared() -> &'static PgCluster {
         static SHARED: OnceLock<PgCluster> = OnceLock::new();
-        SHARED.get_or_init(|| PgCluster::create(true))
+        SHARED.get_or_init(|| PgCluster::create(true, &[]))
     }
 
     /// `postgres://arbor@127.0.0.1:PORT/arbor`.
@@ -191,7 +199,7 @@ impl PgCluster {
             .unwrap_or_else(|e| panic!("{e}\nserver log:\n{}", self.log_tail()));
     }
 
-    fn create(shared: bool) -> PgCluster {
+    fn create(shared: bool, settings: &[&str]) -> PgCluster {
         let bins = PgBins::find();
         let server_user = running_as_root().then_some(SERVER_USER);
         // Under /tmp when root: the server user must be able to reach its directory, which a
@@ -213,6 +221,7 @@ impl PgCluster {
             control: Mutex::new(()),
             next_db: AtomicU64::new(1),
             watchdog: None,
+            settings: settings.iter().map(|s| s.to_string()).collect(),
         };
         if let Some(user) = server_user {
             if bins::on_path("runuser").is_none() {
@@ -288,12 +297,15 @@ impl PgCluster {
 
     /// `pg_ctl -w start` with our settings, then a connection check.
     fn try_start(&self) -> Result<(), String> {
-        let options = format!(
+        let mut options = format!(
             "-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories={} -c fsync=on \
              -c max_connections=300 -c shared_buffers=64MB",
             self.port,
             shell_quote(&self.dir.path().to_string_lossy()),
         );
+        for setting in &self.settings {
+            options.push_str(&format!(" -c {}", shell_quote(setting)));
+        }
         let out = self
             .server_cmd(&self.bins.pg_ctl)
             .arg("-D")

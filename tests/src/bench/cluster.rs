@@ -76,6 +76,38 @@ impl Db {
         self.query("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
     }
 
+    /// Starts counting statements afresh (`pg_stat_statements`, when the server loads it: see
+    /// `arbor-bench --pg-stats`).
+    pub fn reset_statements(&self) {
+        if let Err(e) = self.pg.psql(
+            &self.url,
+            "CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()",
+        ) {
+            eprintln!("pg_stat_statements: {e}");
+        }
+    }
+
+    /// The statements this database ran since [`reset_statements`](Self::reset_statements),
+    /// most called first: `(calls, rows, mean ms, text)`.
+    pub fn statements(&self) -> Vec<(f64, f64, f64, String)> {
+        let sql = "SELECT calls, rows, round(mean_exec_time::numeric, 3), \
+                   regexp_replace(query, '\\s+', ' ', 'g') FROM pg_stat_statements \
+                   WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                   ORDER BY calls DESC";
+        let out = self.pg.psql(&self.url, sql).unwrap_or_else(|e| {
+            eprintln!("pg_stat_statements: {e}");
+            String::new()
+        });
+        out.lines()
+            .filter_map(|line| {
+                let mut f = line.splitn(4, '|');
+                let mut num = || f.next().and_then(|v| v.parse::<f64>().ok());
+                let (calls, rows, ms) = (num()?, num()?, num()?);
+                Some((calls, rows, ms, f.next()?.to_string()))
+            })
+            .collect()
+    }
+
     /// CPU seconds of the whole server so far (postmaster, backends, background processes).
     pub fn server_cpu(&self) -> f64 {
         let pid = std::fs::read_to_string(self.pg.data_dir().join("postmaster.pid"))

@@ -169,6 +169,10 @@ pub async fn run(
     let meters_before = super::Meters::read(&cluster, decider.label()).await;
     let (r_cpu0, a_cpu0) = (cpu_of(&runner_pids), cpu_of(&approval_pids));
     let db_cpu0 = cluster.db.as_ref().map(|db| db.server_cpu());
+    let pg_stats = super::PG_STATS.load(Ordering::Relaxed);
+    if let Some(db) = cluster.db.as_ref().filter(|_| pg_stats) {
+        db.reset_statements();
+    }
     let remaining = Arc::new(AtomicUsize::new(cycles));
     let start = Instant::now();
     let mut drivers = Vec::new();
@@ -238,6 +242,9 @@ pub async fn run(
         .as_ref()
         .zip(db_cpu0)
         .map(|(db, c0)| db.server_cpu() - c0);
+    if let Some(db) = cluster.db.as_ref().filter(|_| pg_stats) {
+        super::print_statements(&name, cycles, &db.statements());
+    }
     let meters = super::Meters::read(&cluster, decider.label()).await;
     let fsyncs = meters.fsyncs_since(&meters_before);
     let decide_ms = meters.decide_ms_since(&meters_before);

@@ -10,7 +10,7 @@ pub mod pg_append;
 pub mod procstat;
 pub mod tasks;
 
-use std::time::Duration;
+use std::{sync::atomic::AtomicBool, time::Duration};
 
 use cycle::{CycleResult, Decider};
 use procstat::pct_ms;
@@ -62,6 +62,28 @@ impl Meters {
     pub fn decide_ms_since(&self, before: &Self) -> Option<f64> {
         let ((s0, n0), (s1, n1)) = before.decided.zip(self.decided)?;
         (n1 > n0).then(|| (s1 - s0) / (n1 - n0) * 1e3)
+    }
+}
+
+/// Whether PostgreSQL configurations print the statements they ran (`--pg-stats`).
+pub static PG_STATS: AtomicBool = AtomicBool::new(false);
+
+/// The statements of one configuration per cycle, most frequent first, with their total.
+pub fn print_statements(name: &str, cycles: usize, statements: &[(f64, f64, f64, String)]) {
+    let per = |v: f64| v / cycles.max(1) as f64;
+    let total: f64 = statements.iter().map(|s| s.0).sum();
+    println!(
+        "\nstatements of {name}: {:.1} per cycle (calls/cycle, rows/call, mean ms, text)",
+        per(total)
+    );
+    for (calls, rows, ms, text) in statements.iter().take(30) {
+        let text: String = text.chars().take(150).collect();
+        println!(
+            "  {:>7.2} {:>7.2} {:>7.3}  {text}",
+            per(*calls),
+            rows / calls.max(1.0),
+            ms
+        );
     }
 }
 

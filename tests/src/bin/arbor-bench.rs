@@ -14,6 +14,8 @@
 //!   (the embedded store belongs to one process).
 //! - `--only pg-append` (not in the default set): the event log's append rate on PostgreSQL,
 //!   `--appends` one-node runs (default 3000) from `--append-concurrency` clients (default 64).
+//! - `--pg-stats` (cycle): the PostgreSQL server loads `pg_stat_statements`, and each
+//!   PostgreSQL configuration prints the statements it ran per cycle, most frequent first.
 //! - `--only tasks` (not in the default set; on every `--store`): task workers. `--task-latency`
 //!   tasks one at a time through a Python worker (default 2000), `--tasks` tasks at 64 in flight
 //!   through a Rust worker in the bench (default 20000), runs of `--task-repeat` tasks each
@@ -63,9 +65,15 @@ async fn main() {
     // One PostgreSQL server for the whole run, started only when something needs it.
     let needs_pg = wants("pg-append")
         || ((wants("cycle") || wants("tasks")) && store_names.iter().any(|s| s == "postgres"));
+    let pg_stats = args.iter().any(|a| a == "--pg-stats");
+    bench::PG_STATS.store(pg_stats, std::sync::atomic::Ordering::Relaxed);
     let pg = needs_pg.then(|| {
         eprintln!("starting PostgreSQL …");
-        Arc::new(arbor_testkit::PgCluster::start())
+        let settings: &[&str] = match pg_stats {
+            true => &["shared_preload_libraries=pg_stat_statements"],
+            false => &[],
+        };
+        Arc::new(arbor_testkit::PgCluster::start_with(settings))
     });
     let stores: Vec<Store> = store_names
         .iter()
