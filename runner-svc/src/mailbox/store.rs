@@ -827,10 +827,11 @@ impl Mailbox {
         }
         let token = self.claim_token(worker_id)?;
         let lease = self.cfg.lease;
+        let more = candidates.len() > 1;
         let won = self
             .store
             .transact(|t| tx::claim_first(t, &candidates, worker_id, &token, now, lease))?;
-        Ok(self.claimed(won, token, now))
+        Ok(self.claimed(won, token, now, more))
     }
 
     /// [`claim_or_next`](Self::claim_or_next) for the worker pool: the same claim transaction,
@@ -849,12 +850,13 @@ impl Mailbox {
         let token = self.claim_token(worker_id)?;
         let lease = self.cfg.lease;
         let (worker, token_in) = (worker_id.to_string(), token.clone());
+        let more = candidates.len() > 1;
         let _aim = self.aim(&mut candidates);
         let won = self
             .store
             .apply(move |t| tx::claim_first(t, &candidates, &worker, &token_in, now, lease))
             .await?;
-        Ok(self.claimed(won, token, now))
+        Ok(self.claimed(won, token, now, more))
     }
 
     /// Moves to the front of `candidates` the first one no other pool claim in flight is
@@ -876,12 +878,19 @@ impl Mailbox {
     }
 
     /// What a claim transaction's outcome means to the worker: the claim, with its lease
-    /// tracked, or, when every candidate went to another worker, "look again now".
-    fn claimed(&self, won: Option<Job>, token: String, now: u64) -> (Option<Claim>, Option<u64>) {
+    /// tracked (and "now" when the claim saw more work than it took, so that another worker
+    /// looks), or, when every candidate went to another worker, "look again now".
+    fn claimed(
+        &self,
+        won: Option<Job>,
+        token: String,
+        now: u64,
+        more: bool,
+    ) -> (Option<Claim>, Option<u64>) {
         match won {
             Some(job) => {
                 self.track_lease(&job.job_id, &token);
-                (Some(Claim { job, token }), None)
+                (Some(Claim { job, token }), more.then_some(now))
             }
             None => (None, Some(now)),
         }

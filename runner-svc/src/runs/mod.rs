@@ -129,7 +129,8 @@ impl Runner {
             if matches!(change, Change::Work | Change::All)
                 && let Some(runner) = work_for.upgrade()
             {
-                runner.work.notify_waiters();
+                // One worker looks; it wakes the next when it saw more work than it took.
+                runner.wake_workers();
                 runner.task_changes.notify_waiters();
             }
             if matches!(change, Change::Events | Change::All) {
@@ -148,7 +149,7 @@ impl Runner {
                     return;
                 };
                 if polled {
-                    runner.work.notify_waiters();
+                    runner.wake_workers();
                     runner.task_changes.notify_waiters();
                 }
                 match runner.events.last_seq() {

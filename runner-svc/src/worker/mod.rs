@@ -83,7 +83,11 @@ pub async fn worker_loop(
         // Register interest before looking, so a wake-up between the look and the wait is kept.
         woken.as_mut().enable();
         let next = match runner.mailbox().claim_next(&worker_id).await {
-            Ok((Some(claim), _)) => {
+            Ok((Some(claim), more)) => {
+                // Workers are woken one at a time: pass the wake-up on while work remains.
+                if more.is_some() {
+                    runner.wake_workers();
+                }
                 in_flight.start(&claim);
                 runner.process(&claim).await;
                 in_flight.finish(&claim);
