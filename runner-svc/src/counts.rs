@@ -127,6 +127,13 @@ impl Counted {
     }
 }
 
+/// The keys most steps read: every counter, and the event log's.
+pub fn hot_keys() -> Vec<(T, Vec<u8>)> {
+    std::iter::once((T::Meta, crate::store::NEXT_SEQ.to_vec()))
+        .chain(Counted::all().map(|c| (T::Meta, c.key())))
+        .collect()
+}
+
 fn decode_count(bytes: &[u8]) -> i64 {
     bytes.try_into().map(i64::from_be_bytes).unwrap_or_default()
 }

@@ -87,6 +87,7 @@ impl Runner {
         tools: Arc<ToolRegistry>,
         opts: RunnerOptions,
     ) -> Result<Arc<Self>, RunnerError> {
+        store.hot_keys(crate::counts::hot_keys());
         let (mailbox, recovered) = Mailbox::open(store.clone(), clock, opts.mailbox.clone())?;
         let events = EventLog::open(store.clone())?;
         let (changes, _) = watch::channel(0);

@@ -263,6 +263,12 @@ pub trait Backend: Send + Sync + 'static {
     fn reachable(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
         None
     }
+    /// Keys nearly every batched commit reads (the event log's counter, the state counts): a
+    /// backend whose reads are round trips fetches them with the first read of each batched
+    /// transaction rather than one at a time.
+    fn hot_keys(&self, keys: Vec<(T, Value)>) {
+        drop(keys);
+    }
     /// Calls `wake` when another process committed something this one may be waiting for.
     fn subscribe(&self, wake: Arc<dyn Fn(Change) + Send + Sync>) {
         drop(wake);
@@ -494,6 +500,11 @@ impl Store {
     /// See [`Backend::reachable`].
     pub fn reachable(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
         self.0.reachable()
+    }
+
+    /// See [`Backend::hot_keys`].
+    pub fn hot_keys(&self, keys: Vec<(T, Value)>) {
+        self.0.hot_keys(keys)
     }
 
     /// See [`Backend::subscribe`].

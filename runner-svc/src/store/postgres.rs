@@ -26,9 +26,9 @@
 
 use std::{
     cell::RefCell,
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, HashMap, VecDeque},
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicI64, AtomicU64, Ordering},
         mpsc,
     },
@@ -48,14 +48,28 @@ use super::{
 /// The runner's schema, oldest migration first. Never edit a released migration.
 const SCHEMA: Schema = Schema {
     component: "runner",
-    migrations: &["CREATE TABLE runner_kv (
+    migrations: &[
+        "CREATE TABLE runner_kv (
              t smallint NOT NULL,
              k bytea NOT NULL,
              v bytea NOT NULL,
              PRIMARY KEY (t, k)
          );
-         CREATE SEQUENCE runner_ids INCREMENT BY 64;"],
+         CREATE SEQUENCE runner_ids INCREMENT BY 64;",
+        // Locked by every batched commit before it reads anything (see `WRITER_BEGIN`).
+        "CREATE TABLE runner_writer ();",
+    ],
 };
+
+/// How a batched commit begins: the lock on `runner_writer` is taken before the transaction's
+/// snapshot (a `LOCK` statement takes none), so the batched commits of all replicas take turns
+/// and each sees every one before it. They all append to the event log, whose counter row they
+/// would otherwise fight over: under `SERIALIZABLE` all but one of two overlapping appenders
+/// fail and run every body again.
+const WRITER_BEGIN: &str =
+    "BEGIN ISOLATION LEVEL SERIALIZABLE; LOCK TABLE runner_writer IN EXCLUSIVE MODE";
+/// How any other transaction begins.
+const BEGIN: &str = "BEGIN ISOLATION LEVEL SERIALIZABLE";
 
 const EVENTS_CHANNEL: &str = "arbor_runner_events";
 const WORK_CHANNEL: &str = "arbor_runner_work";
@@ -133,17 +147,20 @@ struct PgBackend {
     ids: std::sync::Mutex<(u64, u64)>,
     batches: Arc<AtomicU64>,
     bodies: Arc<AtomicU64>,
+    /// Keys nearly every batched commit reads (see [`Backend::hot_keys`]).
+    hot: Arc<Mutex<Arc<Vec<(T, Value)>>>>,
 }
 
 impl PgBackend {
     fn new(db: Database, reachable: tokio::sync::watch::Receiver<bool>) -> Self {
         let (committer, queue) = mpsc::channel::<Queued>();
         let (batches, bodies) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let (db2, b2, n2) = (db.clone(), batches.clone(), bodies.clone());
+        let hot: Arc<Mutex<Arc<Vec<(T, Value)>>>> = Arc::default();
+        let (db2, b2, n2, hot2) = (db.clone(), batches.clone(), bodies.clone(), hot.clone());
         // The thread ends when the backend (the only sender) is dropped.
         let spawned = std::thread::Builder::new()
             .name("arbor-pg-commit".into())
-            .spawn(move || committer_loop(&db2, &queue, &b2, &n2));
+            .spawn(move || committer_loop(&db2, &queue, &b2, &n2, &hot2));
         if let Err(e) = spawned {
             tracing::error!("cannot start the commit thread: {e}");
         }
@@ -155,6 +172,7 @@ impl PgBackend {
             ids: std::sync::Mutex::new((0, 0)),
             batches,
             bodies,
+            hot,
         }
     }
 
@@ -188,6 +206,7 @@ fn committer_loop(
     queue: &mpsc::Receiver<Queued>,
     batches: &AtomicU64,
     bodies: &AtomicU64,
+    hot: &Mutex<Arc<Vec<(T, Value)>>>,
 ) {
     // The commit thread's connection is its own: its round trips are most of the runner's.
     let mut own = match db.dedicated() {
@@ -206,7 +225,8 @@ fn committer_loop(
             }
         }
         let queued: Vec<&Body<'_>> = batch.iter().map(|q| &*q.body).collect();
-        let outcomes = run_bodies(&mut Conn::Own(&mut own), &queued);
+        let hot = hot.lock().map(|h| h.clone()).unwrap_or_default();
+        let outcomes = run_bodies(&mut Conn::Own(&mut own), &queued, &hot);
         drop(queued);
         batches.fetch_add(1, Ordering::Relaxed);
         bodies.fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -227,7 +247,15 @@ enum Conn<'a> {
 /// Runs `bodies` in one transaction (again on a conflict); a body that aborts leaves nothing
 /// behind and does not stop the others. A storage failure fails them all. A transaction left
 /// on any early return is rolled back when its `PgTx` drops.
-fn run_bodies(conn: &mut Conn<'_>, bodies: &[&Body<'_>]) -> Vec<Result<(), Failed>> {
+///
+/// A batched commit (`Conn::Own`) begins with the writer lock and fetches `hot` with its first
+/// read; any other transaction begins plainly and reads only what its bodies ask for.
+fn run_bodies(
+    conn: &mut Conn<'_>,
+    bodies: &[&Body<'_>],
+    hot: &[(T, Value)],
+) -> Vec<Result<(), Failed>> {
+    let batched = matches!(conn, Conn::Own(_));
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -243,7 +271,10 @@ fn run_bodies(conn: &mut Conn<'_>, bodies: &[&Body<'_>]) -> Vec<Result<(), Faile
                     (client, Some(rt))
                 }
             };
-            let tx = PgTx::begin(client, rt)?;
+            let tx = match batched {
+                true => PgTx::begin(client, rt, WRITER_BEGIN, hot),
+                false => PgTx::begin(client, rt, BEGIN, &[]),
+            };
             let mut outcomes = Vec::with_capacity(bodies.len());
             for body in bodies {
                 let mark = tx.mark();
@@ -288,8 +319,8 @@ fn run_bodies(conn: &mut Conn<'_>, bodies: &[&Body<'_>]) -> Vec<Result<(), Faile
     }
 }
 
-/// One SQL transaction: reads go to the server (seeing the transaction's own writes first),
-/// writes wait in `writes` until commit.
+/// One SQL transaction: reads go to the server (seeing the transaction's own writes first,
+/// then what it read before), writes wait in `writes` until commit.
 struct PgTx<'c> {
     client: &'c ClientWrapper,
     /// The runtime a dedicated connection's I/O runs on while the transaction waits (`None`:
@@ -299,6 +330,11 @@ struct PgTx<'c> {
     log: RefCell<Vec<(T, Value, Option<Value>)>>,
     /// The latest write of each key.
     writes: RefCell<BTreeMap<(usize, Value), Option<Value>>>,
+    /// Every row read so far (`None`: absent). A `SERIALIZABLE` transaction reads one snapshot,
+    /// so a row read once reads the same again until the transaction writes it.
+    read: RefCell<HashMap<(usize, Value), Option<Value>>>,
+    /// Rows to fetch with the first read, in the same statement.
+    ahead: RefCell<Vec<(T, Value)>>,
     /// A failure a read or write hit (the SQL transaction is then aborted).
     failed: RefCell<Option<DbError>>,
     begin: LazyBegin,
@@ -313,15 +349,34 @@ impl<'c> PgTx<'c> {
     fn begin(
         client: &'c ClientWrapper,
         rt: Option<&'c tokio::runtime::Runtime>,
-    ) -> Result<Self, DbError> {
-        Ok(Self {
+        begin: &'static str,
+        ahead: &[(T, Value)],
+    ) -> Self {
+        Self {
             client,
             rt,
             log: RefCell::default(),
             writes: RefCell::default(),
+            read: RefCell::default(),
+            ahead: RefCell::new(ahead.to_vec()),
             failed: RefCell::default(),
-            begin: LazyBegin::new("BEGIN ISOLATION LEVEL SERIALIZABLE"),
-        })
+            begin: LazyBegin::new(begin),
+        }
+    }
+
+    /// Reads `keys` (with `BEGIN` if not sent yet) in one round trip into `read`.
+    fn fetch(&self, keys: Vec<(T, Value)>) -> Result<(), DbError> {
+        let rows = self.wait(async {
+            let (begun, rows) =
+                futures_util::join!(self.begin_once(), read_many(self.client, &keys));
+            begun?;
+            rows
+        })?;
+        let mut read = self.read.borrow_mut();
+        for ((t, k), v) in keys.into_iter().zip(rows) {
+            read.insert((t as usize, k), v);
+        }
+        Ok(())
     }
 
     /// Waits for `fut`, a request on the transaction's connection.
@@ -471,16 +526,19 @@ impl Drop for PgTx<'_> {
 
 impl Txn for PgTx<'_> {
     fn get(&self, t: T, key: &[u8]) -> Result<Option<Value>, Fault> {
-        if let Some(v) = self.writes.borrow().get(&(t as usize, key.to_vec())) {
+        let at = (t as usize, key.to_vec());
+        if let Some(v) = self.writes.borrow().get(&at) {
             return Ok(v.clone());
         }
-        let read = self.wait(async {
-            let (begun, read) =
-                futures_util::join!(self.begin_once(), read_async(self.client, t, key));
-            begun?;
-            read
-        });
-        self.note(read)
+        if let Some(v) = self.read.borrow().get(&at) {
+            return Ok(v.clone());
+        }
+        let mut keys = std::mem::take(&mut *self.ahead.borrow_mut());
+        keys.retain(|(at_t, at_k)| (*at_t, at_k.as_slice()) != (t, key));
+        keys.push((t, key.to_vec()));
+        let fetched = self.fetch(keys);
+        self.note(fetched)?;
+        Ok(self.read.borrow().get(&at).cloned().flatten())
     }
 
     fn put(&self, t: T, key: &[u8], value: &[u8]) -> Result<(), Fault> {
@@ -513,6 +571,26 @@ async fn read_async(client: &ClientWrapper, t: T, key: &[u8]) -> Result<Option<V
         .await?;
     let row = client.query_opt(&statement, &[&(t as i16), &key]).await?;
     Ok(row.map(|r| r.get(0)))
+}
+
+/// Reads several rows in one statement: each key's value (`None`: absent), in the order given.
+async fn read_many(
+    client: &ClientWrapper,
+    keys: &[(T, Value)],
+) -> Result<Vec<Option<Value>>, DbError> {
+    if let [(t, k)] = keys {
+        return Ok(vec![read_async(client, *t, k).await?]);
+    }
+    let statement = client
+        .prepare_cached(
+            "SELECT r.v FROM unnest($1::smallint[], $2::bytea[]) WITH ORDINALITY AS u(t, k, i) \
+             LEFT JOIN runner_kv r ON r.t = u.t AND r.k = u.k ORDER BY u.i",
+        )
+        .await?;
+    let ts: Vec<i16> = keys.iter().map(|(t, _)| *t as i16).collect();
+    let ks: Vec<&[u8]> = keys.iter().map(|(_, k)| k.as_slice()).collect();
+    let rows = client.query(&statement, &[&ts, &ks]).await?;
+    Ok(rows.into_iter().map(|r| r.get(0)).collect())
 }
 
 /// The least key above every key that starts with `prefix` (`None`: no bound).
@@ -613,7 +691,7 @@ impl Backend for PgBackend {
     }
 
     fn transact(&self, body: &Body<'_>) -> Result<(), Failed> {
-        run_bodies(&mut Conn::Pool(&self.db), &[body])
+        run_bodies(&mut Conn::Pool(&self.db), &[body], &[])
             .pop()
             .unwrap_or(Err(Failed::Aborted))
     }
@@ -697,6 +775,12 @@ impl Backend for PgBackend {
 
     fn reachable(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
         Some(self.reachable.clone())
+    }
+
+    fn hot_keys(&self, keys: Vec<(T, Value)>) {
+        if let Ok(mut hot) = self.hot.lock() {
+            *hot = Arc::new(keys);
+        }
     }
 
     fn subscribe(&self, wake: Arc<dyn Fn(Change) + Send + Sync>) {
