@@ -28,7 +28,7 @@ use std::{
     cell::RefCell,
     collections::{BTreeMap, HashMap, VecDeque},
     sync::{
-        Arc, Mutex,
+        Arc, OnceLock,
         atomic::{AtomicI64, AtomicU64, Ordering},
         mpsc,
     },
@@ -129,6 +129,9 @@ impl Store {
     }
 }
 
+/// Keys of rows, each with its table.
+type Keys = Vec<(T, Value)>;
+
 /// A body and where its outcome goes, queued for the committer thread.
 struct Queued {
     body: Box<Body<'static>>,
@@ -148,14 +151,14 @@ struct PgBackend {
     batches: Arc<AtomicU64>,
     bodies: Arc<AtomicU64>,
     /// Keys nearly every batched commit reads (see [`Backend::hot_keys`]).
-    hot: Arc<Mutex<Arc<Vec<(T, Value)>>>>,
+    hot: Arc<OnceLock<Keys>>,
 }
 
 impl PgBackend {
     fn new(db: Database, reachable: tokio::sync::watch::Receiver<bool>) -> Self {
         let (committer, queue) = mpsc::channel::<Queued>();
         let (batches, bodies) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let hot: Arc<Mutex<Arc<Vec<(T, Value)>>>> = Arc::default();
+        let hot: Arc<OnceLock<Keys>> = Arc::default();
         let (db2, b2, n2, hot2) = (db.clone(), batches.clone(), bodies.clone(), hot.clone());
         // The thread ends when the backend (the only sender) is dropped.
         let spawned = std::thread::Builder::new()
@@ -206,7 +209,7 @@ fn committer_loop(
     queue: &mpsc::Receiver<Queued>,
     batches: &AtomicU64,
     bodies: &AtomicU64,
-    hot: &Mutex<Arc<Vec<(T, Value)>>>,
+    hot: &OnceLock<Keys>,
 ) {
     // The commit thread's connection is its own: its round trips are most of the runner's.
     let mut own = match db.dedicated() {
@@ -225,8 +228,8 @@ fn committer_loop(
             }
         }
         let queued: Vec<&Body<'_>> = batch.iter().map(|q| &*q.body).collect();
-        let hot = hot.lock().map(|h| h.clone()).unwrap_or_default();
-        let outcomes = run_bodies(&mut Conn::Own(&mut own), &queued, &hot);
+        let hot = hot.get().map_or(&[][..], Vec::as_slice);
+        let outcomes = run_bodies(&mut Conn::Own(&mut own), &queued, hot);
         drop(queued);
         batches.fetch_add(1, Ordering::Relaxed);
         bodies.fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -777,10 +780,9 @@ impl Backend for PgBackend {
         Some(self.reachable.clone())
     }
 
+    /// The first call sets them: the runner names them once, at open.
     fn hot_keys(&self, keys: Vec<(T, Value)>) {
-        if let Ok(mut hot) = self.hot.lock() {
-            *hot = Arc::new(keys);
-        }
+        let _ = self.hot.set(keys);
     }
 
     fn subscribe(&self, wake: Arc<dyn Fn(Change) + Send + Sync>) {
