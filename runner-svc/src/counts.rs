@@ -127,13 +127,6 @@ impl Counted {
     }
 }
 
-/// The keys most steps read: every counter, and the event log's.
-pub fn hot_keys() -> Vec<(T, Vec<u8>)> {
-    std::iter::once((T::Meta, crate::store::NEXT_SEQ.to_vec()))
-        .chain(Counted::all().map(|c| (T::Meta, c.key())))
-        .collect()
-}
-
 fn decode_count(bytes: &[u8]) -> i64 {
     bytes.try_into().map(i64::from_be_bytes).unwrap_or_default()
 }
@@ -143,10 +136,7 @@ fn add<E>(tx: &Tx<'_>, c: Counted, delta: i64) -> TxResult<(), E> {
     if delta == 0 {
         return Ok(());
     }
-    let meta = tx.tree(T::Meta);
-    let k = c.key();
-    let now = meta.get(&k)?.map(|b| decode_count(&b)).unwrap_or(0);
-    meta.insert(k, (now + delta).to_be_bytes())?;
+    tx.tree(T::Meta).add(c.key(), delta)?;
     Ok(())
 }
 

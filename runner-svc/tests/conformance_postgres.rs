@@ -21,5 +21,7 @@ mod retention;
 mod slow_subscriber;
 #[path = "state_counts.rs"]
 mod state_counts;
+#[path = "store_races.rs"]
+mod store_races;
 #[path = "tasks.rs"]
 mod tasks;

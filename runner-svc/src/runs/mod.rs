@@ -87,7 +87,8 @@ impl Runner {
         tools: Arc<ToolRegistry>,
         opts: RunnerOptions,
     ) -> Result<Arc<Self>, RunnerError> {
-        store.hot_keys(crate::counts::hot_keys());
+        // Every step appends events: the log's counter is read by nearly every batch.
+        store.hot_keys(vec![(T::Meta, crate::store::NEXT_SEQ.to_vec())]);
         let (mailbox, recovered) = Mailbox::open(store.clone(), clock, opts.mailbox.clone())?;
         let events = EventLog::open(store.clone())?;
         let (changes, _) = watch::channel(0);

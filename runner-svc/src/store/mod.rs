@@ -136,6 +136,10 @@ pub trait Txn {
     fn get(&self, t: T, key: &[u8]) -> Result<Option<Value>, Fault>;
     fn put(&self, t: T, key: &[u8], value: &[u8]) -> Result<(), Fault>;
     fn delete(&self, t: T, key: &[u8]) -> Result<(), Fault>;
+    /// Adds `delta` to the counter under `key` (a big-endian `i64`; absent: 0). A backend may
+    /// add it without reading the counter, so counters many transactions move do not make
+    /// them conflict on a read.
+    fn add(&self, t: T, key: &[u8], delta: i64) -> Result<(), Fault>;
 }
 
 /// What a transaction body is given.
@@ -165,6 +169,11 @@ impl TxTable<'_, '_> {
 
     pub fn remove(&self, key: impl AsRef<[u8]>) -> Result<(), Fault> {
         self.tx.delete(self.t, key.as_ref())
+    }
+
+    /// See [`Txn::add`].
+    pub fn add(&self, key: impl AsRef<[u8]>, delta: i64) -> Result<(), Fault> {
+        self.tx.add(self.t, key.as_ref(), delta)
     }
 }
 
@@ -226,6 +235,10 @@ pub trait Backend: Send + Sync + 'static {
     fn scan(&self, t: T, prefix: &[u8], from: &[u8]) -> Entries<'static>;
     /// The entry with the highest key that starts with `prefix`.
     fn last(&self, t: T, prefix: &[u8]) -> Result<Option<(Value, Value)>, StoreError>;
+    /// Writes `value` under `key` unless the key holds a value, which it returns instead; once
+    /// committed, before it is durable. Atomic: of two callers with one key, one writes and the
+    /// other gets what it wrote.
+    fn insert_new(&self, t: T, key: &[u8], value: &[u8]) -> Result<Option<Value>, StoreError>;
     /// Runs `body` as one transaction on the calling thread (again on a conflict); returns once
     /// committed, before it is durable.
     fn transact(&self, body: &Body<'_>) -> Result<(), Failed>;
@@ -334,6 +347,16 @@ impl Table<'_> {
             // The least key above `key` is `key` followed by a zero byte.
             false => self.range_from([key, &[0]].concat()),
         }
+    }
+
+    /// See [`Backend::insert_new`].
+    pub fn insert_new(
+        &self,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+    ) -> Result<Option<Value>, StoreError> {
+        self.backend
+            .insert_new(self.t, key.as_ref(), value.as_ref())
     }
 
     pub fn last(&self) -> Result<Option<(Value, Value)>, StoreError> {

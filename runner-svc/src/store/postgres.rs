@@ -322,6 +322,34 @@ fn run_bodies(
     }
 }
 
+/// A write of one key inside a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Write {
+    /// A new value (`None`: deleted).
+    Set(Option<Value>),
+    /// An amount added to the counter the key holds, whatever it holds when this commits.
+    Add(i64),
+}
+
+impl Write {
+    /// This write followed by `next`.
+    fn then(self, next: Write) -> Write {
+        match (self, next) {
+            (Write::Add(a), Write::Add(b)) => Write::Add(a + b),
+            (Write::Set(v), Write::Add(d)) => Write::Set(Some(counter_plus(v.as_deref(), d))),
+            (_, set) => set,
+        }
+    }
+}
+
+/// A counter's value (big-endian `i64`, absent: 0) plus `delta`.
+fn counter_plus(value: Option<&[u8]>, delta: i64) -> Value {
+    let now = value
+        .and_then(|v| <[u8; 8]>::try_from(v).ok())
+        .map_or(0, i64::from_be_bytes);
+    (now + delta).to_be_bytes().to_vec()
+}
+
 /// One SQL transaction: reads go to the server (seeing the transaction's own writes first,
 /// then what it read before), writes wait in `writes` until commit.
 struct PgTx<'c> {
@@ -329,10 +357,10 @@ struct PgTx<'c> {
     /// The runtime a dedicated connection's I/O runs on while the transaction waits (`None`:
     /// a pooled connection, whose I/O runs on the pool's).
     rt: Option<&'c tokio::runtime::Runtime>,
-    /// Every write so far, in order; `None` deletes.
-    log: RefCell<Vec<(T, Value, Option<Value>)>>,
-    /// The latest write of each key.
-    writes: RefCell<BTreeMap<(usize, Value), Option<Value>>>,
+    /// Every write so far, in order.
+    log: RefCell<Vec<(T, Value, Write)>>,
+    /// What the writes so far leave of each key.
+    writes: RefCell<BTreeMap<(usize, Value), Write>>,
     /// Every row read so far (`None`: absent). A `SERIALIZABLE` transaction reads one snapshot,
     /// so a row read once reads the same again until the transaction writes it.
     read: RefCell<HashMap<(usize, Value), Option<Value>>>,
@@ -344,7 +372,7 @@ struct PgTx<'c> {
 }
 
 /// The first error of pipelined statements.
-fn first_error(results: [Result<(), DbError>; 4]) -> Result<(), DbError> {
+fn first_error(results: [Result<(), DbError>; 5]) -> Result<(), DbError> {
     results.into_iter().collect()
 }
 
@@ -405,9 +433,14 @@ impl<'c> PgTx<'c> {
         log.truncate(mark);
         let mut writes = self.writes.borrow_mut();
         writes.clear();
-        for (t, k, v) in log.iter() {
-            writes.insert((*t as usize, k.clone()), v.clone());
+        for (t, k, w) in log.iter() {
+            apply(&mut writes, *t, k, w.clone());
         }
+    }
+
+    fn write(&self, t: T, key: &[u8], w: Write) {
+        self.log.borrow_mut().push((t, key.to_vec(), w.clone()));
+        apply(&mut self.writes.borrow_mut(), t, key, w);
     }
 
     fn fault(&self) -> Option<DbError> {
@@ -433,10 +466,20 @@ impl<'c> PgTx<'c> {
     fn commit(&self) -> Result<(), DbError> {
         let writes = std::mem::take(&mut *self.writes.borrow_mut());
         let (mut put_t, mut put_k, mut put_v) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut del_t, mut del_k) = (Vec::new(), Vec::new());
+        let (mut add_t, mut add_k, mut add_d) = (Vec::new(), Vec::new(), Vec::new());
+        let mut deleted: Vec<(i16, Value)> = Vec::new();
         let (mut events, mut work) = (false, false);
-        for ((t, k), v) in writes {
+        for ((t, k), w) in writes {
             events |= t == T::Events as usize;
+            let v = match w {
+                Write::Set(v) => v,
+                Write::Add(d) => {
+                    add_t.push(t as i16);
+                    add_k.push(k);
+                    add_d.push(d);
+                    continue;
+                }
+            };
             match v {
                 Some(v) => {
                     work |= t == T::Queue as usize || t == T::TaskQueue as usize;
@@ -447,12 +490,12 @@ impl<'c> PgTx<'c> {
                 None => {
                     // A lease that ended frees a slot of a task stream, maybe on another replica.
                     work |= t == T::TaskLeases as usize;
-                    del_t.push(t as i16);
-                    del_k.push(k);
+                    deleted.push((t as i16, k));
                 }
             }
         }
-        let writes = !put_t.is_empty() || !del_t.is_empty();
+        let writes = !put_t.is_empty() || !deleted.is_empty() || !add_t.is_empty();
+        let deleted = by_table(deleted.iter().map(|(t, k)| (*t, k.as_slice())));
         if !writes && !self.begin.open() {
             return Ok(());
         }
@@ -476,23 +519,32 @@ impl<'c> PgTx<'c> {
             // Prepared first: a statement that still has to be parsed would go out after the
             // COMMIT queued behind it, and run outside the transaction.
             let prepared = futures_util::try_join!(
-                client.prepare_cached(
-                    "DELETE FROM runner_kv WHERE (t, k) IN \
-                     (SELECT * FROM unnest($1::smallint[], $2::bytea[]))",
-                ),
+                client.prepare_cached("DELETE FROM runner_kv WHERE t = $1 AND k = ANY($2)"),
                 client.prepare_cached(
                     "INSERT INTO runner_kv (t, k, v) \
                      SELECT * FROM unnest($1::smallint[], $2::bytea[], $3::bytea[]) \
                      ON CONFLICT (t, k) DO UPDATE SET v = EXCLUDED.v",
                 ),
+                // Counters are big-endian i64s, as `counter_plus` reads and writes them.
+                client.prepare_cached(
+                    "INSERT INTO runner_kv AS r (t, k, v) \
+                     SELECT u.t, u.k, int8send(u.d) \
+                     FROM unnest($1::smallint[], $2::bytea[], $3::bigint[]) AS u(t, k, d) \
+                     ON CONFLICT (t, k) DO UPDATE SET v = int8send( \
+                         ('x' || encode(r.v, 'hex'))::bit(64)::bigint \
+                         + ('x' || encode(EXCLUDED.v, 'hex'))::bit(64)::bigint)",
+                ),
             );
-            let (delete, upsert) = match prepared {
+            let (delete, upsert, increment) = match prepared {
                 Ok(statements) => statements,
-                Err(e) => return [Err(DbError::from(e)), Ok(()), Ok(()), Ok(())],
+                Err(e) => return [Err(DbError::from(e)), Ok(()), Ok(()), Ok(()), Ok(())],
             };
             let deletes = async {
-                if !del_t.is_empty() {
-                    client.execute(&delete, &[&del_t, &del_k]).await?;
+                let each = deleted
+                    .iter()
+                    .map(|(t, ks)| async { client.execute(&delete, &[t, ks]).await });
+                for done in futures_util::future::join_all(each).await {
+                    done?;
                 }
                 Ok(())
             };
@@ -502,9 +554,18 @@ impl<'c> PgTx<'c> {
                 }
                 Ok(())
             };
+            let increments = async {
+                if !add_t.is_empty() {
+                    client
+                        .execute(&increment, &[&add_t, &add_k, &add_d])
+                        .await?;
+                }
+                Ok(())
+            };
             let commit = async { Ok(client.batch_execute(&finish).await?) };
-            let (b, d, u, c) = futures_util::join!(self.begin_once(), deletes, upserts, commit);
-            [b, d, u, c]
+            let (b, d, u, i, c) =
+                futures_util::join!(self.begin_once(), deletes, upserts, increments, commit);
+            [b, d, u, i, c]
         });
         let result = first_error(results);
         match result {
@@ -530,37 +591,55 @@ impl Drop for PgTx<'_> {
 impl Txn for PgTx<'_> {
     fn get(&self, t: T, key: &[u8]) -> Result<Option<Value>, Fault> {
         let at = (t as usize, key.to_vec());
-        if let Some(v) = self.writes.borrow().get(&at) {
-            return Ok(v.clone());
-        }
-        if let Some(v) = self.read.borrow().get(&at) {
-            return Ok(v.clone());
-        }
-        let mut keys = std::mem::take(&mut *self.ahead.borrow_mut());
-        keys.retain(|(at_t, at_k)| (*at_t, at_k.as_slice()) != (t, key));
-        keys.push((t, key.to_vec()));
-        let fetched = self.fetch(keys);
-        self.note(fetched)?;
-        Ok(self.read.borrow().get(&at).cloned().flatten())
+        let added = match self.writes.borrow().get(&at) {
+            Some(Write::Set(v)) => return Ok(v.clone()),
+            Some(Write::Add(d)) => Some(*d),
+            None => None,
+        };
+        let cached = self.read.borrow().get(&at).cloned();
+        let stored = match cached {
+            Some(v) => v,
+            None => {
+                let mut keys = std::mem::take(&mut *self.ahead.borrow_mut());
+                keys.retain(|(at_t, at_k)| (*at_t, at_k.as_slice()) != (t, key));
+                keys.push((t, key.to_vec()));
+                let fetched = self.fetch(keys);
+                self.note(fetched)?;
+                self.read.borrow().get(&at).cloned().flatten()
+            }
+        };
+        Ok(match added {
+            Some(d) => Some(counter_plus(stored.as_deref(), d)),
+            None => stored,
+        })
     }
 
     fn put(&self, t: T, key: &[u8], value: &[u8]) -> Result<(), Fault> {
-        self.log
-            .borrow_mut()
-            .push((t, key.to_vec(), Some(value.to_vec())));
-        self.writes
-            .borrow_mut()
-            .insert((t as usize, key.to_vec()), Some(value.to_vec()));
+        self.write(t, key, Write::Set(Some(value.to_vec())));
         Ok(())
     }
 
     fn delete(&self, t: T, key: &[u8]) -> Result<(), Fault> {
-        self.log.borrow_mut().push((t, key.to_vec(), None));
-        self.writes
-            .borrow_mut()
-            .insert((t as usize, key.to_vec()), None);
+        self.write(t, key, Write::Set(None));
         Ok(())
     }
+
+    /// Nothing is read: the amount is added by the commit's own statement, to whatever the row
+    /// holds then.
+    fn add(&self, t: T, key: &[u8], delta: i64) -> Result<(), Fault> {
+        self.write(t, key, Write::Add(delta));
+        Ok(())
+    }
+}
+
+/// Records `w` as the latest write of `key`.
+fn apply(writes: &mut BTreeMap<(usize, Value), Write>, t: T, key: &[u8], w: Write) {
+    let at = (t as usize, key.to_vec());
+    let next = match writes.remove(&at) {
+        Some(before) => before.then(w),
+        None => w,
+    };
+    writes.insert(at, next);
 }
 
 /// Reads one row, with the connection's prepared statement.
@@ -576,24 +655,31 @@ async fn read_async(client: &ClientWrapper, t: T, key: &[u8]) -> Result<Option<V
     Ok(row.map(|r| r.get(0)))
 }
 
-/// Reads several rows in one statement: each key's value (`None`: absent), in the order given.
+/// Reads several rows in one round trip: each key's value (`None`: absent), in the order
+/// given, one prepared single-row statement each (pipelined). One statement for all of them
+/// would be planned once for every number of keys, and a plan for many is a hash join over
+/// the whole table.
 async fn read_many(
     client: &ClientWrapper,
     keys: &[(T, Value)],
 ) -> Result<Vec<Option<Value>>, DbError> {
-    if let [(t, k)] = keys {
-        return Ok(vec![read_async(client, *t, k).await?]);
+    let reads = keys.iter().map(|(t, k)| read_async(client, *t, k));
+    futures_util::future::join_all(reads)
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// Keys grouped by table, tables in the order they first appear.
+fn by_table<'k>(keys: impl Iterator<Item = (i16, &'k [u8])>) -> Vec<(i16, Vec<&'k [u8]>)> {
+    let mut groups: Vec<(i16, Vec<&[u8]>)> = Vec::new();
+    for (t, k) in keys {
+        match groups.iter_mut().find(|(g, _)| *g == t) {
+            Some((_, ks)) => ks.push(k),
+            None => groups.push((t, vec![k])),
+        }
     }
-    let statement = client
-        .prepare_cached(
-            "SELECT r.v FROM unnest($1::smallint[], $2::bytea[]) WITH ORDINALITY AS u(t, k, i) \
-             LEFT JOIN runner_kv r ON r.t = u.t AND r.k = u.k ORDER BY u.i",
-        )
-        .await?;
-    let ts: Vec<i16> = keys.iter().map(|(t, _)| *t as i16).collect();
-    let ks: Vec<&[u8]> = keys.iter().map(|(_, k)| k.as_slice()).collect();
-    let rows = client.query(&statement, &[&ts, &ks]).await?;
-    Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    groups
 }
 
 /// The least key above every key that starts with `prefix` (`None`: no bound).
@@ -691,6 +777,33 @@ impl Backend for PgBackend {
         ))
         .map_err(DbError::from)?
         .map(|r| (r.get(0), r.get(1))))
+    }
+
+    /// One statement in a transaction of its own; the read that follows a lost race sees the
+    /// winner's row (`READ COMMITTED`: every statement sees what committed before it began).
+    fn insert_new(&self, t: T, key: &[u8], value: &[u8]) -> Result<Option<Value>, StoreError> {
+        let client = self.db.client_blocking()?;
+        loop {
+            let inserted = wait(async {
+                let statement = client
+                    .prepare_cached(
+                        "INSERT INTO runner_kv (t, k, v) VALUES ($1, $2, $3) \
+                         ON CONFLICT (t, k) DO NOTHING",
+                    )
+                    .await?;
+                client
+                    .execute(&statement, &[&(t as i16), &key, &value])
+                    .await
+            })
+            .map_err(DbError::from)?;
+            if inserted == 1 {
+                return Ok(None);
+            }
+            // Held by another write; gone again only if deleted meanwhile: then try again.
+            if let Some(held) = read_one(&client, t, key)? {
+                return Ok(Some(held));
+            }
+        }
     }
 
     fn transact(&self, body: &Body<'_>) -> Result<(), Failed> {
@@ -798,5 +911,26 @@ impl Backend for PgBackend {
         if let Err(e) = listened {
             tracing::error!("cannot listen for other replicas' changes: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counter(n: i64) -> Option<Value> {
+        Some(n.to_be_bytes().to_vec())
+    }
+
+    /// What a transaction's writes of one key leave, in the order they were made.
+    #[test]
+    fn writes_of_one_key_fold_in_order() {
+        let set = |n| Write::Set(counter(n));
+        assert_eq!(Write::Add(2).then(Write::Add(-5)), Write::Add(-3));
+        assert_eq!(set(10).then(Write::Add(-4)), set(6));
+        assert_eq!(Write::Set(None).then(Write::Add(3)), set(3));
+        assert_eq!(Write::Add(7).then(set(1)), set(1));
+        assert_eq!(Write::Add(7).then(Write::Set(None)), Write::Set(None));
+        assert_eq!(counter_plus(None, -2), (-2i64).to_be_bytes().to_vec());
     }
 }

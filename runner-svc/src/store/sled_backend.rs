@@ -70,6 +70,14 @@ impl Txn for SledTx<'_> {
     fn delete(&self, t: T, key: &[u8]) -> Result<(), Fault> {
         self.trees[t as usize].remove(key).map(drop).map_err(fault)
     }
+
+    fn add(&self, t: T, key: &[u8], delta: i64) -> Result<(), Fault> {
+        let now = self
+            .get(t, key)?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+            .map_or(0, i64::from_be_bytes);
+        self.put(t, key, &(now + delta).to_be_bytes())
+    }
 }
 
 /// An erased body's outcome as sled's transaction wants it.
@@ -220,6 +228,15 @@ impl Backend for SledBackend {
             .transpose()
             .map(|e| e.map(|(k, v)| (k.to_vec(), v.to_vec())))
             .map_err(storage)
+    }
+
+    fn insert_new(&self, t: T, key: &[u8], value: &[u8]) -> Result<Option<Value>, StoreError> {
+        let swapped = self.trees[t as usize]
+            .compare_and_swap(key, None::<&[u8]>, Some(value))
+            .map_err(storage)?;
+        Ok(swapped
+            .err()
+            .and_then(|held| held.current.map(|v| v.to_vec())))
     }
 
     fn transact(&self, body: &Body<'_>) -> Result<(), Failed> {

@@ -4,7 +4,7 @@
 use serde_json::{Value as Json, json};
 
 use super::{Tool, ToolCall, ToolError};
-use crate::store::{Store, StoreError, T, TxError, Value};
+use crate::store::{Store, StoreError, T, Value};
 
 /// Appends `args.entry` (or the whole args when there is no `entry`) under the call's idempotency
 /// key. A second append with the same key returns the first receipt and writes nothing.
@@ -58,17 +58,9 @@ impl LedgerTool {
     /// Writes `value` under `key` unless the key holds a value already, which it returns.
     fn insert_new(&self, key: &[u8], value: Vec<u8>) -> Result<Option<Value>, String> {
         self.store
-            .transact(|t| {
-                let ledger = t.tree(T::Ledger);
-                match ledger.get(key)? {
-                    Some(first) => Ok(Some(first)),
-                    None => {
-                        ledger.insert(key, &value)?;
-                        Ok(None)
-                    }
-                }
-            })
-            .map_err(|e: TxError<std::convert::Infallible>| e.to_string())
+            .tree(T::Ledger)
+            .insert_new(key, value)
+            .map_err(|e| e.to_string())
     }
 }
 

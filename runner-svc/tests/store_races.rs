@@ -1,0 +1,67 @@
+//! Races on the storage seam's own operations: what the ledger's exactly-once rests on.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::sync::{Arc, Barrier};
+
+use arbor_runner_svc::store::T;
+
+/// Sixteen callers write one new key at once with different values: exactly one writes, every
+/// other one is handed the winner's value, and the winner's value is what stays.
+#[test]
+fn of_racing_writers_of_a_new_key_one_wins_and_the_others_get_its_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open_store(dir.path());
+    for round in 0..20 {
+        let key = format!("receipt-{round}");
+        let start = Arc::new(Barrier::new(16));
+        let racers: Vec<_> = (0..16)
+            .map(|i| {
+                let (store, start, key) = (store.clone(), start.clone(), key.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    let mine = format!("value-{i}");
+                    let held = store.tree(T::Ledger).insert_new(&key, &mine).unwrap();
+                    (mine, held)
+                })
+            })
+            .collect();
+        let outcomes: Vec<_> = racers.into_iter().map(|r| r.join().unwrap()).collect();
+        let winners: Vec<_> = outcomes.iter().filter(|(_, held)| held.is_none()).collect();
+        assert_eq!(winners.len(), 1, "round {round}: {outcomes:?}");
+        let won = winners[0].0.as_bytes().to_vec();
+        for (mine, held) in &outcomes {
+            if let Some(held) = held {
+                assert_eq!(held, &won, "round {round}: {mine} was handed another value");
+            }
+        }
+        assert_eq!(store.tree(T::Ledger).get(&key).unwrap(), Some(won));
+    }
+}
+
+/// Writers of different new keys at once never hold each other up or lose a write.
+#[test]
+fn racing_writers_of_different_keys_all_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open_store(dir.path());
+    let start = Arc::new(Barrier::new(8));
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let (store, start) = (store.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                for i in 0..50 {
+                    let key = format!("key-{w}-{i}");
+                    assert_eq!(store.tree(T::Ledger).insert_new(&key, &key).unwrap(), None);
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let stored = store.tree(T::Ledger).iter().count();
+    assert_eq!(stored, 400);
+}
