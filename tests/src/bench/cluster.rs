@@ -88,9 +88,10 @@ impl Db {
     }
 
     /// The statements this database ran since [`reset_statements`](Self::reset_statements),
-    /// most called first: `(calls, rows, mean ms, text)`.
-    pub fn statements(&self) -> Vec<(f64, f64, f64, String)> {
+    /// most called first: `(calls, rows, mean ms, buffers read, text)`.
+    pub fn statements(&self) -> Vec<Statement> {
         let sql = "SELECT calls, rows, round(mean_exec_time::numeric, 3), \
+                   shared_blks_hit + shared_blks_read, \
                    regexp_replace(query, '\\s+', ' ', 'g') FROM pg_stat_statements \
                    WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
                    ORDER BY calls DESC";
@@ -100,10 +101,16 @@ impl Db {
         });
         out.lines()
             .filter_map(|line| {
-                let mut f = line.splitn(4, '|');
+                let mut f = line.splitn(5, '|');
                 let mut num = || f.next().and_then(|v| v.parse::<f64>().ok());
-                let (calls, rows, ms) = (num()?, num()?, num()?);
-                Some((calls, rows, ms, f.next()?.to_string()))
+                let (calls, rows, mean_ms, buffers) = (num()?, num()?, num()?, num()?);
+                Some(Statement {
+                    calls,
+                    rows,
+                    mean_ms,
+                    buffers,
+                    text: f.next()?.to_string(),
+                })
             })
             .collect()
     }
@@ -115,6 +122,17 @@ impl Db {
             .and_then(|s| s.lines().next().and_then(|l| l.trim().parse().ok()));
         pid.map_or(0.0, super::procstat::tree_cpu_seconds)
     }
+}
+
+/// One statement's totals in `pg_stat_statements`.
+#[derive(Debug, Clone)]
+pub struct Statement {
+    pub calls: f64,
+    pub rows: f64,
+    pub mean_ms: f64,
+    /// Shared buffers hit or read.
+    pub buffers: f64,
+    pub text: String,
 }
 
 /// What to start.

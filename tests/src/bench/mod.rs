@@ -69,20 +69,21 @@ impl Meters {
 pub static PG_STATS: AtomicBool = AtomicBool::new(false);
 
 /// The statements of one configuration per cycle, most frequent first, with their total.
-pub fn print_statements(name: &str, cycles: usize, statements: &[(f64, f64, f64, String)]) {
+pub fn print_statements(name: &str, cycles: usize, statements: &[cluster::Statement]) {
     let per = |v: f64| v / cycles.max(1) as f64;
-    let total: f64 = statements.iter().map(|s| s.0).sum();
+    let total: f64 = statements.iter().map(|s| s.calls).sum();
     println!(
-        "\nstatements of {name}: {:.1} per cycle (calls/cycle, rows/call, mean ms, text)",
+        "\nstatements of {name}: {:.1} per cycle (calls/cycle, rows/call, buffers/call, mean ms, text)",
         per(total)
     );
-    for (calls, rows, ms, text) in statements.iter().take(30) {
-        let text: String = text.chars().take(150).collect();
+    for s in statements.iter().take(30) {
+        let text: String = s.text.chars().take(140).collect();
         println!(
-            "  {:>7.2} {:>7.2} {:>7.3}  {text}",
-            per(*calls),
-            rows / calls.max(1.0),
-            ms
+            "  {:>7.2} {:>7.2} {:>8.1} {:>7.3}  {text}",
+            per(s.calls),
+            s.rows / s.calls.max(1.0),
+            s.buffers / s.calls.max(1.0),
+            s.mean_ms
         );
     }
 }
