@@ -127,10 +127,6 @@ impl Counted {
     }
 }
 
-fn decode_count(bytes: &[u8]) -> i64 {
-    bytes.try_into().map(i64::from_be_bytes).unwrap_or_default()
-}
-
 /// Moves one counter by `delta` inside the transaction.
 fn add<E>(tx: &Tx<'_>, c: Counted, delta: i64) -> TxResult<(), E> {
     if delta == 0 {
@@ -246,9 +242,7 @@ impl Tally {
         let meta = store.tree(T::Meta);
         let mut tally = Self::default();
         for c in Counted::all() {
-            if let Some(b) = meta.get(c.key())? {
-                *tally.slot(c) = decode_count(&b).max(0) as u64;
-            }
+            *tally.slot(c) = meta.counter(c.key())?.max(0) as u64;
         }
         Ok(tally)
     }

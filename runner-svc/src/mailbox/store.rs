@@ -283,21 +283,69 @@ pub mod tx {
         Ok(Ok(job))
     }
 
-    /// Claims the first of `candidates` (in claim order) that is still free in this transaction.
-    pub fn claim_first(
+    /// What a claim transaction found.
+    #[derive(Debug)]
+    pub struct Claimed {
+        pub job: Option<Job>,
+        /// Claimed, and another job looked claimable too (another worker should look).
+        pub more: bool,
+    }
+
+    /// Queue entries a claim takes hold of at once.
+    const CLAIM_PAGE: usize = 2;
+
+    /// Claims the first of `candidates` (queue keys in claim order, from a scan outside the
+    /// transaction) that can run now. The queue entries are taken with
+    /// [`lock_first`](crate::store::Txn::lock_first): concurrent claimers pass over each
+    /// other's (on PostgreSQL, `FOR UPDATE SKIP LOCKED`) and take different jobs instead of
+    /// failing each other's transactions. A job of an older generation is superseded on the
+    /// way; one whose thread is busy is passed over.
+    pub fn claim_any(
         tx: &Tx<'_>,
-        candidates: &[String],
+        candidates: &[Vec<u8>],
         worker_id: &str,
         token: &str,
         now_ms: u64,
         lease: Duration,
-    ) -> TxResult<Option<Job>, MailboxError> {
-        for job_id in candidates {
-            if let Ok(job) = claim(tx, job_id, worker_id, token, now_ms, lease)? {
-                return Ok(Some(job));
+    ) -> TxResult<Claimed, MailboxError> {
+        let due = |value: &[u8]| queued_head(value).is_some_and(|(at, _, _)| at <= now_ms);
+        let mut rest = candidates;
+        loop {
+            let held = tx.tree(T::Queue).lock_first(rest, CLAIM_PAGE)?;
+            let Some((last, _)) = held.last() else {
+                return Ok(Claimed {
+                    job: None,
+                    more: false,
+                });
+            };
+            let after = rest
+                .iter()
+                .position(|k| k == last)
+                .map_or(rest.len(), |i| i + 1);
+            rest = &rest[after..];
+            for (i, (key, value)) in held.iter().enumerate() {
+                let (Some(job_id), Some((_, _, mailbox))) =
+                    (job_id_of_queue_key(key), queued_head(value))
+                else {
+                    continue;
+                };
+                if !due(value) {
+                    continue;
+                }
+                tx.prefetch(&[
+                    (T::Jobs, job_id.as_bytes()),
+                    (T::Mailboxes, mailbox),
+                    (T::Active, mailbox),
+                ])?;
+                if let Ok(job) = claim(tx, job_id, worker_id, token, now_ms, lease)? {
+                    let more = held[i + 1..].iter().any(|(_, v)| due(v)) || !rest.is_empty();
+                    return Ok(Claimed {
+                        job: Some(job),
+                        more,
+                    });
+                }
             }
         }
-        Ok(None)
     }
 
     /// The fencing check: the job is claimed under exactly this token.
@@ -480,8 +528,6 @@ pub struct Mailbox {
     clock: Arc<dyn Clock>,
     cfg: MailboxConfig,
     leases: Mutex<HashMap<String, Lease>>,
-    /// Jobs that pool claims on their way to the committer try first (see `aim`).
-    aimed: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Mailbox {
@@ -499,7 +545,6 @@ impl Mailbox {
             clock,
             cfg,
             leases: Mutex::new(HashMap::new()),
-            aimed: Mutex::default(),
         };
         let mut recovered = Vec::new();
         for entry in mailbox.store.tree(T::Active).iter() {
@@ -814,8 +859,7 @@ impl Mailbox {
 
     /// Claims like `MailboxStore::claim`; when nothing can be claimed, also says when the next
     /// delayed job becomes available (found on the same scan), so an idle worker knows how long
-    /// it may sleep. One transaction takes the first of several candidates that is still free,
-    /// so claimers racing for the head job get different jobs without a lock.
+    /// it may sleep; after a claim, "now" when more work seemed to be waiting.
     pub fn claim_or_next(
         &self,
         worker_id: &str,
@@ -827,85 +871,60 @@ impl Mailbox {
         }
         let token = self.claim_token(worker_id)?;
         let lease = self.cfg.lease;
-        let more = candidates.len() > 1;
-        let won = self
+        let claimed = self
             .store
-            .transact(|t| tx::claim_first(t, &candidates, worker_id, &token, now, lease))?;
-        Ok(self.claimed(won, token, now, more))
+            .transact(|t| tx::claim_any(t, &candidates, worker_id, &token, now, lease))?;
+        Ok(self.claimed(claimed, token, now))
     }
 
     /// [`claim_or_next`](Self::claim_or_next) for the worker pool: the same claim transaction,
-    /// run in the store's batched commit (one transaction with whatever else is being
-    /// committed) instead of a transaction of its own. It does not wait for a flush: a claim
-    /// lost in a crash is undone at start-up anyway.
+    /// committed without waiting for durability (a claim lost in a crash leaves its job queued,
+    /// or is undone at start-up). The embedded store runs it in the batched commit, with
+    /// whatever else is being committed; PostgreSQL in a transaction of its own, concurrently
+    /// with other claimers.
     pub async fn claim_next(
         &self,
         worker_id: &str,
     ) -> Result<(Option<Claim>, Option<u64>), MailboxError> {
         let now = self.now();
-        let (mut candidates, next) = self.claim_candidates(now)?;
+        let (candidates, next) = self.claim_candidates(now)?;
         if candidates.is_empty() {
             return Ok((None, next));
         }
         let token = self.claim_token(worker_id)?;
         let lease = self.cfg.lease;
         let (worker, token_in) = (worker_id.to_string(), token.clone());
-        let more = candidates.len() > 1;
-        let _aim = self.aim(&mut candidates);
-        let won = self
+        let claimed = self
             .store
-            .apply(move |t| tx::claim_first(t, &candidates, &worker, &token_in, now, lease))
+            .apply(move |t| tx::claim_any(t, &candidates, &worker, &token_in, now, lease))
             .await?;
-        Ok(self.claimed(won, token, now, more))
-    }
-
-    /// Moves to the front of `candidates` the first one no other pool claim in flight is
-    /// trying first, and marks it as this claim's until the returned guard drops (the claim
-    /// finished, failed or was dropped). Claims that share a transaction then take different
-    /// jobs on their first try, instead of each trying every job the claims before it took.
-    /// Order is kept: a claim passes over a job only while another claim is about to take it,
-    /// and tries it again after its own.
-    fn aim(&self, candidates: &mut Vec<String>) -> Option<Aim<'_>> {
-        let mut aimed = self.aimed.lock().ok()?;
-        let at = candidates.iter().position(|c| !aimed.contains(c))?;
-        let job_id = candidates.remove(at);
-        candidates.insert(0, job_id.clone());
-        aimed.insert(job_id.clone());
-        Some(Aim {
-            aimed: &self.aimed,
-            job_id,
-        })
+        Ok(self.claimed(claimed, token, now))
     }
 
     /// What a claim transaction's outcome means to the worker: the claim, with its lease
-    /// tracked (and "now" when the claim saw more work than it took, so that another worker
-    /// looks), or, when every candidate went to another worker, "look again now".
+    /// tracked (and "now" when more work seemed to be waiting, so that another worker looks),
+    /// or, when every candidate went to another worker, "look again now".
     fn claimed(
         &self,
-        won: Option<Job>,
+        claimed: tx::Claimed,
         token: String,
         now: u64,
-        more: bool,
     ) -> (Option<Claim>, Option<u64>) {
-        match won {
+        match claimed.job {
             Some(job) => {
                 self.track_lease(&job.job_id, &token);
-                (Some(Claim { job, token }), more.then_some(now))
+                (Some(Claim { job, token }), claimed.more.then_some(now))
             }
             None => (None, Some(now)),
         }
     }
 
-    /// Unique per claim without a syscall (a random token would cost one each time).
-    fn claim_token(&self, worker_id: &str) -> Result<String, MailboxError> {
-        Ok(format!("{worker_id}-{}", self.store.next_id()?))
-    }
-
-    /// The first few queued jobs a claim may win now, in claim order, and when the next delayed
-    /// job becomes available. A cheap look outside any transaction: what cannot be claimed now
-    /// is skipped, so the transaction per claim is spent on a job that will be won. When the scan
-    /// stops early at the limit, "next" is now, so a worker that loses every race looks again.
-    fn claim_candidates(&self, now: u64) -> Result<(Vec<String>, Option<u64>), MailboxError> {
+    /// The first few queued jobs a claim may win now (their queue keys, in claim order), and
+    /// when the next delayed job becomes available. A cheap look outside any transaction: what
+    /// cannot be claimed now is skipped, so the transaction per claim is spent on a job that
+    /// will be won. When the scan stops early at the limit, "next" is now, so a worker that
+    /// loses every race looks again.
+    fn claim_candidates(&self, now: u64) -> Result<(Vec<Vec<u8>>, Option<u64>), MailboxError> {
         const MAX_CANDIDATES: usize = 16;
         let mut candidates = Vec::new();
         let mut next: Option<u64> = None;
@@ -913,9 +932,6 @@ impl Mailbox {
         let mut busy: Option<std::collections::HashSet<Vec<u8>>> = None;
         for entry in self.store.tree(T::Queue).iter() {
             let (key, value) = entry?;
-            let Some(job_id) = tx::job_id_of_queue_key(&key) else {
-                continue;
-            };
             if let Some((available_at, generation, mailbox_id)) = tx::queued_head(&value) {
                 if available_at > now {
                     next = Some(next.map_or(available_at, |n| n.min(available_at)));
@@ -937,7 +953,7 @@ impl Mailbox {
                     continue;
                 }
             }
-            candidates.push(job_id.to_string());
+            candidates.push(key);
             if candidates.len() == MAX_CANDIDATES {
                 return Ok((candidates, Some(now)));
             }
@@ -952,6 +968,11 @@ impl Mailbox {
             .tree(T::Mailboxes)
             .get(mailbox_id)?
             .map_or(0, |v| codec::read_u64(&v)))
+    }
+
+    /// Unique per claim without a syscall (a random token would cost one each time).
+    fn claim_token(&self, worker_id: &str) -> Result<String, MailboxError> {
+        Ok(format!("{worker_id}-{}", self.store.next_id()?))
     }
 
     /// Ids of the thread's queued jobs (candidates for an interrupt).
@@ -972,20 +993,6 @@ impl Mailbox {
             }
         }
         Ok(ids)
-    }
-}
-
-/// A pool claim's mark on the job it tries first (see `Mailbox::aim`).
-struct Aim<'a> {
-    aimed: &'a Mutex<std::collections::HashSet<String>>,
-    job_id: String,
-}
-
-impl Drop for Aim<'_> {
-    fn drop(&mut self) {
-        if let Ok(mut aimed) = self.aimed.lock() {
-            aimed.remove(&self.job_id);
-        }
     }
 }
 

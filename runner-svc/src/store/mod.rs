@@ -68,6 +68,28 @@ pub enum T {
     TaskLeases,
 }
 
+/// Every table, in the order of [`T`].
+pub const TABLES: [T; 18] = [
+    T::Trees,
+    T::Runs,
+    T::ThreadRuns,
+    T::Checkpoints,
+    T::Inbox,
+    T::Events,
+    T::Meta,
+    T::Jobs,
+    T::Queue,
+    T::Active,
+    T::Dedupe,
+    T::Mailboxes,
+    T::MailboxJobs,
+    T::Finished,
+    T::Ledger,
+    T::Tasks,
+    T::TaskQueue,
+    T::TaskLeases,
+];
+
 /// The tables' names, in the order of [`T`].
 pub const TABLE_NAMES: [&str; 18] = [
     "trees",
@@ -136,10 +158,23 @@ pub trait Txn {
     fn get(&self, t: T, key: &[u8]) -> Result<Option<Value>, Fault>;
     fn put(&self, t: T, key: &[u8], value: &[u8]) -> Result<(), Fault>;
     fn delete(&self, t: T, key: &[u8]) -> Result<(), Fault>;
-    /// Adds `delta` to the counter under `key` (a big-endian `i64`; absent: 0). A backend may
-    /// add it without reading the counter, so counters many transactions move do not make
-    /// them conflict on a read.
+    /// Adds `delta` to the counter under `key` (absent: 0). A backend may add it without
+    /// reading the counter, and may keep it as several rows that [`Backend::counter`] sums, so
+    /// that transactions moving one counter do not conflict on it. Read a counter with
+    /// [`Backend::counter`], never with `get`.
     fn add(&self, t: T, key: &[u8], delta: i64) -> Result<(), Fault>;
+    /// Of `keys` (in key order), the first `limit` that `t` holds and that no other
+    /// transaction holds; each one returned is held by this transaction until it ends, and
+    /// other transactions' `lock_first` pass over it. This is how claimers racing for the same
+    /// candidates (found by a scan outside the transaction) take different ones instead of
+    /// failing each other's transactions. Keys this transaction deleted are passed over;
+    /// values are as this transaction sees them.
+    fn lock_first(&self, t: T, keys: &[Value], limit: usize) -> Result<Vec<(Value, Value)>, Fault>;
+    /// Says which keys the body is about to read, so that a backend whose reads are round
+    /// trips fetches them together.
+    fn prefetch(&self, _keys: &[(T, &[u8])]) -> Result<(), Fault> {
+        Ok(())
+    }
 }
 
 /// What a transaction body is given.
@@ -174,6 +209,11 @@ impl TxTable<'_, '_> {
     /// See [`Txn::add`].
     pub fn add(&self, key: impl AsRef<[u8]>, delta: i64) -> Result<(), Fault> {
         self.tx.add(self.t, key.as_ref(), delta)
+    }
+
+    /// See [`Txn::lock_first`].
+    pub fn lock_first(&self, keys: &[Value], limit: usize) -> Result<Vec<(Value, Value)>, Fault> {
+        self.tx.lock_first(self.t, keys, limit)
     }
 }
 
@@ -235,6 +275,10 @@ pub trait Backend: Send + Sync + 'static {
     fn scan(&self, t: T, prefix: &[u8], from: &[u8]) -> Entries<'static>;
     /// The entry with the highest key that starts with `prefix`.
     fn last(&self, t: T, prefix: &[u8]) -> Result<Option<(Value, Value)>, StoreError>;
+    /// The counter under `key` as [`Txn::add`] moved it (0 when never moved).
+    fn counter(&self, t: T, key: &[u8]) -> Result<i64, StoreError> {
+        Ok(self.get(t, key)?.map_or(0, |v| read_counter(&v)))
+    }
     /// Writes `value` under `key` unless the key holds a value, which it returns instead; once
     /// committed, before it is durable. Atomic: of two callers with one key, one writes and the
     /// other gets what it wrote.
@@ -320,6 +364,11 @@ pub struct Table<'s> {
 impl Table<'_> {
     pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Value>, StoreError> {
         self.backend.get(self.t, key.as_ref())
+    }
+
+    /// See [`Backend::counter`].
+    pub fn counter(&self, key: impl AsRef<[u8]>) -> Result<i64, StoreError> {
+        self.backend.counter(self.t, key.as_ref())
     }
 
     pub fn contains_key(&self, key: impl AsRef<[u8]>) -> Result<bool, StoreError> {
@@ -534,6 +583,11 @@ impl Store {
     pub fn subscribe(&self, wake: impl Fn(Change) + Send + Sync + 'static) {
         self.0.subscribe(Arc::new(wake))
     }
+}
+
+/// A counter's stored value: a big-endian `i64` (anything else reads as 0).
+pub fn read_counter(v: &[u8]) -> i64 {
+    <[u8; 8]>::try_from(v).map_or(0, i64::from_be_bytes)
 }
 
 /// Key of a finished-index entry.

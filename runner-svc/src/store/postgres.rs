@@ -42,7 +42,7 @@ use arbor_shared::postgres::{
 
 use super::{
     Abort, Backend, Body, Change, Entries, Failed, Fault, Pending, Stats, Store, StoreError, T,
-    Txn, Value,
+    TABLES, Txn, Value,
 };
 
 /// The runner's schema, oldest migration first. Never edit a released migration.
@@ -70,6 +70,14 @@ const WRITER_BEGIN: &str =
     "BEGIN ISOLATION LEVEL SERIALIZABLE; LOCK TABLE runner_writer IN EXCLUSIVE MODE";
 /// How any other transaction begins.
 const BEGIN: &str = "BEGIN ISOLATION LEVEL SERIALIZABLE";
+/// How a commit that need not be durable begins (a claim: one lost in a crash leaves its job
+/// queued, as if never claimed): it answers without waiting for the WAL flush.
+const ASYNC_BEGIN: &str = "BEGIN ISOLATION LEVEL SERIALIZABLE; SET LOCAL synchronous_commit TO off";
+/// Rows a counter may be spread over beyond its own: a transaction outside the batched
+/// commit adds to one of them, picked at random, so that it rarely moves the row a batch (or
+/// another such transaction) moves at the same time, which under `SERIALIZABLE` would fail
+/// one of the two. `Backend::counter` sums them.
+const STRIPES: u8 = 16;
 
 const EVENTS_CHANNEL: &str = "arbor_runner_events";
 const WORK_CHANNEL: &str = "arbor_runner_work";
@@ -229,7 +237,7 @@ fn committer_loop(
         }
         let queued: Vec<&Body<'_>> = batch.iter().map(|q| &*q.body).collect();
         let hot = hot.get().map_or(&[][..], Vec::as_slice);
-        let outcomes = run_bodies(&mut Conn::Own(&mut own), &queued, hot);
+        let outcomes = run_bodies(&mut Conn::Own(&mut own), &queued, WRITER_BEGIN, hot);
         drop(queued);
         batches.fetch_add(1, Ordering::Relaxed);
         bodies.fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -256,6 +264,7 @@ enum Conn<'a> {
 fn run_bodies(
     conn: &mut Conn<'_>,
     bodies: &[&Body<'_>],
+    begin: &'static str,
     hot: &[(T, Value)],
 ) -> Vec<Result<(), Failed>> {
     let batched = matches!(conn, Conn::Own(_));
@@ -274,10 +283,11 @@ fn run_bodies(
                     (client, Some(rt))
                 }
             };
-            let tx = match batched {
-                true => PgTx::begin(client, rt, WRITER_BEGIN, hot),
-                false => PgTx::begin(client, rt, BEGIN, &[]),
+            let stripe = match batched {
+                true => 0,
+                false => fastrand::u8(1..=STRIPES),
             };
+            let tx = PgTx::begin(client, rt, begin, hot, stripe);
             let mut outcomes = Vec::with_capacity(bodies.len());
             for body in bodies {
                 let mark = tx.mark();
@@ -364,8 +374,10 @@ struct PgTx<'c> {
     /// Every row read so far (`None`: absent). A `SERIALIZABLE` transaction reads one snapshot,
     /// so a row read once reads the same again until the transaction writes it.
     read: RefCell<HashMap<(usize, Value), Option<Value>>>,
-    /// Rows to fetch with the first read, in the same statement.
+    /// Rows to fetch with the first read, in the same round trip.
     ahead: RefCell<Vec<(T, Value)>>,
+    /// Which row of each counter `add` moves (0: the counter's own key).
+    stripe: u8,
     /// A failure a read or write hit (the SQL transaction is then aborted).
     failed: RefCell<Option<DbError>>,
     begin: LazyBegin,
@@ -382,6 +394,7 @@ impl<'c> PgTx<'c> {
         rt: Option<&'c tokio::runtime::Runtime>,
         begin: &'static str,
         ahead: &[(T, Value)],
+        stripe: u8,
     ) -> Self {
         Self {
             client,
@@ -390,6 +403,7 @@ impl<'c> PgTx<'c> {
             writes: RefCell::default(),
             read: RefCell::default(),
             ahead: RefCell::new(ahead.to_vec()),
+            stripe,
             failed: RefCell::default(),
             begin: LazyBegin::new(begin),
         }
@@ -625,11 +639,91 @@ impl Txn for PgTx<'_> {
     }
 
     /// Nothing is read: the amount is added by the commit's own statement, to whatever the row
-    /// holds then.
+    /// holds then (the transaction's stripe of the counter).
     fn add(&self, t: T, key: &[u8], delta: i64) -> Result<(), Fault> {
-        self.write(t, key, Write::Add(delta));
+        self.write(t, &stripe_key(key, self.stripe), Write::Add(delta));
         Ok(())
     }
+
+    /// `FOR UPDATE SKIP LOCKED`: rows another transaction locked are passed over, the rows
+    /// returned are locked until this transaction ends.
+    fn lock_first(&self, t: T, keys: &[Value], limit: usize) -> Result<Vec<(Value, Value)>, Fault> {
+        let at = |k: &Value| (t as usize, k.clone());
+        let wanted: Vec<&[u8]> = {
+            let writes = self.writes.borrow();
+            keys.iter()
+                .filter(|k| writes.get(&at(k)) != Some(&Write::Set(None)))
+                .map(Vec::as_slice)
+                .collect()
+        };
+        if wanted.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = self.wait(async {
+            let (begun, rows) = futures_util::join!(self.begin_once(), async {
+                let statement = self
+                    .client
+                    .prepare_cached(
+                        "SELECT k, v FROM runner_kv WHERE t = $1 AND k = ANY($2) \
+                         ORDER BY k LIMIT $3 FOR UPDATE SKIP LOCKED",
+                    )
+                    .await?;
+                let limit = limit as i64;
+                Ok::<_, DbError>(
+                    self.client
+                        .query(&statement, &[&(t as i16), &wanted, &limit])
+                        .await?,
+                )
+            });
+            begun?;
+            rows
+        });
+        let mut out = Vec::new();
+        for row in self.note(rows)? {
+            let (k, v): (Value, Value) = (row.get(0), row.get(1));
+            let mine = self.writes.borrow().get(&at(&k)).cloned();
+            match mine {
+                Some(Write::Set(Some(v))) => out.push((k, v)),
+                _ => {
+                    self.read.borrow_mut().insert(at(&k), Some(v.clone()));
+                    out.push((k, v));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn prefetch(&self, keys: &[(T, &[u8])]) -> Result<(), Fault> {
+        let missing: Vec<(T, Value)> = {
+            let (writes, read) = (self.writes.borrow(), self.read.borrow());
+            keys.iter()
+                .map(|(t, k)| (*t as usize, k.to_vec()))
+                .filter(|at| !writes.contains_key(at) && !read.contains_key(at))
+                .map(|(t, k)| (table(t), k))
+                .collect()
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let mut all = std::mem::take(&mut *self.ahead.borrow_mut());
+        all.retain(|at| !missing.contains(at));
+        all.extend(missing);
+        let fetched = self.fetch(all);
+        self.note(fetched)
+    }
+}
+
+/// The row of stripe `stripe` of the counter `key` (stripe 0 is the key itself).
+fn stripe_key(key: &[u8], stripe: u8) -> Vec<u8> {
+    match stripe {
+        0 => key.to_vec(),
+        s => [key, &[0, s]].concat(),
+    }
+}
+
+/// The table of a table number of `T`.
+fn table(t: usize) -> T {
+    TABLES[t]
 }
 
 /// Records `w` as the latest write of `key`.
@@ -779,6 +873,21 @@ impl Backend for PgBackend {
         .map(|r| (r.get(0), r.get(1))))
     }
 
+    /// Sums the counter's rows: its own and its stripes.
+    fn counter(&self, t: T, key: &[u8]) -> Result<i64, StoreError> {
+        let client = self.db.client_blocking()?;
+        let (stripes, end) = (stripe_key(key, 1), [key, &[1]].concat());
+        let rows = wait(client.query(
+            "SELECT v FROM runner_kv WHERE t = $1 AND (k = $2 OR (k >= $3 AND k < $4))",
+            &[&(t as i16), &key, &stripes, &end],
+        ))
+        .map_err(DbError::from)?;
+        Ok(rows
+            .iter()
+            .map(|r| super::read_counter(r.get::<_, &[u8]>(0)))
+            .sum())
+    }
+
     /// One statement in a transaction of its own; the read that follows a lost race sees the
     /// winner's row (`READ COMMITTED`: every statement sees what committed before it began).
     fn insert_new(&self, t: T, key: &[u8], value: &[u8]) -> Result<Option<Value>, StoreError> {
@@ -807,12 +916,31 @@ impl Backend for PgBackend {
     }
 
     fn transact(&self, body: &Body<'_>) -> Result<(), Failed> {
-        run_bodies(&mut Conn::Pool(&self.db), &[body], &[])
+        run_bodies(&mut Conn::Pool(&self.db), &[body], BEGIN, &[])
             .pop()
             .unwrap_or(Err(Failed::Aborted))
     }
 
-    fn commit(&self, body: Box<Body<'static>>, _durable: bool) -> Pending<Result<(), Failed>> {
+    /// A durable commit joins the committer's next batch; one that need not be durable (a
+    /// claim) runs at once in a transaction of its own, concurrently with the others, and
+    /// answers without waiting for the WAL flush.
+    fn commit(&self, body: Box<Body<'static>>, durable: bool) -> Pending<Result<(), Failed>> {
+        if !durable {
+            let db = self.db.clone();
+            return Box::pin(async move {
+                let ran = tokio::task::spawn_blocking(move || {
+                    run_bodies(&mut Conn::Pool(&db), &[&*body], ASYNC_BEGIN, &[])
+                        .pop()
+                        .unwrap_or(Err(Failed::Aborted))
+                })
+                .await;
+                ran.unwrap_or_else(|e| {
+                    Err(Failed::Storage(StoreError::Failed(format!(
+                        "a transaction's thread failed: {e}"
+                    ))))
+                })
+            });
+        }
         let (done, answer) = tokio::sync::oneshot::channel();
         let queued = self.committer.send(Queued { body, done });
         Box::pin(async move {

@@ -72,11 +72,23 @@ impl Txn for SledTx<'_> {
     }
 
     fn add(&self, t: T, key: &[u8], delta: i64) -> Result<(), Fault> {
-        let now = self
-            .get(t, key)?
-            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
-            .map_or(0, i64::from_be_bytes);
+        let now = self.get(t, key)?.map_or(0, |v| super::read_counter(&v));
         self.put(t, key, &(now + delta).to_be_bytes())
+    }
+
+    /// sled transactions conflict instead of locking (and run one at a time): the first keys
+    /// the transaction sees.
+    fn lock_first(&self, t: T, keys: &[Value], limit: usize) -> Result<Vec<(Value, Value)>, Fault> {
+        let mut out = Vec::new();
+        for key in keys {
+            if out.len() >= limit {
+                break;
+            }
+            if let Some(value) = self.get(t, key)? {
+                out.push((key.clone(), value));
+            }
+        }
+        Ok(out)
     }
 }
 

@@ -1,0 +1,97 @@
+//! On PostgreSQL, claimers racing for the same queue entries take different ones without
+//! waiting for each other: `Txn::lock_first` is `FOR UPDATE SKIP LOCKED`. (On sled,
+//! transactions run one at a time, so there is no overlap to show.)
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    sync::{
+        Mutex,
+        atomic::{AtomicUsize, Ordering},
+        mpsc,
+    },
+    time::Duration,
+};
+
+use arbor_runner_svc::store::{Store, T, TxError};
+
+fn open(url: &str) -> Store {
+    let url = url.to_string();
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(Store::open_postgres(&url))
+            .unwrap()
+    })
+    .join()
+    .unwrap()
+}
+
+/// While one transaction holds the first candidate, another takes the second at once, and both
+/// commit: each removed the entry it took.
+#[test]
+fn a_second_claimer_takes_the_next_entry_while_the_first_is_held() {
+    let cluster = arbor_testkit::PgCluster::shared();
+    let store = open(&cluster.fresh_database("skip_locked"));
+    let keys: Vec<Vec<u8>> = ["q1", "q2", "q3"].map(|k| k.as_bytes().to_vec()).into();
+    store
+        .transact(|t| {
+            for k in &keys {
+                t.tree(T::Queue).insert(k, b"job")?;
+            }
+            Ok::<_, arbor_runner_svc::store::Abort<()>>(())
+        })
+        .unwrap();
+
+    let (held_tx, held_rx) = mpsc::channel::<Vec<u8>>();
+    let (second_tx, second_rx) = mpsc::channel::<Vec<u8>>();
+    let second_rx = Mutex::new(second_rx);
+    let attempts = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let first = s.spawn(|| {
+            store
+                .transact(|t| {
+                    let got = t.tree(T::Queue).lock_first(&keys, 1)?;
+                    let (key, _) = got.first().cloned().expect("an entry");
+                    // Only the first attempt waits for the other claimer; a retry after a
+                    // serialisation failure just finishes.
+                    if attempts.fetch_add(1, Ordering::SeqCst) == 0 {
+                        held_tx.send(key.clone()).unwrap();
+                        let other = second_rx
+                            .lock()
+                            .unwrap()
+                            .recv_timeout(Duration::from_secs(20))
+                            .expect("the second claimer finished while this one held its entry");
+                        assert_ne!(other, key);
+                    }
+                    t.tree(T::Queue).remove(&key)?;
+                    Ok::<_, arbor_runner_svc::store::Abort<()>>(key)
+                })
+                .unwrap()
+        });
+        let held = held_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert_eq!(held, b"q1");
+        let second: Result<Vec<u8>, TxError<()>> = store.transact(|t| {
+            let got = t.tree(T::Queue).lock_first(&keys, 1)?;
+            let (key, _) = got
+                .first()
+                .cloned()
+                .expect("an entry not held by the first");
+            t.tree(T::Queue).remove(&key)?;
+            Ok(key)
+        });
+        let second = second.unwrap();
+        assert_eq!(second, b"q2");
+        second_tx.send(second).unwrap();
+        assert_eq!(first.join().unwrap(), b"q1");
+    });
+    let left: Vec<Vec<u8>> = store
+        .tree(T::Queue)
+        .iter()
+        .keys()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(left, vec![b"q3".to_vec()]);
+}
