@@ -181,6 +181,12 @@ pub mod tx {
         {
             let holder = String::from_utf8_lossy(&holder).into_owned();
             if let Some(job) = get_job(tx, &holder)? {
+                // Written back unchanged, so that this transaction and a claim of the same job
+                // write one row and cannot both commit. Otherwise, under snapshot isolation, a
+                // wake-up could fold into a job a concurrent claim already took, whose worker
+                // read the run's inbox before this transaction's decision landed in it: the
+                // decision would wait with no job left to deliver it.
+                put_job(tx, &job)?;
                 return Ok(Enqueued {
                     job,
                     deduplicated: true,

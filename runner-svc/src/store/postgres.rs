@@ -152,7 +152,10 @@ struct PgBackend {
     reachable: tokio::sync::watch::Receiver<bool>,
     /// The server's clock minus ours, in ms.
     skew_ms: AtomicI64,
+    /// The batched commit of durable writes.
     committer: mpsc::Sender<Queued>,
+    /// The batched commit of writes that need not be durable (claims).
+    claimer: mpsc::Sender<Queued>,
     /// Ids handed out next, up to (not including) the end of the block taken from the
     /// sequence: one round trip per 64 ids.
     ids: std::sync::Mutex<(u64, u64)>,
@@ -164,22 +167,28 @@ struct PgBackend {
 
 impl PgBackend {
     fn new(db: Database, reachable: tokio::sync::watch::Receiver<bool>) -> Self {
-        let (committer, queue) = mpsc::channel::<Queued>();
         let (batches, bodies) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let hot: Arc<OnceLock<Keys>> = Arc::default();
-        let (db2, b2, n2, hot2) = (db.clone(), batches.clone(), bodies.clone(), hot.clone());
-        // The thread ends when the backend (the only sender) is dropped.
-        let spawned = std::thread::Builder::new()
-            .name("arbor-pg-commit".into())
-            .spawn(move || committer_loop(&db2, &queue, &b2, &n2, &hot2));
-        if let Err(e) = spawned {
-            tracing::error!("cannot start the commit thread: {e}");
-        }
+        let lane = |lane: Lane| {
+            let (queue, queued) = mpsc::channel::<Queued>();
+            let (db, b, n, hot) = (db.clone(), batches.clone(), bodies.clone(), hot.clone());
+            // The thread ends when the backend (the only sender) is dropped.
+            let spawned = std::thread::Builder::new()
+                .name(lane.thread.into())
+                .spawn(move || committer_loop(&db, &queued, &b, &n, &hot, lane));
+            if let Err(e) = spawned {
+                tracing::error!("cannot start a commit thread: {e}");
+            }
+            queue
+        };
+        let committer = lane(Lane::DURABLE);
+        let claimer = lane(Lane::UNFLUSHED);
         Self {
             db,
             reachable,
             skew_ms: AtomicI64::new(0),
             committer,
+            claimer,
             ids: std::sync::Mutex::new((0, 0)),
             batches,
             bodies,
@@ -212,12 +221,39 @@ fn conflict_pause(attempt: u32) {
 }
 
 /// The committer: takes whatever is queued, runs it as one transaction, answers each body.
+/// One batched commit: a thread with a connection of its own, and how its transactions begin.
+#[derive(Clone, Copy)]
+struct Lane {
+    thread: &'static str,
+    begin: &'static str,
+    /// Whether it takes the writer lock and appends to the event log (and so reads the hot
+    /// keys with its first read, and moves counters' own rows).
+    writer: bool,
+}
+
+impl Lane {
+    /// Durable writes: each batch waits for its WAL flush, one replica's at a time.
+    const DURABLE: Lane = Lane {
+        thread: "arbor-pg-commit",
+        begin: WRITER_BEGIN,
+        writer: true,
+    };
+    /// Claims: each batch answers once committed, without the writer lock; the claim
+    /// batches of several replicas run at once and pass over each other's queue entries.
+    const UNFLUSHED: Lane = Lane {
+        thread: "arbor-pg-claim",
+        begin: ASYNC_BEGIN,
+        writer: false,
+    };
+}
+
 fn committer_loop(
     db: &Database,
     queue: &mpsc::Receiver<Queued>,
     batches: &AtomicU64,
     bodies: &AtomicU64,
     hot: &OnceLock<Keys>,
+    lane: Lane,
 ) {
     // The commit thread's connection is its own: its round trips are most of the runner's.
     let mut own = match db.dedicated() {
@@ -236,8 +272,12 @@ fn committer_loop(
             }
         }
         let queued: Vec<&Body<'_>> = batch.iter().map(|q| &*q.body).collect();
-        let hot = hot.get().map_or(&[][..], Vec::as_slice);
-        let outcomes = run_bodies(&mut Conn::Own(&mut own), &queued, WRITER_BEGIN, hot);
+        let hot = match lane.writer {
+            true => hot.get().map_or(&[][..], Vec::as_slice),
+            false => &[],
+        };
+        let stripe = lane.writer.then_some(0);
+        let outcomes = run_bodies(&mut Conn::Own(&mut own), &queued, lane.begin, hot, stripe);
         drop(queued);
         batches.fetch_add(1, Ordering::Relaxed);
         bodies.fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -266,8 +306,8 @@ fn run_bodies(
     bodies: &[&Body<'_>],
     begin: &'static str,
     hot: &[(T, Value)],
+    stripe: Option<u8>,
 ) -> Vec<Result<(), Failed>> {
-    let batched = matches!(conn, Conn::Own(_));
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -283,10 +323,7 @@ fn run_bodies(
                     (client, Some(rt))
                 }
             };
-            let stripe = match batched {
-                true => 0,
-                false => fastrand::u8(1..=STRIPES),
-            };
+            let stripe = stripe.unwrap_or_else(|| fastrand::u8(1..=STRIPES));
             let tx = PgTx::begin(client, rt, begin, hot, stripe);
             let mut outcomes = Vec::with_capacity(bodies.len());
             for body in bodies {
@@ -581,13 +618,15 @@ impl<'c> PgTx<'c> {
                 futures_util::join!(self.begin_once(), deletes, upserts, increments, commit);
             [b, d, u, i, c]
         });
+        // The COMMIT ran (an aborted transaction's COMMIT rolls it back and answers OK):
+        // nothing is left open on the connection. Otherwise it may be, and is rolled back.
+        let ended = results[4].is_ok();
         let result = first_error(results);
-        match result {
-            // Committed: nothing is left open on the connection.
-            Ok(()) => {
+        match ended {
+            true => {
                 self.begin.end();
             }
-            Err(_) => self.rollback(),
+            false => self.rollback(),
         }
         result
     }
@@ -916,33 +955,21 @@ impl Backend for PgBackend {
     }
 
     fn transact(&self, body: &Body<'_>) -> Result<(), Failed> {
-        run_bodies(&mut Conn::Pool(&self.db), &[body], BEGIN, &[])
+        run_bodies(&mut Conn::Pool(&self.db), &[body], BEGIN, &[], None)
             .pop()
             .unwrap_or(Err(Failed::Aborted))
     }
 
-    /// A durable commit joins the committer's next batch; one that need not be durable (a
-    /// claim) runs at once in a transaction of its own, concurrently with the others, and
-    /// answers without waiting for the WAL flush.
+    /// A durable commit joins the next batch of the durable lane; one that need not be durable
+    /// (a claim) the next batch of the other lane, which answers without waiting for the WAL
+    /// flush and runs alongside.
     fn commit(&self, body: Box<Body<'static>>, durable: bool) -> Pending<Result<(), Failed>> {
-        if !durable {
-            let db = self.db.clone();
-            return Box::pin(async move {
-                let ran = tokio::task::spawn_blocking(move || {
-                    run_bodies(&mut Conn::Pool(&db), &[&*body], ASYNC_BEGIN, &[])
-                        .pop()
-                        .unwrap_or(Err(Failed::Aborted))
-                })
-                .await;
-                ran.unwrap_or_else(|e| {
-                    Err(Failed::Storage(StoreError::Failed(format!(
-                        "a transaction's thread failed: {e}"
-                    ))))
-                })
-            });
-        }
+        let lane = match durable {
+            true => &self.committer,
+            false => &self.claimer,
+        };
         let (done, answer) = tokio::sync::oneshot::channel();
-        let queued = self.committer.send(Queued { body, done });
+        let queued = lane.send(Queued { body, done });
         Box::pin(async move {
             if queued.is_err() {
                 return Err(Failed::Storage(StoreError::Failed(

@@ -1,6 +1,7 @@
-//! On PostgreSQL, claimers racing for the same queue entries take different ones without
-//! waiting for each other: `Txn::lock_first` is `FOR UPDATE SKIP LOCKED`. (On sled,
-//! transactions run one at a time, so there is no overlap to show.)
+//! Races that only PostgreSQL lets overlap (on sled, transactions run one at a time): claimers
+//! racing for the same queue entries take different ones without waiting for each other
+//! (`Txn::lock_first` is `FOR UPDATE SKIP LOCKED`), and a wake-up never folds into a job that
+//! a concurrent claim took.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -13,7 +14,10 @@ use std::{
     time::Duration,
 };
 
-use arbor_runner_svc::store::{Store, T, TxError};
+use arbor_runner_svc::{
+    mailbox::{EnqueueRequest, Mailbox, MailboxConfig, SystemClock, tx as mtx},
+    store::{Store, T, TxError},
+};
 
 fn open(url: &str) -> Store {
     let url = url.to_string();
@@ -94,4 +98,65 @@ fn a_second_claimer_takes_the_next_entry_while_the_first_is_held() {
         .map(Result::unwrap)
         .collect();
     assert_eq!(left, vec![b"q3".to_vec()]);
+}
+
+/// A wake-up whose transaction read a queued job as its duplicate while a claim took that job
+/// and committed must not fold into it: the claimed job's worker may already have read the
+/// run's inbox, so the decision the wake-up is for would wait with no job to deliver it. It
+/// gets a job of its own instead.
+#[test]
+fn a_wake_up_never_folds_into_a_job_a_concurrent_claim_took() {
+    let cluster = arbor_testkit::PgCluster::shared();
+    let store = open(&cluster.fresh_database("wake_vs_claim"));
+    let (mailbox, _) = Mailbox::open(
+        store.clone(),
+        std::sync::Arc::new(SystemClock::default()),
+        MailboxConfig::default(),
+    )
+    .unwrap();
+    let wake = |job_id: &str| EnqueueRequest {
+        job_id: job_id.into(),
+        mailbox_id: "thread-1".into(),
+        run_id: "run-1".into(),
+        dedupe_key: "wake:run-1".into(),
+        ..Default::default()
+    };
+    let first = store
+        .transact(|t| mtx::enqueue(t, &wake("wake-1"), 1, 0, 3))
+        .unwrap();
+    assert!(!first.deduplicated);
+
+    let (read_tx, read_rx) = mpsc::channel::<()>();
+    let (claimed_tx, claimed_rx) = mpsc::channel::<()>();
+    let claimed_rx = Mutex::new(claimed_rx);
+    let attempts = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let waking = s.spawn(|| {
+            store
+                .transact(|t| {
+                    let enqueued = mtx::enqueue(t, &wake("wake-2"), 2, 0, 3)?;
+                    // The first attempt saw the queued job; it waits for the claim to commit.
+                    if attempts.fetch_add(1, Ordering::SeqCst) == 0 {
+                        assert!(enqueued.deduplicated);
+                        read_tx.send(()).unwrap();
+                        claimed_rx
+                            .lock()
+                            .unwrap()
+                            .recv_timeout(Duration::from_secs(20))
+                            .expect("the claim committed");
+                    }
+                    Ok(enqueued)
+                })
+                .unwrap()
+        });
+        read_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        let claim = mailbox.claim_or_next("worker").unwrap().0.expect("a claim");
+        assert_eq!(claim.job.job_id, "wake-1");
+        claimed_tx.send(()).unwrap();
+        let enqueued = waking.join().unwrap();
+        assert!(
+            !enqueued.deduplicated && enqueued.job.job_id == "wake-2",
+            "the wake-up folded into the claimed job: {enqueued:?}"
+        );
+    });
 }
