@@ -166,6 +166,8 @@ struct PgBackend {
     skew_ms: AtomicI64,
     /// The batched commit of durable writes.
     committer: mpsc::Sender<Queued>,
+    /// Names this process in its notifications (hex digits only: it goes into SQL text).
+    origin: String,
     /// The batched commit of writes that need not be durable (claims).
     claimer: mpsc::Sender<Queued>,
     /// Ids handed out next, up to (not including) the end of the block taken from the
@@ -181,13 +183,15 @@ impl PgBackend {
     fn new(db: Database, reachable: tokio::sync::watch::Receiver<bool>) -> Self {
         let (batches, bodies) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let hot: Arc<OnceLock<Keys>> = Arc::default();
+        let origin = format!("{:016x}", fastrand::u64(..));
         let lane = |lane: Lane| {
             let (queue, queued) = mpsc::channel::<Queued>();
             let (db, b, n, hot) = (db.clone(), batches.clone(), bodies.clone(), hot.clone());
+            let origin = origin.clone();
             // The thread ends when the backend (the only sender) is dropped.
             let spawned = std::thread::Builder::new()
                 .name(lane.thread.into())
-                .spawn(move || committer_loop(&db, &queued, &b, &n, &hot, lane));
+                .spawn(move || committer_loop(&db, &queued, &b, &n, &hot, lane, &origin));
             if let Err(e) = spawned {
                 tracing::error!("cannot start a commit thread: {e}");
             }
@@ -200,6 +204,7 @@ impl PgBackend {
             reachable,
             skew_ms: AtomicI64::new(0),
             committer,
+            origin,
             claimer,
             ids: std::sync::Mutex::new((0, 0)),
             batches,
@@ -268,6 +273,7 @@ fn committer_loop(
     bodies: &AtomicU64,
     hot: &OnceLock<Keys>,
     lane: Lane,
+    origin: &str,
 ) {
     // The commit thread's connection is its own: its round trips are most of the runner's.
     let mut own = match db.dedicated() {
@@ -290,8 +296,13 @@ fn committer_loop(
             true => hot.get().map_or(&[][..], Vec::as_slice),
             false => &[],
         };
-        let stripe = lane.writer.then_some(0);
-        let outcomes = run_bodies(&mut Conn::Own(&mut own), &queued, lane.begin, hot, stripe);
+        let setup = Setup {
+            begin: lane.begin,
+            hot,
+            stripe: lane.writer.then_some(0),
+            origin,
+        };
+        let outcomes = run_bodies(&mut Conn::Own(&mut own), &queued, setup);
         drop(queued);
         batches.fetch_add(1, Ordering::Relaxed);
         bodies.fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -309,18 +320,25 @@ enum Conn<'a> {
     Own(&'a mut Dedicated),
 }
 
+/// How a transaction begins, and what it does on the side.
+#[derive(Clone, Copy)]
+struct Setup<'a> {
+    begin: &'static str,
+    /// Rows fetched with its first read.
+    hot: &'a [(T, Value)],
+    /// Which row of each counter it moves (`None`: one picked at random, each attempt).
+    stripe: Option<u8>,
+    /// The payload of its notifications: this process's own, so it can skip them.
+    origin: &'a str,
+}
+
 /// Runs `bodies` in one transaction (again on a conflict); a body that aborts leaves nothing
 /// behind and does not stop the others. A storage failure fails them all. A transaction left
 /// on any early return is rolled back when its `PgTx` drops.
-///
-/// A batched commit (`Conn::Own`) begins with the writer lock and fetches `hot` with its first
-/// read; any other transaction begins plainly and reads only what its bodies ask for.
 fn run_bodies(
     conn: &mut Conn<'_>,
     bodies: &[&Body<'_>],
-    begin: &'static str,
-    hot: &[(T, Value)],
-    stripe: Option<u8>,
+    setup: Setup<'_>,
 ) -> Vec<Result<(), Failed>> {
     let mut attempt = 0;
     loop {
@@ -337,8 +355,8 @@ fn run_bodies(
                     (client, Some(rt))
                 }
             };
-            let stripe = stripe.unwrap_or_else(|| fastrand::u8(1..=STRIPES));
-            let tx = PgTx::begin(client, rt, begin, hot, stripe);
+            let stripe = setup.stripe.unwrap_or_else(|| fastrand::u8(1..=STRIPES));
+            let tx = PgTx::begin(client, rt, setup, stripe);
             let mut outcomes = Vec::with_capacity(bodies.len());
             for body in bodies {
                 let mark = tx.mark();
@@ -429,6 +447,8 @@ struct PgTx<'c> {
     ahead: RefCell<Vec<(T, Value)>>,
     /// Which row of each counter `add` moves (0: the counter's own key).
     stripe: u8,
+    /// The payload of the notifications it sends (see `Setup::origin`).
+    origin: &'c str,
     /// A failure a read or write hit (the SQL transaction is then aborted).
     failed: RefCell<Option<DbError>>,
     begin: LazyBegin,
@@ -443,8 +463,7 @@ impl<'c> PgTx<'c> {
     fn begin(
         client: &'c ClientWrapper,
         rt: Option<&'c tokio::runtime::Runtime>,
-        begin: &'static str,
-        ahead: &[(T, Value)],
+        setup: Setup<'c>,
         stripe: u8,
     ) -> Self {
         Self {
@@ -453,10 +472,11 @@ impl<'c> PgTx<'c> {
             log: RefCell::default(),
             writes: RefCell::default(),
             read: RefCell::default(),
-            ahead: RefCell::new(ahead.to_vec()),
+            ahead: RefCell::new(setup.hot.to_vec()),
             stripe,
+            origin: setup.origin,
             failed: RefCell::default(),
-            begin: LazyBegin::new(begin),
+            begin: LazyBegin::new(setup.begin),
         }
     }
 
@@ -570,11 +590,10 @@ impl<'c> PgTx<'c> {
         // replica in one line, and stop their flushes from being shared. A statement after
         // a failed COMMIT does not run.
         let mut finish = String::from("COMMIT");
-        if events {
-            finish.push_str(&format!(";NOTIFY {EVENTS_CHANNEL}"));
-        }
-        if work {
-            finish.push_str(&format!(";NOTIFY {WORK_CHANNEL}"));
+        for (notify, channel) in [(events, EVENTS_CHANNEL), (work, WORK_CHANNEL)] {
+            if notify {
+                finish.push_str(&format!(";NOTIFY {channel}, '{}'", self.origin));
+            }
         }
         // One round trip: BEGIN (if no read sent it), the deletes, the upserts and COMMIT go
         // out together. When a statement fails the transaction is aborted, and the COMMIT
@@ -969,7 +988,13 @@ impl Backend for PgBackend {
     }
 
     fn transact(&self, body: &Body<'_>) -> Result<(), Failed> {
-        run_bodies(&mut Conn::Pool(&self.db), &[body], BEGIN, &[], None)
+        let setup = Setup {
+            begin: BEGIN,
+            hot: &[],
+            stripe: None,
+            origin: &self.origin,
+        };
+        run_bodies(&mut Conn::Pool(&self.db), &[body], setup)
             .pop()
             .unwrap_or(Err(Failed::Aborted))
     }
@@ -1067,10 +1092,16 @@ impl Backend for PgBackend {
         let _ = self.hot.set(keys);
     }
 
+    /// This process's own notifications are skipped: whatever it commits, it wakes its own
+    /// streams and workers for in-process.
     fn subscribe(&self, wake: Arc<dyn Fn(Change) + Send + Sync>) {
+        let origin = self.origin.clone();
         let listened = self
             .db
-            .listen(&[EVENTS_CHANNEL, WORK_CHANNEL], move |channel, _| {
+            .listen(&[EVENTS_CHANNEL, WORK_CHANNEL], move |channel, payload| {
+                if payload == origin {
+                    return;
+                }
                 wake(match channel {
                     EVENTS_CHANNEL => Change::Events,
                     WORK_CHANNEL => Change::Work,
