@@ -356,41 +356,60 @@ async fn stages(cluster: &BenchCluster, map: &HashMap<String, Track>) -> [Vec<i6
 
 async fn follow(mut runner: super::cluster::Runner, tracks: Tracks) {
     use rpb::EventKind as K;
-    let mut stream = runner
-        .stream_events(rpb::StreamEventsRequest {
-            follow: true,
-            filter: Some(rpb::EventFilter {
-                kinds: vec![
-                    K::ExecutionSuspended as i32,
-                    K::ExecutionResumed as i32,
-                    K::RunSucceeded as i32,
-                    K::RunFailed as i32,
-                ],
+    // A stream that ends (a slow reader dropped, a replica's error) is resumed after the last
+    // event seen, as a client would; why it ended is printed.
+    let mut after = 0;
+    loop {
+        let opened = runner
+            .stream_events(rpb::StreamEventsRequest {
+                follow: true,
+                after_seq: Some(after),
+                filter: Some(rpb::EventFilter {
+                    kinds: vec![
+                        K::ExecutionSuspended as i32,
+                        K::ExecutionResumed as i32,
+                        K::RunSucceeded as i32,
+                        K::RunFailed as i32,
+                    ],
+                    ..Default::default()
+                }),
                 ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("follow events")
-        .into_inner();
-    while let Ok(Some(item)) = stream.message().await {
-        let Some(event) = item.event else { continue };
-        let now = Instant::now();
-        let at = event.time.as_ref().map(wall_ms);
-        let mut map = tracks.lock().expect("tracks");
-        let t = map.entry(event.run_id).or_default();
-        match K::try_from(event.kind) {
-            Ok(K::ExecutionSuspended) => (t.suspended, t.suspended_ms) = (Some(now), at),
-            Ok(K::ExecutionResumed) => (t.resumed, t.resumed_ms) = (Some(now), at),
-            Ok(K::RunSucceeded | K::RunFailed) => {
-                t.failed = event.kind == K::RunFailed as i32;
-                t.done = Some(now);
-                if let Some(w) = t.waiter.take() {
-                    let _ = w.send(());
-                }
+            })
+            .await;
+        let mut stream = match opened {
+            Ok(s) => s.into_inner(),
+            Err(e) => {
+                eprintln!("  (event stream not opened: {e}; trying again)");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                continue;
             }
-            _ => {}
-        }
+        };
+        let ended = loop {
+            let item = match stream.message().await {
+                Ok(Some(item)) => item,
+                Ok(None) => break "the server closed it".to_string(),
+                Err(e) => break e.to_string(),
+            };
+            let Some(event) = item.event else { continue };
+            after = after.max(event.seq);
+            let now = Instant::now();
+            let at = event.time.as_ref().map(wall_ms);
+            let mut map = tracks.lock().expect("tracks");
+            let t = map.entry(event.run_id).or_default();
+            match K::try_from(event.kind) {
+                Ok(K::ExecutionSuspended) => (t.suspended, t.suspended_ms) = (Some(now), at),
+                Ok(K::ExecutionResumed) => (t.resumed, t.resumed_ms) = (Some(now), at),
+                Ok(K::RunSucceeded | K::RunFailed) => {
+                    t.failed = event.kind == K::RunFailed as i32;
+                    t.done = Some(now);
+                    if let Some(w) = t.waiter.take() {
+                        let _ = w.send(());
+                    }
+                }
+                _ => {}
+            }
+        };
+        eprintln!("  (event stream ended after seq {after}: {ended}; resuming)");
     }
 }
 
