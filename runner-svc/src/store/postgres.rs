@@ -152,6 +152,14 @@ impl Store {
 /// Keys of rows, each with its table.
 type Keys = Vec<(T, Value)>;
 
+/// What the batch threads have done so far (see [`Backend::stats`]).
+#[derive(Default)]
+struct Counts {
+    flushes: AtomicU64,
+    batches: AtomicU64,
+    bodies: AtomicU64,
+}
+
 /// A body and where its outcome goes, queued for the committer thread.
 struct Queued {
     body: Box<Body<'static>>,
@@ -173,25 +181,24 @@ struct PgBackend {
     /// Ids handed out next, up to (not including) the end of the block taken from the
     /// sequence: one round trip per 64 ids.
     ids: std::sync::Mutex<(u64, u64)>,
-    batches: Arc<AtomicU64>,
-    bodies: Arc<AtomicU64>,
+    counts: Arc<Counts>,
     /// Keys nearly every batched commit reads (see [`Backend::hot_keys`]).
     hot: Arc<OnceLock<Keys>>,
 }
 
 impl PgBackend {
     fn new(db: Database, reachable: tokio::sync::watch::Receiver<bool>) -> Self {
-        let (batches, bodies) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let counts = Arc::new(Counts::default());
         let hot: Arc<OnceLock<Keys>> = Arc::default();
         let origin = format!("{:016x}", fastrand::u64(..));
         let lane = |lane: Lane| {
             let (queue, queued) = mpsc::channel::<Queued>();
-            let (db, b, n, hot) = (db.clone(), batches.clone(), bodies.clone(), hot.clone());
+            let (db, counts, hot) = (db.clone(), counts.clone(), hot.clone());
             let origin = origin.clone();
             // The thread ends when the backend (the only sender) is dropped.
             let spawned = std::thread::Builder::new()
                 .name(lane.thread.into())
-                .spawn(move || committer_loop(&db, &queued, &b, &n, &hot, lane, &origin));
+                .spawn(move || committer_loop(&db, &queued, &counts, &hot, lane, &origin));
             if let Err(e) = spawned {
                 tracing::error!("cannot start a commit thread: {e}");
             }
@@ -207,8 +214,7 @@ impl PgBackend {
             origin,
             claimer,
             ids: std::sync::Mutex::new((0, 0)),
-            batches,
-            bodies,
+            counts,
             hot,
         }
     }
@@ -269,8 +275,7 @@ impl Lane {
 fn committer_loop(
     db: &Database,
     queue: &mpsc::Receiver<Queued>,
-    batches: &AtomicU64,
-    bodies: &AtomicU64,
+    counts: &Counts,
     hot: &OnceLock<Keys>,
     lane: Lane,
     origin: &str,
@@ -304,8 +309,13 @@ fn committer_loop(
         };
         let outcomes = run_bodies(&mut Conn::Own(&mut own), &queued, setup);
         drop(queued);
-        batches.fetch_add(1, Ordering::Relaxed);
-        bodies.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        if lane.writer {
+            counts.flushes.fetch_add(1, Ordering::Relaxed);
+        }
+        counts.batches.fetch_add(1, Ordering::Relaxed);
+        counts
+            .bodies
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
         for (q, outcome) in batch.into_iter().zip(outcomes) {
             let _ = q.done.send(outcome);
         }
@@ -1065,12 +1075,14 @@ impl Backend for PgBackend {
         Ok(())
     }
 
+    /// Flushes: durable batches (each waited for its WAL flush); batches and bodies: both
+    /// lanes'.
     fn stats(&self) -> Stats {
-        let batches = self.batches.load(Ordering::Relaxed);
+        let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
         Stats {
-            flushes: batches,
-            batches,
-            bodies: self.bodies.load(Ordering::Relaxed),
+            flushes: load(&self.counts.flushes),
+            batches: load(&self.counts.batches),
+            bodies: load(&self.counts.bodies),
         }
     }
 
