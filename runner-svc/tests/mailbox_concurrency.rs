@@ -138,8 +138,8 @@ fn a_second_ack_with_the_same_token_is_refused() {
     ));
 }
 
-/// The worker pool's claims (`claim_next`) share the committer's transactions with each other
-/// and with the acks: with 32 of them in flight at once, each aiming at a different job first,
+/// The worker pool's claims (`claim_next`) share batched transactions with each other (and, on
+/// sled, with the acks): with 32 of them in flight at once, racing for the same candidates,
 /// every job is still claimed exactly once and a thread never has two claimed jobs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_claims_sharing_batches_take_every_job_once() {
@@ -176,8 +176,7 @@ async fn pool_claims_sharing_batches_take_every_job_once() {
     assert!(mailbox.claim_next("late").await.unwrap().0.is_none());
 }
 
-/// A lone pool claimer takes jobs highest priority first, then oldest: aiming at different
-/// jobs only reorders claims that are in flight together.
+/// A lone pool claimer takes jobs highest priority first, then oldest.
 #[tokio::test]
 async fn a_lone_pool_claimer_takes_jobs_in_claim_order() {
     let (_dir, mailbox) = mailbox_with_jobs(0);

@@ -880,7 +880,7 @@ impl Mailbox {
         let claimed = self
             .store
             .transact(|t| tx::claim_any(t, &candidates, worker_id, &token, now, lease))?;
-        Ok(self.claimed(claimed, token, now))
+        Ok(self.claimed(claimed, token, now, next))
     }
 
     /// [`claim_or_next`](Self::claim_or_next) for the worker pool: the same claim transaction,
@@ -904,24 +904,27 @@ impl Mailbox {
             .store
             .apply(move |t| tx::claim_any(t, &candidates, &worker, &token_in, now, lease))
             .await?;
-        Ok(self.claimed(claimed, token, now))
+        Ok(self.claimed(claimed, token, now, next))
     }
 
     /// What a claim transaction's outcome means to the worker: the claim, with its lease
     /// tracked (and "now" when more work seemed to be waiting, so that another worker looks),
-    /// or, when every candidate went to another worker, "look again now".
+    /// or, when every candidate went to another worker, what the scan said of the rest: "now"
+    /// if it stopped at its limit, otherwise when the next delayed job is due. (The workers
+    /// that took the candidates pass the wake-up on if they saw more.)
     fn claimed(
         &self,
         claimed: tx::Claimed,
         token: String,
         now: u64,
+        next: Option<u64>,
     ) -> (Option<Claim>, Option<u64>) {
         match claimed.job {
             Some(job) => {
                 self.track_lease(&job.job_id, &token);
                 (Some(Claim { job, token }), claimed.more.then_some(now))
             }
-            None => (None, Some(now)),
+            None => (None, next),
         }
     }
 
