@@ -218,14 +218,17 @@ impl<S: ApprovalStore> Approvals<S> {
     /// The log span of one approval: its id and the trace id of the run that asked for it, so
     /// every line about it can be found next to the runner's events of the same trace.
     pub fn span(&self, request_id: &str) -> tracing::Span {
-        let trace_id = self
-            .store
-            .trace(request_id)
-            .ok()
-            .flatten()
-            .map(|tp| arbor_shared::trace::trace_id_of(&tp))
-            .unwrap_or_default();
-        tracing::info_span!("approval", request_id, trace_id = %trace_id)
+        let traceparent = self.store.trace(request_id).ok().flatten();
+        approval_span(request_id, traceparent.as_deref())
+    }
+
+    /// [`span`](Self::span) when the caller has the run's `traceparent` at hand (every runner
+    /// event carries it), so the store is not read for it; empty: read it.
+    pub fn span_in(&self, request_id: &str, traceparent: &str) -> tracing::Span {
+        match traceparent.is_empty() {
+            true => self.span(request_id),
+            false => approval_span(request_id, Some(traceparent)),
+        }
     }
 
     fn observe_decision(&self, a: &Approval) {
@@ -363,4 +366,12 @@ impl<S: ApprovalStore> Approvals<S> {
         }
         Ok(())
     }
+}
+
+/// The log span of one approval in the trace `traceparent` names (none: no trace id).
+fn approval_span(request_id: &str, traceparent: Option<&str>) -> tracing::Span {
+    let trace_id = traceparent
+        .map(arbor_shared::trace::trace_id_of)
+        .unwrap_or_default();
+    tracing::info_span!("approval", request_id, trace_id = %trace_id)
 }

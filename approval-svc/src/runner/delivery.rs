@@ -102,8 +102,15 @@ impl<S: ApprovalStore> Delivery<S> {
                     continue;
                 }
                 running.push(async move {
-                    let span = this.approvals.span(approval.id());
-                    let outcome = this.deliver(&approval).instrument(span).await;
+                    // Read once: the span's trace id and the context the Resolve carries on.
+                    let trace = this.approvals.store().trace(approval.id()).ok().flatten();
+                    let span = this
+                        .approvals
+                        .span_in(approval.id(), trace.as_deref().unwrap_or_default());
+                    let outcome = this
+                        .deliver(&approval, trace.as_deref())
+                        .instrument(span)
+                        .await;
                     (approval.id().to_string(), outcome)
                 });
             }
@@ -157,13 +164,13 @@ impl<S: ApprovalStore> Delivery<S> {
         }
     }
 
-    async fn deliver(&self, approval: &Approval) -> Result<bool, Error> {
+    async fn deliver(&self, approval: &Approval, trace: Option<&str>) -> Result<bool, Error> {
         let Some(decision) = &approval.decision else {
             return Ok(true);
         };
         let (request_id, decision_id) = (approval.id(), decision.decision_id.as_str());
         let metrics = self.approvals.metrics();
-        match self.attempt(approval).await {
+        match self.attempt(approval, trace).await {
             Attempt::Accepted { duplicate } => {
                 Metrics::inc(&metrics.deliveries_accepted);
                 tracing::info!(request_id, decision_id, duplicate, "decision delivered");
@@ -199,15 +206,14 @@ impl<S: ApprovalStore> Delivery<S> {
         }
     }
 
-    async fn attempt(&self, approval: &Approval) -> Attempt {
+    async fn attempt(&self, approval: &Approval, trace: Option<&str>) -> Attempt {
         let Some(decision) = &approval.decision else {
             return Attempt::Refused("no decision".into());
         };
         let mut request = tonic::Request::new(runner_resolve(approval, decision));
         request.set_timeout(self.tuning.rpc_timeout);
         // The runner continues the run's trace with the steps this decision causes.
-        let trace = self.approvals.store().trace(approval.id()).ok().flatten();
-        if let Some(ctx) = trace.as_deref().and_then(TraceContext::parse) {
+        if let Some(ctx) = trace.and_then(TraceContext::parse) {
             ctx.child().inject(&mut request);
         }
         let mut client = self.client.clone();

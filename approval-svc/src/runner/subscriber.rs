@@ -233,7 +233,7 @@ impl<S: ApprovalStore> Subscriber<S> {
         let results = futures_util::future::join_all(by_run.iter().map(|(_, events)| async move {
             for event in events {
                 match stored.get(&event.seq) {
-                    Some(put) => self.settle(put.clone()).await?,
+                    Some(put) => self.settle(put.clone(), &event.traceparent).await?,
                     None if matches!(event.detail, Some(Detail::ApprovalRequested(_))) => {}
                     None => self.handle(event).await?,
                 }
@@ -280,9 +280,9 @@ impl<S: ApprovalStore> Subscriber<S> {
     }
 
     /// Applies the policy to a stored request, inside the approval's trace span.
-    async fn settle(&self, put: Put) -> Result<(), Error> {
+    async fn settle(&self, put: Put, traceparent: &str) -> Result<(), Error> {
         let a = &self.approvals;
-        let span = a.span(put.approval.id());
+        let span = a.span_in(put.approval.id(), traceparent);
         async {
             let stored = a.settle(put).await?;
             tracing::info!(state = %stored.state, "approval requested");
@@ -297,7 +297,7 @@ impl<S: ApprovalStore> Subscriber<S> {
         match &event.detail {
             Some(Detail::ApprovalConsumed(c)) => {
                 a.consumed(&c.request_id, &c.decision_id)
-                    .instrument(a.span(&c.request_id))
+                    .instrument(a.span_in(&c.request_id, &event.traceparent))
                     .await?
             }
             Some(Detail::SuspensionWithdrawn(w)) => {
@@ -307,7 +307,7 @@ impl<S: ApprovalStore> Subscriber<S> {
                     format!("suspension withdrawn: {}", w.reason)
                 };
                 a.withdraw(&w.request_id, ACTOR, &reason)
-                    .instrument(a.span(&w.request_id))
+                    .instrument(a.span_in(&w.request_id, &event.traceparent))
                     .await?;
             }
             // The runner withdraws a finished run's open suspensions itself (SUSPENSION_WITHDRAWN
