@@ -450,8 +450,9 @@ struct PgTx<'c> {
     log: RefCell<Vec<(T, Value, Write)>>,
     /// What the writes so far leave of each key.
     writes: RefCell<BTreeMap<(usize, Value), Write>>,
-    /// Every row read so far (`None`: absent). A `SERIALIZABLE` transaction reads one snapshot,
-    /// so a row read once reads the same again until the transaction writes it.
+    /// Every row read so far (`None`: absent). Every transaction here reads one snapshot
+    /// (`REPEATABLE READ` or `SERIALIZABLE`), so a row read once reads the same again until
+    /// the transaction writes it.
     read: RefCell<HashMap<(usize, Value), Option<Value>>>,
     /// Rows to fetch with the first read, in the same round trip.
     ahead: RefCell<Vec<(T, Value)>>,
