@@ -1,7 +1,8 @@
 //! One state change as one SQL transaction: the approval's row is read `FOR UPDATE`, so two
 //! transactions on the same approval (on any replica) take turns and the second sees what the
 //! first committed; the record, its indexed columns and its audit entry are written by the
-//! same transaction; `arbor_approvals` is notified right after the commit.
+//! same transaction, in one statement when the audit entry follows the record's write (as the
+//! rules write them); `arbor_approvals` is notified right after the commit.
 
 use std::{cell::RefCell, future::Future};
 
@@ -40,6 +41,9 @@ const MAX_PAYLOAD: usize = 4000;
 pub struct PgTx<'c> {
     client: &'c Object,
     now: u64,
+    /// A record write not sent yet: the audit entry that follows it goes in the same
+    /// statement. Any other statement sends it first.
+    unsent: RefCell<Option<Save>>,
     /// The notification payloads of the approvals changed, sent at commit.
     changed: RefCell<Vec<String>>,
     instance: &'c str,
@@ -52,6 +56,7 @@ impl<'c> PgTx<'c> {
             client,
             now: arbor_shared::time::now_ms(),
             changed: RefCell::default(),
+            unsent: RefCell::default(),
             instance,
             begin: LazyBegin::new("BEGIN"),
         }
@@ -78,6 +83,10 @@ impl<'c> PgTx<'c> {
     /// server runs the notification after the commit unless it stops in between, and then every
     /// listener's connection drops and its replica looks at everything again.
     pub fn commit(&self) -> Result<(), DbError> {
+        self.send_unsent().map_err(|e| match e {
+            Fail::Db(e) => e,
+            Fail::Rule(e) => DbError::Failed(e.to_string()),
+        })?;
         if !self.begin.end() {
             return Ok(());
         }
@@ -114,6 +123,7 @@ impl<'c> PgTx<'c> {
     /// Locks the rows of `run_id`'s approvals that may still be cancelled, in id order (so two
     /// transactions never wait for each other in a circle), and returns their ids.
     pub fn cancellable_of_run(&self, run_id: &str) -> Result<Vec<String>, Fail> {
+        self.send_unsent()?;
         let rows = self.run(self.client.prepared_query(
             "SELECT request_id FROM approval_records
              WHERE run_id = $1 AND state IN ('PENDING', 'RESOLVED', 'EXPIRED')
@@ -136,6 +146,124 @@ impl<'c> PgTx<'c> {
     }
 }
 
+/// Numbers an audit entry (the head of a `WITH`).
+const AUDIT_ID: &str = "WITH n AS (SELECT nextval('approval_audit_ids') AS id)";
+/// Writes the audit entry `$1`..`$5` numbered by `n`, answering its id.
+const AUDIT_INSERT: &str = "INSERT INTO approval_audit (id, request_id, run_id, time_ms, action, \
+     entry) SELECT n.id, $1, $2, $3, $4, jsonb_set($5::text::jsonb, '{id}', to_jsonb(n.id)) \
+     FROM n RETURNING id";
+
+/// A record write: the row, with the columns the service looks it up by.
+struct Save {
+    insert: bool,
+    request_id: String,
+    run_id: String,
+    state: String,
+    created: i64,
+    arrival: i64,
+    updated: i64,
+    deadline: i64,
+    outbox: bool,
+    record: String,
+}
+
+impl Save {
+    const INSERT: &'static str = "INSERT INTO approval_records (request_id, run_id, state, \
+         created_at_ms, arrival, updated_at_ms, deadline_ms, awaiting_delivery, record) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text::jsonb)";
+    const UPDATE: &'static str = "UPDATE approval_records SET state = $2, updated_at_ms = $3, \
+         awaiting_delivery = $4, record = $5::text::jsonb WHERE request_id = $1";
+
+    /// Its statement and parameters.
+    fn alone(
+        &self,
+    ) -> (
+        &'static str,
+        Vec<&(dyn tokio_postgres::types::ToSql + Sync)>,
+    ) {
+        match self.insert {
+            true => (
+                Self::INSERT,
+                vec![
+                    &self.request_id,
+                    &self.run_id,
+                    &self.state,
+                    &self.created,
+                    &self.arrival,
+                    &self.updated,
+                    &self.deadline,
+                    &self.outbox,
+                    &self.record,
+                ],
+            ),
+            false => (
+                Self::UPDATE,
+                vec![
+                    &self.request_id,
+                    &self.state,
+                    &self.updated,
+                    &self.outbox,
+                    &self.record,
+                ],
+            ),
+        }
+    }
+
+    /// It and the audit entry `audit` in one statement: the audit's parameters are `$1`..`$5`,
+    /// the write's follow from `$6`.
+    fn with<'a>(
+        &'a self,
+        audit: &[&'a (dyn tokio_postgres::types::ToSql + Sync); 5],
+    ) -> (
+        &'static str,
+        Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)>,
+    ) {
+        static INSERT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        static UPDATE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let (cell, write) = match self.insert {
+            true => (&INSERT, Self::INSERT),
+            false => (&UPDATE, Self::UPDATE),
+        };
+        let sql = cell.get_or_init(|| {
+            format!(
+                "WITH s AS ({}), {} {AUDIT_INSERT}",
+                shift(write, 5),
+                AUDIT_ID.trim_start_matches("WITH ")
+            )
+        });
+        let (_, params) = self.alone();
+        (sql, audit.iter().copied().chain(params).collect())
+    }
+}
+
+/// `sql` with its parameters `$1`..`$9` (one digit each) renumbered `$1+by`..`$9+by`.
+fn shift(sql: &str, by: usize) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        if c == '$'
+            && let Some(d) = chars.peek().and_then(|d| d.to_digit(10))
+        {
+            chars.next();
+            out.push_str(&(d as usize + by).to_string());
+        }
+    }
+    out
+}
+
+impl PgTx<'_> {
+    /// Sends the record write kept for the audit entry, alone.
+    fn send_unsent(&self) -> Result<(), Fail> {
+        let save = self.unsent.borrow_mut().take();
+        if let Some(save) = save {
+            let (sql, params) = save.alone();
+            self.run(self.client.prepared_execute(sql, &params))?;
+        }
+        Ok(())
+    }
+}
+
 impl Records for PgTx<'_> {
     type Fail = Fail;
 
@@ -144,6 +272,7 @@ impl Records for PgTx<'_> {
     }
 
     fn find(&self, request_id: &str) -> Result<Option<Approval>, Fail> {
+        self.send_unsent()?;
         let row = self.run(self.client.prepared_query_opt(
             "SELECT record::text FROM approval_records WHERE request_id = $1 FOR UPDATE",
             &[&request_id],
@@ -155,6 +284,7 @@ impl Records for PgTx<'_> {
     }
 
     fn next_arrival(&self) -> Result<u64, Fail> {
+        self.send_unsent()?;
         let row = self.run(
             self.client
                 .prepared_query_one("SELECT nextval('approval_arrivals')", &[]),
@@ -162,60 +292,64 @@ impl Records for PgTx<'_> {
         Ok(row.get::<_, i64>(0) as u64)
     }
 
+    /// Kept until the next statement (see `unsent`).
     fn save(&self, old: Option<&Approval>, new: &Approval) -> Result<(), Fail> {
-        let record = encode(new)?;
-        let (state, updated, outbox) = (
-            new.state.as_str(),
-            clamp(new.updated_at_ms),
-            new.needs_delivery(),
-        );
-        if old.is_none() {
-            self.run(self.client.prepared_execute(
-                "INSERT INTO approval_records (request_id, run_id, state, created_at_ms, \
-                 arrival, updated_at_ms, deadline_ms, awaiting_delivery, record) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text::jsonb)",
-                &[
-                    &new.id(),
-                    &new.request.run_id,
-                    &state,
-                    &clamp(new.created_at_ms),
-                    &clamp(new.arrival),
-                    &updated,
-                    &clamp(new.request.deadline_ms),
-                    &outbox,
-                    &record,
-                ],
-            ))?;
-        } else {
-            self.run(self.client.prepared_execute(
-                "UPDATE approval_records SET state = $2, updated_at_ms = $3, \
-                 awaiting_delivery = $4, record = $5::text::jsonb WHERE request_id = $1",
-                &[&new.id(), &state, &updated, &outbox, &record],
-            ))?;
-        }
+        self.send_unsent()?;
+        *self.unsent.borrow_mut() = Some(Save {
+            insert: old.is_none(),
+            request_id: new.id().to_string(),
+            run_id: new.request.run_id.clone(),
+            state: new.state.as_str().to_string(),
+            created: clamp(new.created_at_ms),
+            arrival: clamp(new.arrival),
+            updated: clamp(new.updated_at_ms),
+            deadline: clamp(new.request.deadline_ms),
+            outbox: new.needs_delivery(),
+            record: encode(new)?,
+        });
         self.changed(new.id());
         Ok(())
     }
 
+    /// With the record write before it, if one is waiting, in one statement.
     fn audit(&self, mut entry: AuditEntry) -> Result<AuditEntry, Fail> {
         entry.time_ms = self.now;
         let json = encode(&entry)?;
         let action = format!("{:?}", entry.action).to_uppercase();
+        let audit: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+            &entry.request_id,
+            &entry.run_id,
+            &clamp(entry.time_ms),
+            &action,
+            &json,
+        ];
+        let save = self.unsent.borrow_mut().take();
         // One round trip: the id comes from the sequence and is written into the entry too.
-        let row = self.run(self.client.prepared_query_one(
-            "WITH n AS (SELECT nextval('approval_audit_ids') AS id)
-             INSERT INTO approval_audit (id, request_id, run_id, time_ms, action, entry)
-             SELECT n.id, $1, $2, $3, $4, jsonb_set($5::text::jsonb, '{id}', to_jsonb(n.id))
-             FROM n RETURNING id",
-            &[
-                &entry.request_id,
-                &entry.run_id,
-                &clamp(entry.time_ms),
-                &action,
-                &json,
-            ],
-        ))?;
+        let row = match &save {
+            None => self.run(
+                self.client
+                    .prepared_query_one(&format!("{AUDIT_ID} {AUDIT_INSERT}"), &audit),
+            )?,
+            Some(save) => {
+                let (sql, params) = save.with(&audit);
+                self.run(self.client.prepared_query_one(sql, &params))?
+            }
+        };
         entry.id = row.get::<_, i64>(0) as u64;
         Ok(entry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_are_renumbered_past_the_audit_entrys() {
+        assert_eq!(
+            shift("UPDATE t SET a = $2, b = $5::text WHERE id = $1", 5),
+            "UPDATE t SET a = $7, b = $10::text WHERE id = $6"
+        );
+        assert_eq!(shift("costs $ 5 and $$", 5), "costs $ 5 and $$");
     }
 }
