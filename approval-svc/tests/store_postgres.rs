@@ -211,3 +211,59 @@ async fn a_leader_whose_session_ends_stops_leading() {
     // A may try again, but B leads now.
     assert!(a.lead().await.unwrap().is_none());
 }
+
+/// A decision whose transaction is slow to commit after its audit entry is numbered (a trigger
+/// sleeps in it, as a replica paused mid-transaction would), and a decision on another request
+/// of the same run that commits meanwhile: what a reader sees of the run's trail at any moment
+/// is a prefix of what it sees later, so paging by id never steps past a late entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_commit_never_lands_behind_an_entry_already_visible() {
+    let url = Postgres::place().await;
+    let store = Arc::new(Postgres::open(&url).await);
+    for id in ["slow", "fast"] {
+        store.put_request(tool(id, "run-x"), None).await.unwrap();
+    }
+    tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || {
+            PgCluster::shared().psql(
+                &url,
+                "CREATE FUNCTION linger() RETURNS trigger LANGUAGE plpgsql AS
+                     $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$;
+                 CREATE TRIGGER linger AFTER INSERT ON approval_audit FOR EACH ROW
+                     WHEN (NEW.request_id = 'slow') EXECUTE FUNCTION linger();",
+            )
+        }
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let run = AuditQuery::Run("run-x".into());
+    let trail = |store: &PgStore| -> Vec<u64> {
+        let page = store.audit(&run, 100, None).unwrap();
+        page.items.iter().map(|e| e.id).collect()
+    };
+    let slow = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .resolve_request("slow", NewDecision::person(DecisionKind::Approve, "ana"))
+                .await
+                .unwrap()
+        }
+    });
+    // The slow decision's entry is numbered and lingers uncommitted.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    store
+        .resolve_request("fast", NewDecision::person(DecisionKind::Approve, "ana"))
+        .await
+        .unwrap();
+    let seen = trail(&store);
+    slow.await.unwrap();
+    let later = trail(&store);
+    assert_eq!(later.len(), 4, "two requests, each requested and decided");
+    assert!(
+        later.starts_with(&seen),
+        "an entry landed behind one already visible: saw {seen:?}, later {later:?}"
+    );
+}

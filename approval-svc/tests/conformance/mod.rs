@@ -60,6 +60,7 @@ macro_rules! suite {
             the_pending_count_moves_with_every_transition,
             list_filters_and_pages_in_creation_order,
             the_audit_trail_pages_by_request_and_by_run,
+            a_run_s_trail_read_while_it_grows_skips_nothing,
             cursor_and_traces_are_remembered,
             final_approvals_and_their_audit_go_the_rest_stays,
             compaction_of_many_keeps_the_survivors_between,
@@ -923,6 +924,71 @@ pub async fn the_audit_trail_pages_by_request_and_by_run<B: Backend>(place: &B::
         .audit(&AuditQuery::Run("run-1".into()), 2, Some("not-a-token"))
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+}
+
+/// Many decisions on one run's requests at once, while a reader tails the run's trail one
+/// entry per page, staying at its head: it moves past an entry only when a next page exists,
+/// and never looks behind a page token again. A page token is a position no entry can later
+/// appear before, so the reader has seen every entry up to the last one it moved past.
+pub async fn a_run_s_trail_read_while_it_grows_skips_nothing<B: Backend>(place: &B::Place) {
+    const REQUESTS: usize = 128;
+    const WRITERS: usize = 8;
+    let store = Arc::new(B::open(place).await);
+    let run = AuditQuery::Run("run-w".into());
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for i in (w..REQUESTS).step_by(WRITERS) {
+                    let id = format!("w{i}");
+                    store.put_request(tool(&id, "run-w"), None).await.unwrap();
+                    store.resolve_request(&id, approve("ana")).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = tokio::task::spawn_blocking({
+        let (store, run, done) = (store.clone(), run.clone(), done.clone());
+        move || {
+            let (mut passed, mut token) = (Vec::new(), None);
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let page = store.audit(&run, 1, token.as_deref()).unwrap();
+                if let (Some(next), Some(entry)) = (page.next, page.items.first()) {
+                    passed.push(entry.id);
+                    token = Some(next);
+                }
+            }
+            passed
+        }
+    });
+    for w in writers {
+        w.await.unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let passed = reader.await.unwrap();
+    let all: Vec<u64> = store
+        .audit(&run, 1000, None)
+        .unwrap()
+        .items
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(all.len(), 2 * REQUESTS, "a Requested and a Decided each");
+    let reached = passed.last().copied().unwrap_or(0);
+    let before: Vec<u64> = all.iter().copied().filter(|&id| id <= reached).collect();
+    let missed: Vec<u64> = before
+        .iter()
+        .copied()
+        .filter(|id| !passed.contains(id))
+        .collect();
+    assert!(missed.is_empty(), "the reader stepped past {missed:?}");
+    assert_eq!(passed, before);
+    assert!(
+        passed.len() > REQUESTS,
+        "the reader kept up: {} passed",
+        passed.len()
+    );
 }
 
 pub async fn cursor_and_traces_are_remembered<B: Backend>(place: &B::Place) {

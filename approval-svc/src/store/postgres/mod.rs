@@ -13,8 +13,9 @@
 //!   embedded store's reads do.
 //! - The pending count is `count(*)` over a partial index that holds only PENDING rows: its cost
 //!   grows with what is pending, not with history, and no counter row serialises the writers.
-//! - Audit ids come from a sequence: increasing in the order entries are written, and, since
-//!   every change of one approval holds its row lock, in the order of that approval's changes.
+//! - Audit ids come from a sequence, taken under a per-run advisory lock held to the commit:
+//!   within one run (and so within one request), ids increase in commit order, so paging a trail
+//!   by id never steps past an entry that commits later (`tx::AUDIT_ID`).
 //! - Other replicas' changes arrive as notifications (`foreign_changes`); the leader's lock is a
 //!   session-level advisory lock (`lead`).
 

@@ -146,8 +146,16 @@ impl<'c> PgTx<'c> {
     }
 }
 
-/// Numbers an audit entry (the head of a `WITH`).
-const AUDIT_ID: &str = "WITH n AS (SELECT nextval('approval_audit_ids') AS id)";
+/// Numbers an audit entry of the run `$2` (the head of a `WITH`), holding the run's audit lock
+/// while it does: a transaction that numbers an entry of a run keeps that lock until it ends, so
+/// the entries of one run commit in the order of their ids, and a reader paging a run's trail
+/// by id (or a request's, which is part of one run) can never step past an entry that commits
+/// later. The lock is a transaction-level advisory lock on the key pair (1635083380, "audt" in
+/// ASCII; the hash of the run's id): two runs whose ids share a hash take turns, which costs
+/// only waiting. Two-key advisory locks never conflict with the one-key ones of leadership and
+/// migrations.
+const AUDIT_ID: &str = "WITH l AS (SELECT pg_advisory_xact_lock(1635083380, hashtext($2))), \
+     n AS (SELECT nextval('approval_audit_ids') AS id FROM l)";
 /// Writes the audit entry `$1`..`$5` numbered by `n`, answering its id.
 const AUDIT_INSERT: &str = "INSERT INTO approval_audit (id, request_id, run_id, time_ms, action, \
      entry) SELECT n.id, $1, $2, $3, $4, jsonb_set($5::text::jsonb, '{id}', to_jsonb(n.id)) \
