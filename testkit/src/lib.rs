@@ -461,11 +461,36 @@ fn describe_failure(out: std::io::Result<Output>, what: &str) -> Result<Output, 
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("cannot find a free port on 127.0.0.1: {e}"))
+/// A free TCP port on 127.0.0.1 for a server that binds it later (a service process, the
+/// PostgreSQL server), after a restart too.
+///
+/// `bind(0)` would draw it from the kernel's ephemeral range, where a port released again can
+/// be handed to anything in the meantime: another `bind(0)`, or the local end of an outgoing
+/// connection (a pool connecting to PostgreSQL), and the server then fails to start with the
+/// address in use. So the port is taken below that range, from a counter of this process that
+/// starts at a place set by its id, and checked by binding it once: this process never hands
+/// the same port out twice, and no outgoing connection can take it.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // The ephemeral range's first port (Linux's default when it cannot be read).
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral.saturating_sub(FIRST).max(1_000);
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let port = FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let Ok(port) = u16::try_from(port) else {
+            continue;
+        };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port on 127.0.0.1 in {FIRST}..{}", FIRST + span)
 }
 
 /// Whether this process's effective uid is 0 (`Uid:` real, effective, saved, fs).

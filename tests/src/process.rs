@@ -1,7 +1,7 @@
 //! Starting, stopping and killing the real service binaries.
 
 use std::{
-    net::{SocketAddr, TcpListener},
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::Stdio,
     sync::OnceLock,
@@ -91,12 +91,10 @@ impl Binaries {
     }
 }
 
-/// A free TCP port on loopback (bound and released; good enough for tests).
+/// A free TCP port on loopback that stays free for a service to bind later
+/// ([`arbor_testkit::free_port`]).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    arbor_testkit::free_port()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
