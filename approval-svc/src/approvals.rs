@@ -219,7 +219,7 @@ impl<S: ApprovalStore> Approvals<S> {
     /// every line about it can be found next to the runner's events of the same trace.
     pub fn span(&self, request_id: &str) -> tracing::Span {
         let traceparent = self.store.trace(request_id).ok().flatten();
-        approval_span(request_id, traceparent.as_deref())
+        span_of(request_id, traceparent.as_deref())
     }
 
     /// [`span`](Self::span) when the caller has the run's `traceparent` at hand (every runner
@@ -227,7 +227,7 @@ impl<S: ApprovalStore> Approvals<S> {
     pub fn span_in(&self, request_id: &str, traceparent: &str) -> tracing::Span {
         match traceparent.is_empty() {
             true => self.span(request_id),
-            false => approval_span(request_id, Some(traceparent)),
+            false => span_of(request_id, Some(traceparent)),
         }
     }
 
@@ -368,8 +368,9 @@ impl<S: ApprovalStore> Approvals<S> {
     }
 }
 
-/// The log span of one approval in the trace `traceparent` names (none: no trace id).
-fn approval_span(request_id: &str, traceparent: Option<&str>) -> tracing::Span {
+/// The log span of one approval in the trace `traceparent` names (none: no trace id), for a
+/// caller that has read the trace already.
+pub fn span_of(request_id: &str, traceparent: Option<&str>) -> tracing::Span {
     let trace_id = traceparent
         .map(arbor_shared::trace::trace_id_of)
         .unwrap_or_default();

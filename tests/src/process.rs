@@ -91,11 +91,7 @@ impl Binaries {
     }
 }
 
-/// A free TCP port on loopback that stays free for a service to bind later
-/// ([`arbor_testkit::free_port`]).
-pub fn free_port() -> u16 {
-    arbor_testkit::free_port()
-}
+pub use arbor_testkit::free_port;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ServiceKind {

@@ -104,9 +104,7 @@ impl<S: ApprovalStore> Delivery<S> {
                 running.push(async move {
                     // Read once: the span's trace id and the context the Resolve carries on.
                     let trace = this.approvals.store().trace(approval.id()).ok().flatten();
-                    let span = this
-                        .approvals
-                        .span_in(approval.id(), trace.as_deref().unwrap_or_default());
+                    let span = crate::approvals::span_of(approval.id(), trace.as_deref());
                     let outcome = this
                         .deliver(&approval, trace.as_deref())
                         .instrument(span)

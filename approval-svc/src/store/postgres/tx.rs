@@ -146,7 +146,7 @@ impl<'c> PgTx<'c> {
     }
 }
 
-/// Numbers an audit entry of the run `$2` (the head of a `WITH`), holding the run's audit lock
+/// Numbers an audit entry of the run `$2` (the queries of a `WITH`), holding the run's audit lock
 /// while it does: a transaction that numbers an entry of a run keeps that lock until it ends, so
 /// the entries of one run commit in the order of their ids, and a reader paging a run's trail
 /// by id (or a request's, which is part of one run) can never step past an entry that commits
@@ -154,7 +154,7 @@ impl<'c> PgTx<'c> {
 /// ASCII; the hash of the run's id): two runs whose ids share a hash take turns, which costs
 /// only waiting. Two-key advisory locks never conflict with the one-key ones of leadership and
 /// migrations.
-const AUDIT_ID: &str = "WITH l AS (SELECT pg_advisory_xact_lock(1635083380, hashtext($2))), \
+const AUDIT_ID: &str = "l AS (SELECT pg_advisory_xact_lock(1635083380, hashtext($2))), \
      n AS (SELECT nextval('approval_audit_ids') AS id FROM l)";
 /// Writes the audit entry `$1`..`$5` numbered by `n`, answering its id.
 const AUDIT_INSERT: &str = "INSERT INTO approval_audit (id, request_id, run_id, time_ms, action, \
@@ -232,13 +232,8 @@ impl Save {
             true => (&INSERT, Self::INSERT),
             false => (&UPDATE, Self::UPDATE),
         };
-        let sql = cell.get_or_init(|| {
-            format!(
-                "WITH s AS ({}), {} {AUDIT_INSERT}",
-                shift(write, 5),
-                AUDIT_ID.trim_start_matches("WITH ")
-            )
-        });
+        let sql = cell
+            .get_or_init(|| format!("WITH s AS ({}), {AUDIT_ID} {AUDIT_INSERT}", shift(write, 5)));
         let (_, params) = self.alone();
         (sql, audit.iter().copied().chain(params).collect())
     }
@@ -336,7 +331,7 @@ impl Records for PgTx<'_> {
         let row = match &save {
             None => self.run(
                 self.client
-                    .prepared_query_one(&format!("{AUDIT_ID} {AUDIT_INSERT}"), &audit),
+                    .prepared_query_one(&format!("WITH {AUDIT_ID} {AUDIT_INSERT}"), &audit),
             )?,
             Some(save) => {
                 let (sql, params) = save.with(&audit);
