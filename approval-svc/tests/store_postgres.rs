@@ -267,3 +267,41 @@ async fn a_late_commit_never_lands_behind_an_entry_already_visible() {
         "an entry landed behind one already visible: saw {seen:?}, later {later:?}"
     );
 }
+
+/// A store call from a task that has spent tokio's cooperative budget (after a burst of ready
+/// channel reads, say) still answers. The calls block their thread on the query, and a query's
+/// first use of a statement on a pooled connection takes a tokio semaphore (the statement
+/// cache); with the budget spent, tokio defers that wake-up until the task yields, which a
+/// blocked task never does: the delivery loop of approval-svc hung this way for good.
+#[test]
+fn a_store_call_from_a_task_out_of_budget_answers() {
+    use futures_util::FutureExt;
+    let url = PgCluster::shared().fresh_database("approval");
+    let (done, answered) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let store = PgStore::open(&url).await.unwrap();
+            let task = tokio::spawn(async move {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+                let mut spent = 0;
+                while tokio::task::coop::has_budget_remaining() {
+                    tx.send(()).unwrap();
+                    rx.recv().now_or_never().flatten().unwrap();
+                    spent += 1;
+                }
+                (spent, store.undelivered().map(|due| due.len()))
+            });
+            let _ = done.send(task.await.unwrap());
+        });
+    });
+    let (spent, due) = answered
+        .recv_timeout(WAIT)
+        .expect("a store call from a task out of budget never answered");
+    assert!(spent > 0, "the task had no budget to spend");
+    assert_eq!(due.unwrap(), 0);
+}

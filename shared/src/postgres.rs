@@ -450,8 +450,14 @@ impl Prepared for ClientWrapper {
 
 /// Blocks the calling thread on a future that needs no runtime of its own (a query of a
 /// pooled connection: its I/O runs on the pool's runtime).
+///
+/// The future runs outside tokio's cooperative budget. Called from a task, it would otherwise
+/// spend that task's budget, and once the budget is spent a tokio resource it polls (the
+/// semaphore of the pool's statement cache, on a statement's first use on a connection) answers
+/// "not yet" and defers its wake-up until the task yields, which a task blocked here never
+/// does: the thread would wait for ever.
 pub fn wait<F: Future>(fut: F) -> F::Output {
-    futures_executor::block_on(fut)
+    futures_executor::block_on(tokio::task::unconstrained(fut))
 }
 
 async fn listen_once(
