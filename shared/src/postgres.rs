@@ -226,12 +226,11 @@ impl Database {
         self.run(async move { Ok(pool.get().await?) }).await
     }
 
-    /// [`client`](Self::client), blocking. A connection the pool has to make is made on the
-    /// pool's runtime (entered here), and the wait is unconstrained by the calling task's
-    /// cooperative budget, which cannot be renewed while the thread blocks.
+    /// [`client`](Self::client), blocking (see [`wait`]). A connection the pool has to make is
+    /// made on the pool's runtime (entered here).
     pub fn client_blocking(&self) -> Result<Object, DbError> {
         let _on_pool_runtime = self.handle()?.enter();
-        Ok(wait(tokio::task::unconstrained(self.pool.get()))?)
+        Ok(wait(self.pool.get())?)
     }
 
     /// A connection of the calling thread's own (see [`Dedicated`]).

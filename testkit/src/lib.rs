@@ -471,16 +471,23 @@ fn describe_failure(out: std::io::Result<Output>, what: &str) -> Result<Output, 
 /// starts at a place set by its id, and checked by binding it once: this process never hands
 /// the same port out twice, and no outgoing connection can take it.
 pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{
+        OnceLock,
+        atomic::{AtomicU32, Ordering},
+    };
     const FIRST: u32 = 12_000;
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    // The ephemeral range's first port (Linux's default when it cannot be read).
-    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(32_768);
-    let span = ephemeral.saturating_sub(FIRST).max(1_000);
-    let start = std::process::id().wrapping_mul(7_919) % span;
+    // How many ports lie below the ephemeral range, and where this process starts among them.
+    static RANGE: OnceLock<(u32, u32)> = OnceLock::new();
+    let &(span, start) = RANGE.get_or_init(|| {
+        // The ephemeral range's first port (Linux's default when it cannot be read).
+        let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+            .unwrap_or(32_768);
+        let span = ephemeral.saturating_sub(FIRST).max(1_000);
+        (span, std::process::id().wrapping_mul(7_919) % span)
+    });
     for _ in 0..span {
         let port = FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
         let Ok(port) = u16::try_from(port) else {
