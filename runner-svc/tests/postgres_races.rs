@@ -1,13 +1,14 @@
 //! Races that only PostgreSQL lets overlap (on sled, transactions run one at a time): claimers
 //! racing for the same queue entries take different ones without waiting for each other
-//! (`Txn::lock_first` is `FOR UPDATE SKIP LOCKED`), and a wake-up never folds into a job that
-//! a concurrent claim took.
+//! (`Txn::lock_first` is `FOR UPDATE SKIP LOCKED`), a wake-up never folds into a job that
+//! a concurrent claim took, and a replica tells the others about the jobs it queued only when
+//! it has no idle worker for them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{
     sync::{
-        Mutex,
+        Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
         mpsc,
     },
@@ -16,7 +17,7 @@ use std::{
 
 use arbor_runner_svc::{
     mailbox::{EnqueueRequest, Mailbox, MailboxConfig, SystemClock, tx as mtx},
-    store::{Store, T, TxError},
+    store::{Change, Store, T, TxError},
 };
 
 fn open(url: &str) -> Store {
@@ -159,4 +160,104 @@ fn a_wake_up_never_folds_into_a_job_a_concurrent_claim_took() {
             "the wake-up folded into the claimed job: {enqueued:?}"
         );
     });
+}
+
+/// Jobs a replica queued while it had a worker idle for each are its own workers' to take:
+/// the other replicas are not told (each of theirs would look, and all but one find the job
+/// taken). Jobs queued while every worker there is busy are announced, so that another
+/// replica takes them at once rather than at its next regular look.
+#[test]
+fn queued_jobs_are_announced_only_when_no_worker_of_the_replica_is_idle() {
+    let cluster = arbor_testkit::PgCluster::shared();
+    let url = cluster.fresh_database("work_hints");
+    let (here, there) = (open(&url), open(&url));
+    let idle = Arc::new(AtomicUsize::new(0));
+    here.idle_workers(idle.clone());
+    let (heard_tx, heard) = mpsc::channel::<Change>();
+    let heard_tx = Mutex::new(heard_tx);
+    there.subscribe(move |change| {
+        let _ = heard_tx.lock().unwrap().send(change);
+    });
+    let queue = |job: &str| {
+        here.transact(|t| {
+            let job = EnqueueRequest {
+                job_id: job.into(),
+                mailbox_id: format!("thread-{job}"),
+                run_id: format!("run-{job}"),
+                ..Default::default()
+            };
+            mtx::enqueue(t, &job, 1, 0, 3)
+        })
+        .unwrap();
+    };
+    // An appended event is announced whatever the workers do: it marks a point in the order
+    // in which the other replica hears of commits (that of the commits).
+    let mark = |n: u64| {
+        here.transact(|t| {
+            t.tree(T::Events).insert(n.to_be_bytes(), b"mark")?;
+            Ok::<_, arbor_runner_svc::store::Abort<()>>(())
+        })
+        .unwrap();
+    };
+    let until_mark = || -> Vec<Change> {
+        let mut before = Vec::new();
+        loop {
+            match heard.recv_timeout(Duration::from_secs(10)) {
+                Ok(Change::Events) => return before,
+                Ok(change) => before.push(change),
+                Err(e) => panic!("the other replica never heard of the mark: {e}"),
+            }
+        }
+    };
+    // Until the other replica listens, marks go unheard.
+    let mut n = 0;
+    loop {
+        n += 1;
+        mark(n);
+        match heard.recv_timeout(Duration::from_secs(5)) {
+            Ok(Change::Events) => break,
+            Ok(_) => {}
+            Err(_) => assert!(n < 6, "the other replica never listened"),
+        }
+    }
+
+    idle.store(1, Ordering::SeqCst);
+    queue("taken-here");
+    mark(100);
+    assert_eq!(
+        until_mark(),
+        vec![],
+        "a job an idle worker here takes is not announced"
+    );
+
+    idle.store(0, Ordering::SeqCst);
+    queue("busy-here");
+    mark(101);
+    assert_eq!(
+        until_mark(),
+        vec![Change::Work],
+        "a job no worker here is free for is announced"
+    );
+
+    // Two jobs in one transaction and one idle worker: the second needs another replica.
+    idle.store(1, Ordering::SeqCst);
+    here.transact(|t| {
+        for job in ["pair-1", "pair-2"] {
+            let job = EnqueueRequest {
+                job_id: job.into(),
+                mailbox_id: format!("thread-{job}"),
+                run_id: format!("run-{job}"),
+                ..Default::default()
+            };
+            mtx::enqueue(t, &job, 1, 0, 3)?;
+        }
+        Ok::<_, arbor_runner_svc::store::Abort<_>>(())
+    })
+    .unwrap();
+    mark(102);
+    assert_eq!(
+        until_mark(),
+        vec![Change::Work],
+        "more jobs than idle workers here"
+    );
 }

@@ -14,7 +14,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
 };
 
@@ -65,6 +65,8 @@ pub struct Runner {
     trees: Mutex<HashMap<(String, u32), Arc<TreeSpec>>>,
     /// Woken when a job may have become claimable.
     work: Notify,
+    /// Workers waiting on `work` right now (see `Backend::idle_workers`).
+    idle_workers: Arc<AtomicUsize>,
     /// Bumped after every committed run change, for callers waiting on a run.
     changes: watch::Sender<u64>,
     /// Jobs whose lease expired (or whose process died) and went back to the queue for another
@@ -89,6 +91,8 @@ impl Runner {
     ) -> Result<Arc<Self>, RunnerError> {
         // Every step appends events: the log's counter is read by nearly every batch.
         store.hot_keys(vec![(T::Meta, crate::store::NEXT_SEQ.to_vec())]);
+        let idle_workers = Arc::new(AtomicUsize::new(0));
+        store.idle_workers(idle_workers.clone());
         let (mailbox, recovered) = Mailbox::open(store.clone(), clock, opts.mailbox.clone())?;
         let events = EventLog::open(store.clone())?;
         let (changes, _) = watch::channel(0);
@@ -100,6 +104,7 @@ impl Runner {
             opts,
             trees: Mutex::new(HashMap::new()),
             work: Notify::new(),
+            idle_workers,
             changes,
             lease_takeovers: AtomicU64::new(0),
             task_changes: Notify::new(),
@@ -190,6 +195,12 @@ impl Runner {
     /// Resolves when a job may have become claimable.
     pub fn work_available(&self) -> tokio::sync::futures::Notified<'_> {
         self.work.notified()
+    }
+
+    /// Counts a worker as waiting for work until the guard drops.
+    pub fn idle_worker(&self) -> IdleWorker<'_> {
+        self.idle_workers.fetch_add(1, Ordering::Relaxed);
+        IdleWorker(&self.idle_workers)
     }
 
     /// Commits one transaction that also appends events, waits until it is durable, then
@@ -423,5 +434,14 @@ impl Runner {
     pub async fn record_progress(&self) -> Result<(), RunnerError> {
         let progress = self.events.last_seq()?;
         Ok(self.store.record_progress(progress).await?)
+    }
+}
+
+/// A worker waiting for work (see [`Runner::idle_worker`]).
+pub struct IdleWorker<'a>(&'a AtomicUsize);
+
+impl Drop for IdleWorker<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }

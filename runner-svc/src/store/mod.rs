@@ -330,6 +330,12 @@ pub trait Backend: Send + Sync + 'static {
     fn subscribe(&self, wake: Arc<dyn Fn(Change) + Send + Sync>) {
         drop(wake);
     }
+    /// How many of this process's workers wait for work right now (its worker pool keeps the
+    /// count). A backend shared with other processes need not tell them about jobs this one
+    /// has idle workers for: they are woken in-process, and the others' would only race them.
+    fn idle_workers(&self, idle: Arc<std::sync::atomic::AtomicUsize>) {
+        drop(idle);
+    }
 }
 
 /// What another process changed (a hint: whoever is woken reads the store).
@@ -582,6 +588,11 @@ impl Store {
     /// See [`Backend::subscribe`].
     pub fn subscribe(&self, wake: impl Fn(Change) + Send + Sync + 'static) {
         self.0.subscribe(Arc::new(wake))
+    }
+
+    /// See [`Backend::idle_workers`].
+    pub fn idle_workers(&self, idle: Arc<std::sync::atomic::AtomicUsize>) {
+        self.0.idle_workers(idle)
     }
 }
 

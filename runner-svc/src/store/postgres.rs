@@ -30,8 +30,9 @@
 //!   transactions rarely move one row at once; `counter` sums them.
 //! - A durable batch that appends events or queues jobs notifies `arbor_runner_events` /
 //!   `arbor_runner_work` right after its COMMIT, in the same round trip; every replica listens
-//!   and wakes its streams and idle workers. The notification is a hint: the runner also looks
-//!   every second.
+//!   and wakes its streams and idle workers. Jobs this process has idle workers for are not
+//!   announced: its own workers take them, and every other replica's would only race them.
+//!   The notification is a hint: the runner also looks every second.
 //! - Statements are prepared once per connection. The batch threads drive their own
 //!   connections while they wait, so their round trips skip the hand-over to the pool's
 //!   runtime and back.
@@ -43,7 +44,7 @@ use std::{
     collections::{BTreeMap, HashMap, VecDeque},
     sync::{
         Arc, OnceLock,
-        atomic::{AtomicI64, AtomicU64, Ordering},
+        atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering},
         mpsc,
     },
     time::Duration,
@@ -166,6 +167,25 @@ struct Queued {
     done: tokio::sync::oneshot::Sender<Result<(), Failed>>,
 }
 
+/// This process, as its transactions' notifications name it.
+struct Origin {
+    /// Hex digits only: it goes into SQL text.
+    name: String,
+    /// Its idle workers (see [`Backend::idle_workers`]); unset: none.
+    idle: OnceLock<Arc<AtomicUsize>>,
+}
+
+impl Origin {
+    /// Whether this process has a worker idle for each of `jobs` jobs it queued, which it
+    /// wakes itself: then the other replicas are not told (each of theirs would look, and
+    /// all but one would find the job taken).
+    fn takes(&self, jobs: usize) -> bool {
+        self.idle
+            .get()
+            .is_some_and(|idle| idle.load(Ordering::Relaxed) >= jobs)
+    }
+}
+
 struct PgBackend {
     db: Database,
     /// Whether the database answers (probed twice a second).
@@ -174,8 +194,7 @@ struct PgBackend {
     skew_ms: AtomicI64,
     /// The batched commit of durable writes.
     committer: mpsc::Sender<Queued>,
-    /// Names this process in its notifications (hex digits only: it goes into SQL text).
-    origin: String,
+    origin: Arc<Origin>,
     /// The batched commit of writes that need not be durable (claims).
     claimer: mpsc::Sender<Queued>,
     /// Ids handed out next, up to (not including) the end of the block taken from the
@@ -190,7 +209,10 @@ impl PgBackend {
     fn new(db: Database, reachable: tokio::sync::watch::Receiver<bool>) -> Self {
         let counts = Arc::new(Counts::default());
         let hot: Arc<OnceLock<Keys>> = Arc::default();
-        let origin = format!("{:016x}", fastrand::u64(..));
+        let origin = Arc::new(Origin {
+            name: format!("{:016x}", fastrand::u64(..)),
+            idle: OnceLock::new(),
+        });
         let lane = |lane: Lane| {
             let (queue, queued) = mpsc::channel::<Queued>();
             let (db, counts, hot) = (db.clone(), counts.clone(), hot.clone());
@@ -278,7 +300,7 @@ fn committer_loop(
     counts: &Counts,
     hot: &OnceLock<Keys>,
     lane: Lane,
-    origin: &str,
+    origin: &Origin,
 ) {
     // The commit thread's connection is its own: its round trips are most of the runner's.
     let mut own = match db.dedicated() {
@@ -338,8 +360,8 @@ struct Setup<'a> {
     hot: &'a [(T, Value)],
     /// Which row of each counter it moves (`None`: one picked at random, each attempt).
     stripe: Option<u8>,
-    /// The payload of its notifications: this process's own, so it can skip them.
-    origin: &'a str,
+    /// This process, named in its notifications so that it can skip them.
+    origin: &'a Origin,
 }
 
 /// Runs `bodies` in one transaction (again on a conflict); a body that aborts leaves nothing
@@ -459,7 +481,7 @@ struct PgTx<'c> {
     /// Which row of each counter `add` moves (0: the counter's own key).
     stripe: u8,
     /// The payload of the notifications it sends (see `Setup::origin`).
-    origin: &'c str,
+    origin: &'c Origin,
     /// A failure a read or write hit (the SQL transaction is then aborted).
     failed: RefCell<Option<DbError>>,
     begin: LazyBegin,
@@ -564,7 +586,8 @@ impl<'c> PgTx<'c> {
         let (mut put_t, mut put_k, mut put_v) = (Vec::new(), Vec::new(), Vec::new());
         let (mut add_t, mut add_k, mut add_d) = (Vec::new(), Vec::new(), Vec::new());
         let mut deleted: Vec<(i16, Value)> = Vec::new();
-        let (mut events, mut work) = (false, false);
+        // Jobs queued (or re-queued) and whether a task worker's stream may have work.
+        let (mut events, mut queued, mut task_work) = (false, 0, false);
         for ((t, k), w) in writes {
             events |= t == T::Events as usize;
             let v = match w {
@@ -578,18 +601,20 @@ impl<'c> PgTx<'c> {
             };
             match v {
                 Some(v) => {
-                    work |= t == T::Queue as usize || t == T::TaskQueue as usize;
+                    queued += usize::from(t == T::Queue as usize);
+                    task_work |= t == T::TaskQueue as usize;
                     put_t.push(t as i16);
                     put_k.push(k);
                     put_v.push(v);
                 }
                 None => {
                     // A lease that ended frees a slot of a task stream, maybe on another replica.
-                    work |= t == T::TaskLeases as usize;
+                    task_work |= t == T::TaskLeases as usize;
                     deleted.push((t as i16, k));
                 }
             }
         }
+        let work = task_work || (queued > 0 && !self.origin.takes(queued));
         let writes = !put_t.is_empty() || !deleted.is_empty() || !add_t.is_empty();
         let deleted = by_table(deleted.iter().map(|(t, k)| (*t, k.as_slice())));
         if !writes && !self.begin.open() {
@@ -603,7 +628,7 @@ impl<'c> PgTx<'c> {
         let mut finish = String::from("COMMIT");
         for (notify, channel) in [(events, EVENTS_CHANNEL), (work, WORK_CHANNEL)] {
             if notify {
-                finish.push_str(&format!(";NOTIFY {channel}, '{}'", self.origin));
+                finish.push_str(&format!(";NOTIFY {channel}, '{}'", self.origin.name));
             }
         }
         // One round trip: BEGIN (if no read sent it), the deletes, the upserts and COMMIT go
@@ -1105,10 +1130,15 @@ impl Backend for PgBackend {
         let _ = self.hot.set(keys);
     }
 
+    /// The first call sets it: the runner names it once, at open.
+    fn idle_workers(&self, idle: Arc<AtomicUsize>) {
+        let _ = self.origin.idle.set(idle);
+    }
+
     /// This process's own notifications are skipped: whatever it commits, it wakes its own
     /// streams and workers for in-process.
     fn subscribe(&self, wake: Arc<dyn Fn(Change) + Send + Sync>) {
-        let origin = self.origin.clone();
+        let origin = self.origin.name.clone();
         let listened = self
             .db
             .listen(&[EVENTS_CHANNEL, WORK_CHANNEL], move |channel, payload| {

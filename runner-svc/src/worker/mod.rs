@@ -105,6 +105,7 @@ pub async fn worker_loop(
             }
             None => Duration::from_secs(5),
         };
+        let _idle = runner.idle_worker();
         tokio::select! {
             _ = &mut woken => {}
             _ = tokio::time::sleep(idle) => {}
