@@ -1,4 +1,5 @@
-//! Races on the storage seam's own operations: what the ledger's exactly-once rests on.
+//! Races on the storage seam's own operations: what the ledger's exactly-once rests on; and what
+//! a read of several keys at once answers.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -64,4 +65,51 @@ fn racing_writers_of_different_keys_all_write() {
     }
     let stored = store.tree(T::Ledger).iter().count();
     assert_eq!(stored, 400);
+}
+
+/// A read of several keys answers each key's value, in the order asked, across tables, with
+/// `None` for a key that is absent or deleted, as reading them one by one would.
+#[test]
+fn a_read_of_several_keys_answers_each_in_the_order_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open_store(dir.path());
+    store
+        .transact(|t| {
+            t.tree(T::Runs).insert(b"run-1", b"record")?;
+            t.tree(T::Checkpoints).insert(b"run-1", b"checkpoint")?;
+            t.tree(T::Ledger).insert(b"gone", b"soon")?;
+            Ok::<_, arbor_runner_svc::store::Abort<()>>(())
+        })
+        .unwrap();
+    store
+        .transact(|t| {
+            t.tree(T::Ledger).remove(b"gone")?;
+            Ok::<_, arbor_runner_svc::store::Abort<()>>(())
+        })
+        .unwrap();
+    let keys: [(T, &[u8]); 5] = [
+        (T::Checkpoints, b"run-1"),
+        (T::Runs, b"run-2"),
+        (T::Runs, b"run-1"),
+        (T::Ledger, b"gone"),
+        (T::Checkpoints, b"run-1"),
+    ];
+    let read = store.get_many(&keys).unwrap();
+    let one_by_one: Vec<_> = keys
+        .iter()
+        .map(|(t, k)| store.tree(*t).get(k).unwrap())
+        .collect();
+    let value = |v: &[u8]| Some(v.to_vec());
+    assert_eq!(
+        read,
+        vec![
+            value(b"checkpoint"),
+            None,
+            value(b"record"),
+            None,
+            value(b"checkpoint")
+        ]
+    );
+    assert_eq!(read, one_by_one);
+    assert_eq!(store.get_many(&[]).unwrap(), Vec::<Option<Vec<u8>>>::new());
 }

@@ -130,26 +130,28 @@ impl Runner {
     fn prepare(&self, claim: &Claim) -> Result<Prepared, RunnerError> {
         let job = &claim.job;
         let now = arbor_shared::time::now_ms();
-        let run = match self.run_record(&job.run_id) {
-            Ok(run) => run,
-            Err(RunnerError::RunNotFound(_)) => return Ok(Prepared::Nothing(RunStatus::Cancelled)),
-            Err(e) => return Err(e),
+        // The run and its checkpoint, read together (one round trip on PostgreSQL).
+        let key = job.run_id.as_bytes();
+        let mut read = self
+            .store
+            .get_many(&[(T::Runs, key), (T::Checkpoints, key)])?
+            .into_iter();
+        let (run, ck_bytes) = (read.next().flatten(), read.next().flatten());
+        let Some(run) = run else {
+            return Ok(Prepared::Nothing(RunStatus::Cancelled));
         };
+        let run: records::RunRecord = codec::decode("run", &run)?;
         if run.status.is_terminal() {
             // A wake-up for a run that already finished (a late timer, a cancel that raced).
             return Ok(Prepared::Nothing(run.status));
         }
         let spec = self.tree_spec(&run.tree_id, run.tree_version)?;
-        let ck_bytes = self
-            .store
-            .tree(T::Checkpoints)
-            .get(run.run_id.as_bytes())?
-            .ok_or_else(|| {
-                RunnerError::Corrupt(codec::Corrupt {
-                    what: "checkpoint",
-                    message: format!("run {} has no checkpoint", run.run_id),
-                })
-            })?;
+        let ck_bytes = ck_bytes.ok_or_else(|| {
+            RunnerError::Corrupt(codec::Corrupt {
+                what: "checkpoint",
+                message: format!("run {} has no checkpoint", run.run_id),
+            })
+        })?;
         let mut ck = Checkpoint::decode(&ck_bytes)
             .and_then(|ck| ck.check_matches(&spec).map(|_| ck))
             .map_err(|e| codec::Corrupt {

@@ -271,6 +271,11 @@ impl Iterator for Entries<'_> {
 /// committed transaction.
 pub trait Backend: Send + Sync + 'static {
     fn get(&self, t: T, key: &[u8]) -> Result<Option<Value>, StoreError>;
+    /// Several keys' values, in the order given, each read as [`get`](Self::get) reads it: a
+    /// backend whose reads are round trips reads them in one.
+    fn get_many(&self, keys: &[(T, &[u8])]) -> Result<Vec<Option<Value>>, StoreError> {
+        keys.iter().map(|(t, k)| self.get(*t, k)).collect()
+    }
     /// Entries whose key starts with `prefix` and is not below `from`, in key order.
     fn scan(&self, t: T, prefix: &[u8], from: &[u8]) -> Entries<'static>;
     /// The entry with the highest key that starts with `prefix`.
@@ -463,6 +468,11 @@ fn take<R, E>(ran: Result<(), Failed>, slot: &Slot<R, E>) -> Result<R, TxError<E
 impl Store {
     pub fn new(backend: Arc<dyn Backend>) -> Self {
         Self(backend)
+    }
+
+    /// See [`Backend::get_many`].
+    pub fn get_many(&self, keys: &[(T, &[u8])]) -> Result<Vec<Option<Value>>, StoreError> {
+        self.0.get_many(keys)
     }
 
     /// One table, for reads outside a transaction.

@@ -956,6 +956,12 @@ impl Backend for PgBackend {
         Ok(read_one(&client, t, key)?)
     }
 
+    fn get_many(&self, keys: &[(T, &[u8])]) -> Result<Vec<Option<Value>>, StoreError> {
+        let client = self.db.client_blocking()?;
+        let keys: Vec<(T, Value)> = keys.iter().map(|(t, k)| (*t, k.to_vec())).collect();
+        Ok(wait(read_many(&client, &keys))?)
+    }
+
     fn scan(&self, t: T, prefix: &[u8], from: &[u8]) -> Entries<'static> {
         let start = if from > prefix { from } else { prefix }.to_vec();
         Entries::new(Scan {
