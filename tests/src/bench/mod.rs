@@ -97,6 +97,8 @@ pub struct Options {
     pub stores: Vec<cluster::Store>,
     /// Replicas of each service (more than one only on a shared store).
     pub replicas: Vec<usize>,
+    /// Times every configuration is measured, round after round.
+    pub rounds: usize,
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -190,70 +192,162 @@ pub fn print_cycle_table(rows: &[CycleResult]) {
     );
 }
 
-/// The storage-seam targets as ratios between rows of the table, per decider: PostgreSQL at
-/// the highest K ≥ 0.5× the embedded store's cycles/s, at the lowest K p50 ≤ 3× its p50, and
-/// two replicas at the highest K not slower than one.
-pub fn print_cycle_ratios(rows: &[CycleResult]) {
+/// The ratios the PostgreSQL targets are stated in, one line each. Each ratio is taken within
+/// one round (its two configurations measured minutes apart, not a whole run apart, as this
+/// machine's speed drifts); with several rounds, the line gives the median over the rounds,
+/// with the lowest and highest, and judges the median.
+pub fn cycle_ratios(rounds: &[Vec<CycleResult>]) -> Vec<String> {
     let (Some(lo), Some(hi)) = (
-        rows.iter().map(|r| r.concurrency).min(),
-        rows.iter().map(|r| r.concurrency).max(),
+        rounds.iter().flatten().map(|r| r.concurrency).min(),
+        rounds.iter().flatten().map(|r| r.concurrency).max(),
     ) else {
-        return;
+        return Vec::new();
     };
-    let find = |store: &str, replicas: usize, d: Decider, k: usize| {
-        rows.iter().find(|r| {
-            r.store == store && r.replicas == replicas && r.decider == d && r.concurrency == k
-        })
+    let find = |rows: &'_ [CycleResult], store: &str, replicas: usize, d: Decider, k: usize| {
+        rows.iter()
+            .find(|r| {
+                r.store == store && r.replicas == replicas && r.decider == d && r.concurrency == k
+            })
+            .map(|r| (r.cycles_per_s(), pct_ms(&r.submit_to_done, 0.5)))
     };
     let mark = |ok: bool| if ok { "PASS" } else { "FAIL" };
-    let mut printed = false;
-    let mut header = || {
-        if !printed {
-            println!("\nratios against the targets");
-            printed = true;
-        }
-    };
+    let mut lines = Vec::new();
     for d in [Decider::Policy, Decider::Person] {
         let label = d.label();
-        if let (Some(pg), Some(sl)) = (find("postgres", 1, d, hi), find("sled", 1, d, hi)) {
-            header();
-            let x = pg.cycles_per_s() / sl.cycles_per_s();
-            println!(
-                "  {label:<7} postgres/sled cycles/s at K={hi}: {:.0} / {:.0} = {x:.2}×  (target ≥ 0.50×) {}",
-                pg.cycles_per_s(),
-                sl.cycles_per_s(),
-                mark(x >= 0.5)
-            );
-        }
-        if let (Some(pg), Some(sl)) = (find("postgres", 1, d, lo), find("sled", 1, d, lo)) {
-            header();
-            let (a, b) = (
-                pct_ms(&pg.submit_to_done, 0.5),
-                pct_ms(&sl.submit_to_done, 0.5),
-            );
-            let x = a / b;
-            println!(
-                "  {label:<7} postgres/sled p50 at K={lo}: {a:.2} / {b:.2} ms = {x:.2}×  (target ≤ 3.00×) {}",
-                mark(x <= 3.0)
-            );
-        }
-        if let (Some(two), Some(one)) = (find("postgres", 2, d, hi), find("postgres", 1, d, hi)) {
-            header();
-            let x = two.cycles_per_s() / one.cycles_per_s();
-            println!(
-                "  {label:<7} postgres 2 runners/1 runner cycles/s at K={hi}: {:.0} / {:.0} = {x:.2}×  (target ≥ 1.00×) {}",
-                two.cycles_per_s(),
-                one.cycles_per_s(),
-                mark(x >= 1.0)
-            );
+        let kinds = [
+            Target {
+                what: format!("postgres/sled cycles/s at K={hi}"),
+                unit: "",
+                of: ("postgres", 1),
+                to: ("sled", 1),
+                k: hi,
+                pick: |(c, _)| c,
+                target: 0.5,
+                higher: true,
+            },
+            Target {
+                what: format!("postgres/sled p50 at K={lo}"),
+                unit: " ms",
+                of: ("postgres", 1),
+                to: ("sled", 1),
+                k: lo,
+                pick: |(_, p)| p,
+                target: 3.0,
+                higher: false,
+            },
+            Target {
+                what: format!("postgres 2 runners/1 runner cycles/s at K={hi}"),
+                unit: "",
+                of: ("postgres", 2),
+                to: ("postgres", 1),
+                k: hi,
+                pick: |(c, _)| c,
+                target: 1.0,
+                higher: true,
+            },
+        ];
+        for Target {
+            what,
+            unit,
+            of: (a_store, a_r),
+            to: (b_store, b_r),
+            k,
+            pick,
+            target,
+            higher,
+        } in kinds
+        {
+            let pairs: Vec<(f64, f64)> = rounds
+                .iter()
+                .filter_map(|rows| {
+                    let a = find(rows, a_store, a_r, d, k)?;
+                    let b = find(rows, b_store, b_r, d, k)?;
+                    Some((pick(a), pick(b)))
+                })
+                .collect();
+            let mut ratios: Vec<f64> = pairs.iter().map(|(a, b)| a / b).collect();
+            if ratios.is_empty() {
+                continue;
+            }
+            ratios.sort_by(f64::total_cmp);
+            let x = ratios[ratios.len() / 2];
+            let met = if higher { x >= target } else { x <= target };
+            let (sign, digits) = match (higher, unit.is_empty()) {
+                (true, _) => ("≥", 0),
+                (false, true) => ("≤", 0),
+                (false, false) => ("≤", 2),
+            };
+            let figures = match pairs.as_slice() {
+                [(a, b)] => format!("{a:.digits$} / {b:.digits$}{unit} = "),
+                _ => format!("median of {} rounds ", ratios.len()),
+            };
+            let range = match ratios.as_slice() {
+                [_] => String::new(),
+                [first, .., last] => format!(" ({first:.2}×–{last:.2}×)"),
+                [] => String::new(),
+            };
+            lines.push(format!(
+                "  {label:<7} {what}: {figures}{x:.2}×{range}  (target {sign} {target:.2}×) {}",
+                mark(met)
+            ));
         }
     }
+    lines
+}
+
+/// A target stated as a ratio of two configurations' figures.
+struct Target {
+    what: String,
+    /// Of the figures shown (cycles/s are shown without one).
+    unit: &'static str,
+    /// The configuration (store, replicas) over the one it is compared `to`.
+    of: (&'static str, usize),
+    to: (&'static str, usize),
+    k: usize,
+    /// Which figure of (cycles/s, p50 ms).
+    pick: fn((f64, f64)) -> f64,
+    target: f64,
+    /// Whether the ratio must reach the target (or stay under it).
+    higher: bool,
+}
+
+/// One row per configuration: of its rounds, the one with the median cycles/s.
+pub fn median_rows(rounds: Vec<Vec<CycleResult>>) -> Vec<CycleResult> {
+    let mut by_config: Vec<Vec<CycleResult>> = Vec::new();
+    for round in rounds {
+        for (i, row) in round.into_iter().enumerate() {
+            match by_config.get_mut(i) {
+                Some(rows) => rows.push(row),
+                None => by_config.push(vec![row]),
+            }
+        }
+    }
+    by_config
+        .into_iter()
+        .filter_map(|mut rows| {
+            rows.sort_by(|a, b| a.cycles_per_s().total_cmp(&b.cycles_per_s()));
+            let middle = rows.len() / 2;
+            rows.into_iter().nth(middle)
+        })
+        .collect()
 }
 
 /// Every (store, replicas, decider, K) of `opts`, one fresh cluster (and, on PostgreSQL, one
 /// fresh database) each. Returns the rows and the combinations skipped, with why.
-pub async fn cycles(opts: &Options) -> (Vec<CycleResult>, Vec<String>) {
-    let (mut rows, mut skipped) = (Vec::new(), Vec::new());
+pub async fn cycles(opts: &Options) -> (Vec<Vec<CycleResult>>, Vec<String>) {
+    let mut rounds = Vec::new();
+    let mut skipped = Vec::new();
+    for round in 1..=opts.rounds.max(1) {
+        let rows = cycles_round(opts, round, &mut skipped).await;
+        rounds.push(rows);
+    }
+    skipped.dedup();
+    (rounds, skipped)
+}
+
+/// One round of [`cycles`]: every configuration once, in a fixed order.
+async fn cycles_round(opts: &Options, round: usize, skipped: &mut Vec<String>) -> Vec<CycleResult> {
+    let mut rows = Vec::new();
     for store in &opts.stores {
         for &replicas in &opts.replicas {
             if replicas > 1 && !store.shared() {
@@ -266,10 +360,11 @@ pub async fn cycles(opts: &Options) -> (Vec<CycleResult>, Vec<String>) {
             for decider in &opts.deciders {
                 for k in &opts.concurrency {
                     eprintln!(
-                        "cycle: {} R={replicas} {} K={k} N={} …",
+                        "cycle: {} R={replicas} {} K={k} N={} (round {round} of {}) …",
                         store.label(),
                         decider.label(),
-                        opts.cycles
+                        opts.cycles,
+                        opts.rounds.max(1)
                     );
                     let row = cycle::run(store, replicas, *decider, opts.cycles, *k).await;
                     // Each row as it comes, so a run cut short still says what it measured.
@@ -285,7 +380,7 @@ pub async fn cycles(opts: &Options) -> (Vec<CycleResult>, Vec<String>) {
             }
         }
     }
-    (rows, skipped)
+    rows
 }
 
 /// A short pause so the machine settles between sections.

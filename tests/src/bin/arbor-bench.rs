@@ -1,7 +1,8 @@
 //! Arbor's end-to-end benchmark; see BENCHMARKS.md.
 //!
 //! `cargo run --release -p arbor-tests --bin arbor-bench -- [--cycles N] [--concurrency 1,64]
-//!  [--store sled,postgres] [--runners 1,2] [--parked N] [--fanout S] [--fanout-cycles N]
+//!  [--store sled,postgres] [--runners 1,2] [--rounds N] [--parked N] [--fanout S]
+//!  [--fanout-cycles N]
 //!  [--appends N] [--append-concurrency K] [--task-latency N] [--tasks N] [--task-repeat M]
 //!  [--only cycle,langgraph,parked,fanout,pg-append,tasks]`
 //!
@@ -14,6 +15,10 @@
 //!   (the embedded store belongs to one process).
 //! - `--only pg-append` (not in the default set): the event log's append rate on PostgreSQL,
 //!   `--appends` one-node runs (default 3000) from `--append-concurrency` clients (default 64).
+//! - `--rounds` (cycle): how many times to measure every configuration, round after round
+//!   (default 1). The table shows, for each configuration, its round of median cycles/s; each
+//!   target ratio is taken within each round and the median over the rounds is judged, so
+//!   that a machine whose speed drifts during the run moves both sides of a ratio alike.
 //! - `--pg-stats` (cycle): the PostgreSQL server loads `pg_stat_statements`, and each
 //!   PostgreSQL configuration prints the statements it ran per cycle, most frequent first.
 //! - `--only tasks` (not in the default set; on every `--store`): task workers. `--task-latency`
@@ -92,14 +97,28 @@ async fn main() {
             deciders: vec![Decider::Policy, Decider::Person],
             stores: stores.clone(),
             replicas: list("--runners", &[1]),
+            rounds: number("--rounds", 1).max(1),
         };
-        let skipped;
-        (rows, skipped) = bench::cycles(&opts).await;
+        let (rounds, skipped) = bench::cycles(&opts).await;
+        let ratios = bench::cycle_ratios(&rounds);
+        rows = bench::median_rows(rounds);
         bench::print_cycle_table(&rows);
         for s in &skipped {
             println!("({s})");
         }
-        bench::print_cycle_ratios(&rows);
+        if opts.rounds > 1 {
+            println!(
+                "(each configuration measured in {} rounds, one after another; each row is its \
+                 round of median cycles/s)",
+                opts.rounds
+            );
+        }
+        if !ratios.is_empty() {
+            println!("\nratios against the targets");
+            for line in ratios {
+                println!("{line}");
+            }
+        }
     }
     if wants("tasks") {
         let opts = bench::tasks::TaskOptions {
