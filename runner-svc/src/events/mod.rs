@@ -29,7 +29,7 @@ pub(crate) fn first_seq_in(store: &Store) -> Result<u64, StoreError> {
         .unwrap_or(1))
 }
 
-fn trace_key(run_id: &str) -> Vec<u8> {
+pub(crate) fn trace_key(run_id: &str) -> Vec<u8> {
     let mut k = b"trace:".to_vec();
     k.extend_from_slice(run_id.as_bytes());
     k

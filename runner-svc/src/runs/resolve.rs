@@ -12,7 +12,7 @@ use crate::{
     error::RunnerError,
     events::{self, NewEvent},
     mailbox::{EnqueueRequest, tx as mtx},
-    store::{Tx, TxResult, abort, lift},
+    store::{T, Tx, TxResult, abort, codec, lift},
     tasks,
 };
 
@@ -71,6 +71,19 @@ impl Runner {
         };
         let resolved = self
             .commit(move |tx| {
+                // Everything the step reads that its keys alone name, in one round trip.
+                let (run_key, request_key) = (input.run_id.as_bytes(), input.request_id.as_bytes());
+                let (inbox, wake) = (
+                    codec::pair_key(&input.run_id, &input.request_id),
+                    wake_key(&input.run_id),
+                );
+                tx.prefetch(&[
+                    (T::Runs, run_key),
+                    (T::Checkpoints, run_key),
+                    (T::Inbox, &inbox),
+                    (T::Tasks, request_key),
+                    (T::Dedupe, wake.as_bytes()),
+                ])?;
                 let run = records::must_get_run(tx, &input.run_id)?;
                 let Some(ck) = records::get_checkpoint(tx, &input.run_id)? else {
                     return abort(not_found(&input));
@@ -208,7 +221,7 @@ pub(crate) fn deliver(
             origin: JobOrigin::Internal,
             kind: Some(JobKind::Resume),
             priority: run.priority,
-            dedupe_key: format!("wake:{}", run.run_id),
+            dedupe_key: wake_key(&run.run_id),
             dedupe_while_claimed: false,
             available_at_ms: now,
             max_attempts: run.max_attempts,
@@ -218,6 +231,11 @@ pub(crate) fn deliver(
         default_max,
     ))?;
     Ok(())
+}
+
+/// The dedupe key of the job that wakes a run for its decisions.
+fn wake_key(run_id: &str) -> String {
+    format!("wake:{run_id}")
 }
 
 fn not_found(input: &ResolveInput) -> RunnerError {

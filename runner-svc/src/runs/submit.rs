@@ -139,6 +139,16 @@ impl Runner {
             .unwrap_or_else(arbor_shared::trace::TraceContext::new_root);
         let submitted = self
             .commit(move |tx| {
+                // Everything the submission reads that its ids name, in one round trip.
+                let mut keys = vec![
+                    (T::Runs, run_id.as_bytes()),
+                    (T::Checkpoints, run_id.as_bytes()),
+                    (T::Mailboxes, thread_id.as_bytes()),
+                ];
+                if !input.dedupe_key.is_empty() {
+                    keys.push((T::Dedupe, input.dedupe_key.as_bytes()));
+                }
+                tx.prefetch(&keys)?;
                 let existing = records::get_run(tx, &run_id)?;
                 if let Some(conflict) =
                     restore_conflict(input.restore_policy, &run_id, existing.as_ref())
