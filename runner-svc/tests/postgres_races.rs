@@ -178,15 +178,19 @@ fn queued_jobs_are_announced_only_when_no_worker_of_the_replica_is_idle() {
     there.subscribe(move |change| {
         let _ = heard_tx.lock().unwrap().send(change);
     });
-    let queue = |job: &str| {
+    // Jobs `ids`, each of a thread and run of its own, queued in one transaction.
+    let queue = |ids: &[&str]| {
         here.transact(|t| {
-            let job = EnqueueRequest {
-                job_id: job.into(),
-                mailbox_id: format!("thread-{job}"),
-                run_id: format!("run-{job}"),
-                ..Default::default()
-            };
-            mtx::enqueue(t, &job, 1, 0, 3)
+            for id in ids {
+                let job = EnqueueRequest {
+                    job_id: (*id).into(),
+                    mailbox_id: format!("thread-{id}"),
+                    run_id: format!("run-{id}"),
+                    ..Default::default()
+                };
+                mtx::enqueue(t, &job, 1, 0, 3)?;
+            }
+            Ok::<_, arbor_runner_svc::store::Abort<_>>(())
         })
         .unwrap();
     };
@@ -222,7 +226,7 @@ fn queued_jobs_are_announced_only_when_no_worker_of_the_replica_is_idle() {
     }
 
     idle.store(1, Ordering::SeqCst);
-    queue("taken-here");
+    queue(&["taken-here"]);
     mark(100);
     assert_eq!(
         until_mark(),
@@ -231,7 +235,7 @@ fn queued_jobs_are_announced_only_when_no_worker_of_the_replica_is_idle() {
     );
 
     idle.store(0, Ordering::SeqCst);
-    queue("busy-here");
+    queue(&["busy-here"]);
     mark(101);
     assert_eq!(
         until_mark(),
@@ -241,19 +245,7 @@ fn queued_jobs_are_announced_only_when_no_worker_of_the_replica_is_idle() {
 
     // Two jobs in one transaction and one idle worker: the second needs another replica.
     idle.store(1, Ordering::SeqCst);
-    here.transact(|t| {
-        for job in ["pair-1", "pair-2"] {
-            let job = EnqueueRequest {
-                job_id: job.into(),
-                mailbox_id: format!("thread-{job}"),
-                run_id: format!("run-{job}"),
-                ..Default::default()
-            };
-            mtx::enqueue(t, &job, 1, 0, 3)?;
-        }
-        Ok::<_, arbor_runner_svc::store::Abort<_>>(())
-    })
-    .unwrap();
+    queue(&["pair-1", "pair-2"]);
     mark(102);
     assert_eq!(
         until_mark(),
