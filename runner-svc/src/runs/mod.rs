@@ -198,7 +198,7 @@ impl Runner {
     }
 
     /// Counts a worker as waiting for work until the guard drops.
-    pub fn idle_worker(&self) -> IdleWorker<'_> {
+    pub(crate) fn idle_worker(&self) -> IdleWorker<'_> {
         self.idle_workers.fetch_add(1, Ordering::Relaxed);
         IdleWorker(&self.idle_workers)
     }
@@ -438,7 +438,7 @@ impl Runner {
 }
 
 /// A worker waiting for work (see [`Runner::idle_worker`]).
-pub struct IdleWorker<'a>(&'a AtomicUsize);
+pub(crate) struct IdleWorker<'a>(&'a AtomicUsize);
 
 impl Drop for IdleWorker<'_> {
     fn drop(&mut self) {

@@ -516,8 +516,8 @@ impl<'c> PgTx<'c> {
     /// Reads `keys` (with `BEGIN` if not sent yet) in one round trip into `read`.
     fn fetch(&self, keys: Vec<(T, Value)>) -> Result<(), DbError> {
         let rows = self.wait(async {
-            let (begun, rows) =
-                futures_util::join!(self.begin_once(), read_many(self.client, &keys));
+            let reads = read_many(self.client, keys.iter().map(|(t, k)| (*t, k.as_slice())));
+            let (begun, rows) = futures_util::join!(self.begin_once(), reads);
             begun?;
             rows
         })?;
@@ -861,11 +861,11 @@ async fn read_async(client: &ClientWrapper, t: T, key: &[u8]) -> Result<Option<V
 /// given, one prepared single-row statement each (pipelined). One statement for all of them
 /// would be planned once for every number of keys, and a plan for many is a hash join over
 /// the whole table.
-async fn read_many(
+async fn read_many<'k>(
     client: &ClientWrapper,
-    keys: &[(T, Value)],
+    keys: impl IntoIterator<Item = (T, &'k [u8])>,
 ) -> Result<Vec<Option<Value>>, DbError> {
-    let reads = keys.iter().map(|(t, k)| read_async(client, *t, k));
+    let reads = keys.into_iter().map(|(t, k)| read_async(client, t, k));
     futures_util::future::join_all(reads)
         .await
         .into_iter()
@@ -958,8 +958,7 @@ impl Backend for PgBackend {
 
     fn get_many(&self, keys: &[(T, &[u8])]) -> Result<Vec<Option<Value>>, StoreError> {
         let client = self.db.client_blocking()?;
-        let keys: Vec<(T, Value)> = keys.iter().map(|(t, k)| (*t, k.to_vec())).collect();
-        Ok(wait(read_many(&client, &keys))?)
+        Ok(wait(read_many(&client, keys.iter().copied()))?)
     }
 
     fn scan(&self, t: T, prefix: &[u8], from: &[u8]) -> Entries<'static> {

@@ -214,55 +214,47 @@ pub fn cycle_ratios(rounds: &[Vec<CycleResult>]) -> Vec<String> {
     let mut lines = Vec::new();
     for d in [Decider::Policy, Decider::Person] {
         let label = d.label();
-        let kinds = [
+        let targets = [
             Target {
                 what: format!("postgres/sled cycles/s at K={hi}"),
-                unit: "",
                 of: ("postgres", 1),
                 to: ("sled", 1),
                 k: hi,
-                pick: |(c, _)| c,
+                figure: Figure::CyclesPerS,
                 target: 0.5,
-                higher: true,
             },
             Target {
                 what: format!("postgres/sled p50 at K={lo}"),
-                unit: " ms",
                 of: ("postgres", 1),
                 to: ("sled", 1),
                 k: lo,
-                pick: |(_, p)| p,
+                figure: Figure::P50,
                 target: 3.0,
-                higher: false,
             },
             Target {
                 what: format!("postgres 2 runners/1 runner cycles/s at K={hi}"),
-                unit: "",
                 of: ("postgres", 2),
                 to: ("postgres", 1),
                 k: hi,
-                pick: |(c, _)| c,
+                figure: Figure::CyclesPerS,
                 target: 1.0,
-                higher: true,
             },
         ];
         for Target {
             what,
-            unit,
             of: (a_store, a_r),
             to: (b_store, b_r),
             k,
-            pick,
+            figure,
             target,
-            higher,
-        } in kinds
+        } in targets
         {
             let pairs: Vec<(f64, f64)> = rounds
                 .iter()
                 .filter_map(|rows| {
                     let a = find(rows, a_store, a_r, d, k)?;
                     let b = find(rows, b_store, b_r, d, k)?;
-                    Some((pick(a), pick(b)))
+                    Some((figure.of(a), figure.of(b)))
                 })
                 .collect();
             let mut ratios: Vec<f64> = pairs.iter().map(|(a, b)| a / b).collect();
@@ -271,20 +263,17 @@ pub fn cycle_ratios(rounds: &[Vec<CycleResult>]) -> Vec<String> {
             }
             ratios.sort_by(f64::total_cmp);
             let x = ratios[ratios.len() / 2];
-            let met = if higher { x >= target } else { x <= target };
-            let (sign, digits) = match (higher, unit.is_empty()) {
-                (true, _) => ("≥", 0),
-                (false, true) => ("≤", 0),
-                (false, false) => ("≤", 2),
+            let (met, sign, digits, unit) = match figure {
+                Figure::CyclesPerS => (x >= target, "≥", 0, ""),
+                Figure::P50 => (x <= target, "≤", 2, " ms"),
             };
             let figures = match pairs.as_slice() {
                 [(a, b)] => format!("{a:.digits$} / {b:.digits$}{unit} = "),
                 _ => format!("median of {} rounds ", ratios.len()),
             };
             let range = match ratios.as_slice() {
-                [_] => String::new(),
                 [first, .., last] => format!(" ({first:.2}×–{last:.2}×)"),
-                [] => String::new(),
+                _ => String::new(),
             };
             lines.push(format!(
                 "  {label:<7} {what}: {figures}{x:.2}×{range}  (target {sign} {target:.2}×) {}",
@@ -298,17 +287,29 @@ pub fn cycle_ratios(rounds: &[Vec<CycleResult>]) -> Vec<String> {
 /// A target stated as a ratio of two configurations' figures.
 struct Target {
     what: String,
-    /// Of the figures shown (cycles/s are shown without one).
-    unit: &'static str,
     /// The configuration (store, replicas) over the one it is compared `to`.
     of: (&'static str, usize),
     to: (&'static str, usize),
     k: usize,
-    /// Which figure of (cycles/s, p50 ms).
-    pick: fn((f64, f64)) -> f64,
+    figure: Figure,
     target: f64,
-    /// Whether the ratio must reach the target (or stay under it).
-    higher: bool,
+}
+
+/// The figure a target compares: cycles/s must reach it, the p50 latency stay under it.
+#[derive(Clone, Copy)]
+enum Figure {
+    CyclesPerS,
+    P50,
+}
+
+impl Figure {
+    /// This figure of (cycles/s, p50 ms).
+    fn of(self, (cycles_per_s, p50): (f64, f64)) -> f64 {
+        match self {
+            Figure::CyclesPerS => cycles_per_s,
+            Figure::P50 => p50,
+        }
+    }
 }
 
 /// One row per configuration: of its rounds, the one with the median cycles/s.
@@ -338,23 +339,30 @@ pub async fn cycles(opts: &Options) -> (Vec<Vec<CycleResult>>, Vec<String>) {
     let mut rounds = Vec::new();
     let mut skipped = Vec::new();
     for round in 1..=opts.rounds.max(1) {
-        let rows = cycles_round(opts, round, &mut skipped).await;
-        rounds.push(rows);
+        // Every round skips the same combinations: they are said once.
+        let said = if round == 1 { Some(&mut skipped) } else { None };
+        rounds.push(cycles_round(opts, round, said).await);
     }
-    skipped.dedup();
     (rounds, skipped)
 }
 
 /// One round of [`cycles`]: every configuration once, in a fixed order.
-async fn cycles_round(opts: &Options, round: usize, skipped: &mut Vec<String>) -> Vec<CycleResult> {
+async fn cycles_round(
+    opts: &Options,
+    round: usize,
+    mut skipped: Option<&mut Vec<String>>,
+) -> Vec<CycleResult> {
     let mut rows = Vec::new();
     for store in &opts.stores {
         for &replicas in &opts.replicas {
             if replicas > 1 && !store.shared() {
-                skipped.push(format!(
-                    "{} × {replicas} runners skipped: the embedded store belongs to one process",
-                    store.label()
-                ));
+                if let Some(skipped) = skipped.as_deref_mut() {
+                    skipped.push(format!(
+                        "{} × {replicas} runners skipped: the embedded store belongs to one \
+                         process",
+                        store.label()
+                    ));
+                }
                 continue;
             }
             for decider in &opts.deciders {

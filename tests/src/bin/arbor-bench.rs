@@ -18,7 +18,8 @@
 //! - `--rounds` (cycle): how many times to measure every configuration, round after round
 //!   (default 1). The table shows, for each configuration, its round of median cycles/s; each
 //!   target ratio is taken within each round and the median over the rounds is judged, so
-//!   that a machine whose speed drifts during the run moves both sides of a ratio alike.
+//!   that a machine whose speed drifts during the run moves both sides of a ratio alike (an
+//!   odd N has a true median; of an even N's two middle values, the higher is taken).
 //! - `--pg-stats` (cycle): the PostgreSQL server loads `pg_stat_statements`, and each
 //!   PostgreSQL configuration prints the statements it ran per cycle, most frequent first.
 //! - `--only tasks` (not in the default set; on every `--store`): task workers. `--task-latency`
