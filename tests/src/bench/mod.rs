@@ -214,41 +214,36 @@ pub fn cycle_ratios(rounds: &[Vec<CycleResult>]) -> Vec<String> {
     let mut lines = Vec::new();
     for d in [Decider::Policy, Decider::Person] {
         let label = d.label();
+        let (pg1, pg2, sled) = (("postgres", 1), ("postgres", 2), ("sled", 1));
+        // (what, the configuration (store, replicas) over the one it is compared to, K, the
+        // figure compared, the target)
         let targets = [
-            Target {
-                what: format!("postgres/sled cycles/s at K={hi}"),
-                of: ("postgres", 1),
-                to: ("sled", 1),
-                k: hi,
-                figure: Figure::CyclesPerS,
-                target: 0.5,
-            },
-            Target {
-                what: format!("postgres/sled p50 at K={lo}"),
-                of: ("postgres", 1),
-                to: ("sled", 1),
-                k: lo,
-                figure: Figure::P50,
-                target: 3.0,
-            },
-            Target {
-                what: format!("postgres 2 runners/1 runner cycles/s at K={hi}"),
-                of: ("postgres", 2),
-                to: ("postgres", 1),
-                k: hi,
-                figure: Figure::CyclesPerS,
-                target: 1.0,
-            },
+            (
+                format!("postgres/sled cycles/s at K={hi}"),
+                pg1,
+                sled,
+                hi,
+                Figure::CyclesPerS,
+                0.5,
+            ),
+            (
+                format!("postgres/sled p50 at K={lo}"),
+                pg1,
+                sled,
+                lo,
+                Figure::P50,
+                3.0,
+            ),
+            (
+                format!("postgres 2 runners/1 runner cycles/s at K={hi}"),
+                pg2,
+                pg1,
+                hi,
+                Figure::CyclesPerS,
+                1.0,
+            ),
         ];
-        for Target {
-            what,
-            of: (a_store, a_r),
-            to: (b_store, b_r),
-            k,
-            figure,
-            target,
-        } in targets
-        {
+        for (what, (a_store, a_r), (b_store, b_r), k, figure, target) in targets {
             let pairs: Vec<(f64, f64)> = rounds
                 .iter()
                 .filter_map(|rows| {
@@ -282,17 +277,6 @@ pub fn cycle_ratios(rounds: &[Vec<CycleResult>]) -> Vec<String> {
         }
     }
     lines
-}
-
-/// A target stated as a ratio of two configurations' figures.
-struct Target {
-    what: String,
-    /// The configuration (store, replicas) over the one it is compared `to`.
-    of: (&'static str, usize),
-    to: (&'static str, usize),
-    k: usize,
-    figure: Figure,
-    target: f64,
 }
 
 /// The figure a target compares: cycles/s must reach it, the p50 latency stay under it.
