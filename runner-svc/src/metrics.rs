@@ -58,6 +58,12 @@ fn sample(runner: &Runner, s: &mut Samples) {
         &[],
         runner.lease_takeovers(),
     );
+    s.counter(
+        "arbor_runner_jobs_handed_off",
+        "Jobs claimed by the transaction that queued them, for a worker of this process that waited for work.",
+        &[],
+        runner.jobs_handed_off(),
+    );
 
     tasks(runner, s);
 }

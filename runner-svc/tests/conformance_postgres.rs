@@ -7,6 +7,8 @@
 // copies are the same helpers.
 #![allow(clippy::duplicate_mod)]
 
+#[path = "handoff.rs"]
+mod handoff;
 #[path = "interrupt.rs"]
 mod interrupt;
 #[path = "lease_takeover.rs"]

@@ -980,7 +980,7 @@ impl Mailbox {
     }
 
     /// Unique per claim without a syscall (a random token would cost one each time).
-    fn claim_token(&self, worker_id: &str) -> Result<String, MailboxError> {
+    pub(crate) fn claim_token(&self, worker_id: &str) -> Result<String, MailboxError> {
         Ok(format!("{worker_id}-{}", self.store.next_id()?))
     }
 

@@ -2,6 +2,7 @@
 //! and the event log. gRPC handlers are thin adapters over `Runner`; workers call
 //! `Runner::process` for each claimed job.
 
+mod handoff;
 mod query;
 pub mod records;
 mod resolve;
@@ -14,7 +15,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicU64, Ordering},
     },
 };
 
@@ -31,7 +32,7 @@ use crate::{
     engine::{ToolRegistry, TreeFormat, TreeSpec, parse_tree},
     error::RunnerError,
     events::EventLog,
-    mailbox::{Clock, Mailbox, MailboxConfig, MailboxStore, Reaped},
+    mailbox::{Claim, Clock, Mailbox, MailboxConfig, MailboxStore, Reaped},
     store::{Change, Store, T, Tx, TxResult, codec},
 };
 
@@ -65,13 +66,16 @@ pub struct Runner {
     trees: Mutex<HashMap<(String, u32), Arc<TreeSpec>>>,
     /// Woken when a job may have become claimable.
     work: Notify,
-    /// Workers waiting on `work` right now (see `Backend::idle_workers`).
-    idle_workers: Arc<AtomicUsize>,
+    /// Workers waiting for work right now, which a job being queued may be handed to.
+    idle: handoff::IdleWorkers,
     /// Bumped after every committed run change, for callers waiting on a run.
     changes: watch::Sender<u64>,
     /// Jobs whose lease expired (or whose process died) and went back to the queue for another
     /// worker to take over, since this process started.
     lease_takeovers: AtomicU64,
+    /// Jobs handed to an idle worker by the transaction that queued them, since this process
+    /// started.
+    handed_off: AtomicU64,
     /// Woken when a task may have become due or a leased task ended.
     task_changes: Notify,
     /// Ids of tasks whose lease ended in this process (completed, failed, thrown, expired), so
@@ -91,8 +95,8 @@ impl Runner {
     ) -> Result<Arc<Self>, RunnerError> {
         // Every step appends events: the log's counter is read by nearly every batch.
         store.hot_keys(vec![(T::Meta, crate::store::NEXT_SEQ.to_vec())]);
-        let idle_workers = Arc::new(AtomicUsize::new(0));
-        store.idle_workers(idle_workers.clone());
+        let idle = handoff::IdleWorkers::default();
+        store.idle_workers(idle.count());
         let (mailbox, recovered) = Mailbox::open(store.clone(), clock, opts.mailbox.clone())?;
         let events = EventLog::open(store.clone())?;
         let (changes, _) = watch::channel(0);
@@ -104,9 +108,10 @@ impl Runner {
             opts,
             trees: Mutex::new(HashMap::new()),
             work: Notify::new(),
-            idle_workers,
+            idle,
             changes,
             lease_takeovers: AtomicU64::new(0),
+            handed_off: AtomicU64::new(0),
             task_changes: Notify::new(),
             task_ends: tokio::sync::broadcast::channel(4096).0,
             task_metrics: Default::default(),
@@ -192,15 +197,49 @@ impl Runner {
         self.lease_takeovers.load(Ordering::Relaxed)
     }
 
+    /// Jobs handed to an idle worker by the transaction that queued them (see
+    /// `runs::handoff`), since this process started.
+    pub fn jobs_handed_off(&self) -> u64 {
+        self.handed_off.load(Ordering::Relaxed)
+    }
+
+    /// Workers of this process waiting for work now.
+    pub fn idle_workers(&self) -> usize {
+        self.idle.count().load(Ordering::Relaxed)
+    }
+
     /// Resolves when a job may have become claimable.
     pub fn work_available(&self) -> tokio::sync::futures::Notified<'_> {
         self.work.notified()
     }
 
-    /// Counts a worker as waiting for work until the guard drops.
-    pub(crate) fn idle_worker(&self) -> IdleWorker<'_> {
-        self.idle_workers.fetch_add(1, Ordering::Relaxed);
-        IdleWorker(&self.idle_workers)
+    /// Counts a worker as waiting for work; a job being queued may be handed to it through
+    /// the receiver, until [`stop_waiting`](Self::stop_waiting) says it no longer waits.
+    pub(crate) fn wait_for_work(&self, worker: &str) -> tokio::sync::oneshot::Receiver<Claim> {
+        self.idle.wait(worker)
+    }
+
+    /// Whether `worker` was still waiting. `false`: a job is being handed to it, and its
+    /// receiver answers once the transaction queuing that job ends.
+    pub(crate) fn stop_waiting(&self, worker: &str) -> bool {
+        self.idle.stop(worker)
+    }
+
+    /// An idle worker of this process for a job about to be queued, if one waits.
+    fn hand_off(&self) -> Option<handoff::HandOff> {
+        self.idle.take(&self.mailbox)
+    }
+
+    /// After a transaction that queued a job committed: the job goes to the worker taken for
+    /// it if the transaction claimed it, otherwise a worker is woken to claim it.
+    fn handed(&self, hand_off: Option<handoff::HandOff>, claimed: Option<crate::mailbox::Job>) {
+        match (hand_off, claimed) {
+            (Some(hand_off), Some(job)) => {
+                self.handed_off.fetch_add(1, Ordering::Relaxed);
+                hand_off.give(job, &self.mailbox);
+            }
+            _ => self.wake_workers(),
+        }
     }
 
     /// Commits one transaction that also appends events, waits until it is durable, then
@@ -434,14 +473,5 @@ impl Runner {
     pub async fn record_progress(&self) -> Result<(), RunnerError> {
         let progress = self.events.last_seq()?;
         Ok(self.store.record_progress(progress).await?)
-    }
-}
-
-/// A worker waiting for work (see [`Runner::idle_worker`]).
-pub(crate) struct IdleWorker<'a>(&'a AtomicUsize);
-
-impl Drop for IdleWorker<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -6,12 +6,12 @@ use arbor_shared::domain::{
 };
 use serde_json::Value as Json;
 
-use super::{RunRecord, RunView, Runner, records, submit::check_id};
+use super::{RunRecord, RunView, Runner, handoff::Claimer, records, submit::check_id};
 use crate::{
     engine::{Decision, TaskKind, validate_decision},
     error::RunnerError,
     events::{self, NewEvent},
-    mailbox::{EnqueueRequest, tx as mtx},
+    mailbox::{EnqueueRequest, Job, tx as mtx},
     store::{T, Tx, TxResult, abort, codec, lift},
     tasks,
 };
@@ -69,7 +69,12 @@ impl Runner {
             decided_by: input.decided_by.clone(),
             source: input.source,
         };
-        let resolved = self
+        let hand_off = self.hand_off();
+        let (claimer, claim_at) = (
+            hand_off.as_ref().map(|h| h.claimer()),
+            now.max(self.mailbox.clock().wall_ms()),
+        );
+        let (resolved, claimed) = self
             .commit(move |tx| {
                 // Everything the step reads that its keys alone name, in one round trip.
                 let (run_key, request_key) = (input.run_id.as_bytes(), input.request_id.as_bytes());
@@ -96,15 +101,13 @@ impl Runner {
                 {
                     return abort(RunnerError::ApprovalNeedsService);
                 }
-                let duplicate = |existing: &str| -> TxResult<(Resolved, _), RunnerError> {
+                let duplicate = |existing: &str| -> TxResult<((Resolved, _), _), RunnerError> {
                     if existing == input.decision_id {
-                        Ok((
-                            Resolved {
-                                duplicate: true,
-                                run: RunView::of(run.clone(), &ck),
-                            },
-                            Vec::new(),
-                        ))
+                        let resolved = Resolved {
+                            duplicate: true,
+                            run: RunView::of(run.clone(), &ck),
+                        };
+                        Ok(((resolved, None), Vec::new()))
                     } else {
                         abort(RunnerError::AlreadyDecided {
                             request_id: input.request_id.clone(),
@@ -163,7 +166,13 @@ impl Runner {
                     Some(task) => tasks::tx::resolve_external(tx, task, now)?,
                     None => {}
                 }
-                deliver(tx, &run, &normalised, order, now, default_max)?;
+                let claimed = deliver(
+                    tx,
+                    &run,
+                    &normalised,
+                    (order, now, default_max),
+                    claimer.as_ref().map(|c| (c, claim_at)),
+                )?;
                 if let Some(trace) = &input.trace {
                     events::set_run_trace(tx, &run.run_id, trace)?;
                 }
@@ -185,34 +194,38 @@ impl Runner {
                     now,
                     "",
                 )?;
-                Ok((
-                    Resolved {
-                        duplicate: false,
-                        run: RunView::of(run.clone(), &ck),
-                    },
-                    appended,
-                ))
+                let resolved = Resolved {
+                    duplicate: false,
+                    run: RunView::of(run.clone(), &ck),
+                };
+                Ok(((resolved, claimed), appended))
             })
             .await?;
         if !resolved.duplicate {
-            self.wake_workers();
+            self.handed(hand_off, claimed);
         }
         Ok(resolved)
     }
 }
 
 /// Puts a decision into the run's inbox and queues the job that wakes the run (one wake job per
-/// run at a time: later decisions join the queued one).
+/// run at a time: later decisions join the queued one). With a `claimer`, the wake job is
+/// claimed for the worker it names when it can run now (at the time given, on the mailbox's
+/// clock): the claimed job is returned.
 pub(crate) fn deliver(
     tx: &Tx<'_>,
     run: &RunRecord,
     decision: &Decision,
-    order: u64,
-    now: u64,
-    default_max: u32,
-) -> TxResult<(), RunnerError> {
+    (order, now, default_max): (u64, u64, u32),
+    claimer: Option<(&Claimer, u64)>,
+) -> TxResult<Option<Job>, RunnerError> {
+    let thread = run.thread_id.as_bytes();
+    match claimer {
+        Some(_) => tx.prefetch(&[(T::Mailboxes, thread), (T::Active, thread)])?,
+        None => tx.prefetch(&[(T::Mailboxes, thread)])?,
+    }
     records::inbox_put(tx, &run.run_id, decision)?;
-    lift(mtx::enqueue(
+    let enq = lift(mtx::enqueue(
         tx,
         &EnqueueRequest {
             job_id: uuid::Uuid::now_v7().to_string(),
@@ -230,7 +243,10 @@ pub(crate) fn deliver(
         now,
         default_max,
     ))?;
-    Ok(())
+    match claimer {
+        Some((claimer, at)) if !enq.deduplicated => claimer.claim(tx, &enq.job, at),
+        _ => Ok(None),
+    }
 }
 
 /// The dedupe key of the job that wakes a run for its decisions.

@@ -137,7 +137,12 @@ impl Runner {
         let trace = input
             .trace
             .unwrap_or_else(arbor_shared::trace::TraceContext::new_root);
-        let submitted = self
+        let hand_off = self.hand_off();
+        let (claimer, claim_at) = (
+            hand_off.as_ref().map(|h| h.claimer()),
+            now.max(self.mailbox.clock().wall_ms()),
+        );
+        let (submitted, claimed) = self
             .commit(move |tx| {
                 // Everything the submission reads that its ids name, in one round trip.
                 let mut keys = vec![
@@ -147,6 +152,9 @@ impl Runner {
                 ];
                 if !input.dedupe_key.is_empty() {
                     keys.push((T::Dedupe, input.dedupe_key.as_bytes()));
+                }
+                if claimer.is_some() {
+                    keys.push((T::Active, thread_id.as_bytes()));
                 }
                 tx.prefetch(&keys)?;
                 let existing = records::get_run(tx, &run_id)?;
@@ -179,14 +187,12 @@ impl Runner {
                 ))?;
                 if enq.deduplicated {
                     let run = records::must_get_run(tx, &enq.job.run_id)?;
-                    return Ok((
-                        Submitted {
-                            run,
-                            job_id: enq.job.job_id,
-                            deduplicated: true,
-                        },
-                        Vec::new(),
-                    ));
+                    let submitted = Submitted {
+                        run,
+                        job_id: enq.job.job_id,
+                        deduplicated: true,
+                    };
+                    return Ok(((submitted, None), Vec::new()));
                 }
                 let run = match existing {
                     Some(run) => run,
@@ -232,17 +238,19 @@ impl Runner {
                     now,
                     "",
                 )?;
-                Ok((
-                    Submitted {
-                        run,
-                        job_id: enq.job.job_id,
-                        deduplicated: false,
-                    },
-                    appended,
-                ))
+                let claimed = match &claimer {
+                    Some(claimer) => claimer.claim(tx, &enq.job, claim_at)?,
+                    None => None,
+                };
+                let submitted = Submitted {
+                    run,
+                    job_id: enq.job.job_id,
+                    deduplicated: false,
+                };
+                Ok(((submitted, claimed), appended))
             })
             .await?;
-        self.wake_workers();
+        self.handed(hand_off, claimed);
         Ok(submitted)
     }
 

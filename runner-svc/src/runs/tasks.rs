@@ -247,7 +247,12 @@ impl Runner {
         let order = self.store.next_id()?;
         let default_max = self.mailbox.config().default_max_attempts;
         let (id, token) = (task_id.to_string(), token.to_string());
-        let taken = self
+        let hand_off = self.hand_off();
+        let (claimer, claim_at) = (
+            hand_off.as_ref().map(|h| h.claimer()),
+            now.max(self.mailbox.clock().wall_ms()),
+        );
+        let (taken, claimed) = self
             .commit(move |tx| {
                 // A repeat of the call that ended this lease (its answer was lost) is answered
                 // the same way and changes nothing.
@@ -266,7 +271,7 @@ impl Runner {
                             false => format!("task was cancelled: {}", task.cancel_reason),
                         },
                     };
-                    return Ok((taken, Vec::new()));
+                    return Ok(((taken, None), Vec::new()));
                 }
                 let task = ttx::leased(tx, &id, &token)?;
                 if task.cancel_requested {
@@ -277,17 +282,16 @@ impl Runner {
                         accepted: false,
                         reason,
                     };
-                    return Ok((taken, appended));
+                    return Ok(((taken, None), appended));
                 }
                 let run = records::must_get_run(tx, &task.run_id)?;
                 let task = ttx::close(tx, task, event_kind, &error, now)?;
-                deliver(
+                let claimed = deliver(
                     tx,
                     &run,
                     &outcome(&task, result.clone()),
-                    order,
-                    now,
-                    default_max,
+                    (order, now, default_max),
+                    claimer.as_ref().map(|c| (c, claim_at)),
                 )?;
                 let detail = match event_kind {
                     TaskEvent::Complete => EventDetail::TaskCompleted {
@@ -307,13 +311,11 @@ impl Runner {
                     },
                 };
                 let appended = events::append(tx, &[event(&task, detail)], now, "")?;
-                Ok((
-                    Taken {
-                        accepted: true,
-                        reason: String::new(),
-                    },
-                    appended,
-                ))
+                let taken = Taken {
+                    accepted: true,
+                    reason: String::new(),
+                };
+                Ok(((taken, claimed), appended))
             })
             .await?;
         self.task_metrics.ended(if taken.accepted {
@@ -322,7 +324,8 @@ impl Runner {
             TaskEvent::Cancel
         });
         self.lease_ended(task_id);
-        self.after_task_change();
+        self.notify_tasks();
+        self.handed(hand_off, claimed);
         Ok(taken)
     }
 
@@ -591,7 +594,13 @@ fn attempt_failed(
         };
         let task = ttx::close(tx, task, TaskEvent::Fail, error, now)?;
         let result = json!({"status": "failed", "result": error});
-        deliver(tx, &run, &outcome(&task, result), order, now, default_max)?;
+        deliver(
+            tx,
+            &run,
+            &outcome(&task, result),
+            (order, now, default_max),
+            None,
+        )?;
         (task, 0)
     };
     let detail = EventDetail::TaskFailed {

@@ -67,13 +67,22 @@ pub fn spawn(runner: Arc<Runner>, workers: usize, shutdown: CancellationToken) -
 }
 
 /// Claims and processes jobs until shutdown. Idle workers sleep until woken by a new job or
-/// until the next delayed job becomes available — never a busy loop.
+/// until the next delayed job becomes available — never a busy loop — or until a transaction
+/// queuing a job hands it to them already claimed (see `runs::handoff`).
 pub async fn worker_loop(
     runner: Arc<Runner>,
     worker_id: String,
     in_flight: Arc<InFlight>,
     shutdown: CancellationToken,
 ) {
+    let process = |claim: Claim| {
+        let (runner, in_flight) = (runner.clone(), in_flight.clone());
+        async move {
+            in_flight.start(&claim);
+            runner.process(&claim).await;
+            in_flight.finish(&claim);
+        }
+    };
     loop {
         if shutdown.is_cancelled() {
             return;
@@ -88,9 +97,7 @@ pub async fn worker_loop(
                 if more.is_some() {
                     runner.wake_workers();
                 }
-                in_flight.start(&claim);
-                runner.process(&claim).await;
-                in_flight.finish(&claim);
+                process(claim).await;
                 continue;
             }
             Ok((None, next)) => next,
@@ -105,11 +112,26 @@ pub async fn worker_loop(
             }
             None => Duration::from_secs(5),
         };
-        let _idle = runner.idle_worker();
+        let mut handed = runner.wait_for_work(&worker_id);
         tokio::select! {
+            claim = &mut handed => {
+                if let Ok(claim) = claim {
+                    process(claim).await;
+                }
+                continue;
+            }
             _ = &mut woken => {}
             _ = tokio::time::sleep(idle) => {}
-            _ = shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => {
+                // A job being handed over now stays claimed until its lease runs out.
+                runner.stop_waiting(&worker_id);
+                return;
+            }
+        }
+        if !runner.stop_waiting(&worker_id)
+            && let Ok(claim) = handed.await
+        {
+            process(claim).await;
         }
     }
 }

@@ -1,0 +1,148 @@
+//! A job queued while a worker of the process waits for work is claimed by the transaction that
+//! queues it and handed to that worker — a submission's start job, a decision's wake-up — and
+//! a job its thread cannot run yet (another job of the thread is claimed) stays queued for the
+//! usual claim, which takes it once the thread is free.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::{
+    sync::{Mutex, mpsc},
+    time::Duration,
+};
+
+use arbor_runner_svc::{
+    engine::{Tool, ToolCall, ToolError, TreeFormat},
+    mailbox::MailboxStore,
+    runs::{Runner, SubmitInput},
+    worker,
+};
+use arbor_shared::{
+    domain::{JobStatus, RunStatus},
+    testing::eventually,
+};
+use serde_json::{Value as Json, json};
+use tokio_util::sync::CancellationToken;
+
+const GATED: &str = r#"{"id": "gated", "version": 1, "root": {"type": "sequence", "name": "main", "children": [
+  {"type": "approval", "name": "ok", "title": "Go on?", "child": {"type": "set", "name": "s", "key": "x", "value": 1}}
+]}}"#;
+const HELD: &str = r#"{"id": "held", "version": 1, "root": {"type": "tool", "name": "work", "tool": "hold", "args": {}}}"#;
+const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "name": "s", "key": "x", "value": 1}}"#;
+
+/// Blocks every call until the test releases it.
+struct Hold {
+    entered: Mutex<mpsc::Sender<()>>,
+    release: Mutex<mpsc::Receiver<()>>,
+}
+
+impl Tool for Hold {
+    fn name(&self) -> &str {
+        "hold"
+    }
+
+    fn call(&self, _call: &ToolCall) -> Result<Json, ToolError> {
+        self.entered.lock().unwrap().send(()).unwrap();
+        self.release.lock().unwrap().recv().unwrap();
+        Ok(json!("released"))
+    }
+}
+
+fn submit(tree: &str, thread: &str) -> SubmitInput {
+    SubmitInput {
+        tree_id: tree.into(),
+        thread_id: thread.into(),
+        submitted_by: "alice".into(),
+        ..Default::default()
+    }
+}
+
+async fn wait_idle(runner: &Runner, workers: usize) {
+    eventually(
+        &format!("{workers} workers waiting for work"),
+        Duration::from_secs(20),
+        || async { (runner.idle_workers() == workers).then_some(()) },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submission_and_a_decision_hand_their_job_to_the_waiting_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let runner = common::open_runner(dir.path(), |_| {}).await;
+    runner.register_tree(GATED, TreeFormat::Json).await.unwrap();
+    let stop = CancellationToken::new();
+    let _workers = worker::spawn(runner.clone(), 1, stop.clone());
+    wait_idle(&runner, 1).await;
+
+    let submitted = runner.submit(submit("gated", "t-1")).await.unwrap();
+    // Counted before SubmitRun answers: the job was claimed in the submission's transaction.
+    assert_eq!(runner.jobs_handed_off(), 1);
+    let run_id = submitted.run.run_id;
+    common::wait_status(&runner, &run_id, RunStatus::Suspended).await;
+    let start = runner.mailbox().get(&submitted.job_id).unwrap().unwrap();
+    assert_eq!(start.status, JobStatus::Accepted);
+    assert_eq!(start.attempt_count, 1, "claimed once, by the hand-off");
+
+    wait_idle(&runner, 1).await;
+    common::approve_first(&runner, &run_id, "d-1").await;
+    assert_eq!(
+        runner.jobs_handed_off(),
+        2,
+        "the decision's wake-up was handed over"
+    );
+    common::wait_status(&runner, &run_id, RunStatus::Succeeded).await;
+    assert_eq!(runner.get_run(&run_id).unwrap().blackboard["x"], json!(1));
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_thread_is_busy_stays_queued_until_the_thread_is_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel();
+    let runner = common::open_runner(dir.path(), |tools| {
+        tools.register(Hold {
+            entered: Mutex::new(entered_tx),
+            release: Mutex::new(release_rx),
+        })
+    })
+    .await;
+    runner.register_tree(HELD, TreeFormat::Json).await.unwrap();
+    runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
+    let stop = CancellationToken::new();
+    let _workers = worker::spawn(runner.clone(), 2, stop.clone());
+    wait_idle(&runner, 2).await;
+
+    let held = runner.submit(submit("held", "t-1")).await.unwrap().run;
+    assert_eq!(runner.jobs_handed_off(), 1);
+    tokio::task::spawn_blocking(move || entered_rx.recv().unwrap())
+        .await
+        .unwrap();
+    wait_idle(&runner, 1).await;
+
+    // The other worker waits, but the thread's job is claimed: this one must wait its turn.
+    let next = runner.submit(submit("quick", "t-1")).await.unwrap();
+    assert_eq!(
+        runner.jobs_handed_off(),
+        1,
+        "a busy thread's job is not handed over"
+    );
+    let job = runner.mailbox().get(&next.job_id).unwrap().unwrap();
+    assert_eq!(job.status, JobStatus::Queued);
+    // The worker let go goes back to waiting (the queue has nothing it may claim).
+    wait_idle(&runner, 1).await;
+    assert_eq!(
+        runner.get_run(&next.run.run_id).unwrap().run.status,
+        RunStatus::Queued
+    );
+
+    release_tx.send(()).unwrap();
+    common::wait_status(&runner, &held.run_id, RunStatus::Succeeded).await;
+    common::wait_status(&runner, &next.run.run_id, RunStatus::Succeeded).await;
+    let job = runner.mailbox().get(&next.job_id).unwrap().unwrap();
+    assert_eq!(job.attempt_count, 1);
+    assert_eq!(runner.jobs_handed_off(), 1);
+    stop.cancel();
+}
