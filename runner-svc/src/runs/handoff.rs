@@ -1,5 +1,5 @@
 //! Handing a job straight to an idle worker: the transaction that queues a job (a submission, a
-//! decision's wake-up) claims it for a worker of this process that waits for work, and gives
+//! decision's or a task result's wake-up) claims it for a worker of this process that waits for work, and gives
 //! it the claim once that transaction is durable. The worker skips the look at the queue and
 //! the claim transaction of its own, which on PostgreSQL are five round trips per job, and no
 //! other replica is told of a job that is already taken.
@@ -39,22 +39,27 @@ impl IdleWorkers {
         self.count.clone()
     }
 
+    /// The list, whatever a panic elsewhere left: a waiter must always be found again, or its
+    /// worker would wait for a claim that never comes.
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Vec<(String, oneshot::Sender<Claim>)>> {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// Counts `worker` as idle until it is handed a job or [`stops`](Self::stop) waiting.
     pub fn wait(&self, worker: &str) -> oneshot::Receiver<Claim> {
         let (to, from) = oneshot::channel();
-        if let Ok(mut waiting) = self.waiting.lock() {
-            waiting.push((worker.to_string(), to));
-            self.count.store(waiting.len(), Ordering::Relaxed);
-        }
+        let mut waiting = self.waiting();
+        waiting.push((worker.to_string(), to));
+        self.count.store(waiting.len(), Ordering::Relaxed);
         from
     }
 
     /// Whether `worker` was still waiting (and now is not). `false`: a transaction took it
     /// meanwhile, and its receiver answers as soon as that transaction ends.
     pub fn stop(&self, worker: &str) -> bool {
-        let Ok(mut waiting) = self.waiting.lock() else {
-            return false;
-        };
+        let mut waiting = self.waiting();
         let Some(at) = waiting.iter().position(|(w, _)| w == worker) else {
             return false;
         };
@@ -66,7 +71,7 @@ impl IdleWorkers {
     /// Takes an idle worker for a job about to be queued.
     pub fn take(&self, mailbox: &Mailbox) -> Option<HandOff> {
         let (worker, to) = {
-            let mut waiting = self.waiting.lock().ok()?;
+            let mut waiting = self.waiting();
             let taken = waiting.pop()?;
             self.count.store(waiting.len(), Ordering::Relaxed);
             taken
