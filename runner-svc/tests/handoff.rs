@@ -7,13 +7,10 @@
 
 mod common;
 
-use std::{
-    sync::{Mutex, mpsc},
-    time::Duration,
-};
+use std::time::Duration;
 
 use arbor_runner_svc::{
-    engine::{Tool, ToolCall, ToolError, TreeFormat},
+    engine::TreeFormat,
     mailbox::MailboxStore,
     runs::{Runner, SubmitInput},
     worker,
@@ -22,7 +19,7 @@ use arbor_shared::{
     domain::{JobStatus, RunStatus},
     testing::eventually,
 };
-use serde_json::{Value as Json, json};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const GATED: &str = r#"{"id": "gated", "version": 1, "root": {"type": "sequence", "name": "main", "children": [
@@ -30,24 +27,6 @@ const GATED: &str = r#"{"id": "gated", "version": 1, "root": {"type": "sequence"
 ]}}"#;
 const HELD: &str = r#"{"id": "held", "version": 1, "root": {"type": "tool", "name": "work", "tool": "hold", "args": {}}}"#;
 const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "name": "s", "key": "x", "value": 1}}"#;
-
-/// Blocks every call until the test releases it.
-struct Hold {
-    entered: Mutex<mpsc::Sender<()>>,
-    release: Mutex<mpsc::Receiver<()>>,
-}
-
-impl Tool for Hold {
-    fn name(&self) -> &str {
-        "hold"
-    }
-
-    fn call(&self, _call: &ToolCall) -> Result<Json, ToolError> {
-        self.entered.lock().unwrap().send(()).unwrap();
-        self.release.lock().unwrap().recv().unwrap();
-        Ok(json!("released"))
-    }
-}
 
 fn submit(tree: &str, thread: &str) -> SubmitInput {
     SubmitInput {
@@ -100,15 +79,8 @@ async fn a_submission_and_a_decision_hand_their_job_to_the_waiting_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_whose_thread_is_busy_stays_queued_until_the_thread_is_free() {
     let dir = tempfile::tempdir().unwrap();
-    let (entered_tx, entered_rx) = mpsc::channel();
-    let (release_tx, release_rx) = mpsc::channel();
-    let runner = common::open_runner(dir.path(), |tools| {
-        tools.register(Hold {
-            entered: Mutex::new(entered_tx),
-            release: Mutex::new(release_rx),
-        })
-    })
-    .await;
+    let (hold, entered_rx, release_tx) = common::Hold::new();
+    let runner = common::open_runner(dir.path(), |tools| tools.register(hold)).await;
     runner.register_tree(HELD, TreeFormat::Json).await.unwrap();
     runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
     let stop = CancellationToken::new();

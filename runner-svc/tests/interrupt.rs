@@ -6,13 +6,10 @@
 
 mod common;
 
-use std::{
-    sync::{Arc, Mutex, mpsc},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use arbor_runner_svc::{
-    engine::{GuardConfig, Tool, ToolCall, ToolError, ToolRegistry, TreeFormat},
+    engine::{GuardConfig, ToolRegistry, TreeFormat},
     mailbox::{JobFilter, MailboxStore, SystemClock},
     runs::{Runner, RunnerOptions, SubmitInput},
     worker,
@@ -21,26 +18,7 @@ use arbor_shared::{
     domain::{EventKind, JobKind, JobStatus, RunStatus},
     testing::eventually,
 };
-use serde_json::{Value as Json, json};
 use tokio_util::sync::CancellationToken;
-
-/// Blocks every call until the test releases it.
-struct Gate {
-    entered: Mutex<mpsc::Sender<()>>,
-    release: Mutex<mpsc::Receiver<()>>,
-}
-
-impl Tool for Gate {
-    fn name(&self) -> &str {
-        "hold"
-    }
-
-    fn call(&self, _call: &ToolCall) -> Result<Json, ToolError> {
-        self.entered.lock().unwrap().send(()).unwrap();
-        self.release.lock().unwrap().recv().unwrap();
-        Ok(json!("released"))
-    }
-}
 
 const BUSY: &str = r#"{"id": "busy", "version": 1, "root": {"type": "sequence", "name": "main", "children": [
   {"type": "tool", "name": "work", "tool": "hold", "args": {}},
@@ -54,13 +32,9 @@ async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
     let dir = tempfile::tempdir().unwrap();
     let store = common::open_store(dir.path());
     let ledger = arbor_runner_svc::engine::LedgerTool::new(store.clone()).unwrap();
-    let (entered_tx, entered_rx) = mpsc::channel();
-    let (release_tx, release_rx) = mpsc::channel();
+    let (hold, entered_rx, release_tx) = common::Hold::new();
     let mut tools = ToolRegistry::with_builtins(ledger, GuardConfig::default());
-    tools.register(Gate {
-        entered: Mutex::new(entered_tx),
-        release: Mutex::new(release_rx),
-    });
+    tools.register(hold);
     let runner = Runner::open(
         store,
         Arc::new(SystemClock::default()),

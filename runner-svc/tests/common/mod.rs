@@ -211,3 +211,42 @@ impl Served {
         drop(self.runner);
     }
 }
+
+/// The tool `hold`: every call tells the test it has started, then blocks until the test
+/// releases it (one `release` per call).
+pub struct Hold {
+    entered: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Hold {
+    /// The tool, the receiver of its "started" signals and the sender that releases a call.
+    pub fn new() -> (
+        Self,
+        std::sync::mpsc::Receiver<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let (entered, started) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel();
+        let hold = Self {
+            entered: std::sync::Mutex::new(entered),
+            release: std::sync::Mutex::new(released),
+        };
+        (hold, started, release)
+    }
+}
+
+impl arbor_runner_svc::engine::Tool for Hold {
+    fn name(&self) -> &str {
+        "hold"
+    }
+
+    fn call(
+        &self,
+        _call: &arbor_runner_svc::engine::ToolCall,
+    ) -> Result<serde_json::Value, arbor_runner_svc::engine::ToolError> {
+        self.entered.lock().unwrap().send(()).unwrap();
+        self.release.lock().unwrap().recv().unwrap();
+        Ok(serde_json::json!("released"))
+    }
+}
