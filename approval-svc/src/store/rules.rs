@@ -215,26 +215,8 @@ pub(super) fn record_delivery<R: Records>(
 /// RESOLVED/EXPIRED → ACKED, only for the decision held.
 pub(super) fn ack<R: Records>(tx: &R, request_id: &str, decision_id: &str) -> Outcome<R, Approval> {
     let a = load(tx, request_id)?;
-    let state = step::<R>(&a, Transition::Ack)?;
-    let held = a
-        .decision
-        .as_ref()
-        .map(|d| d.decision_id.clone())
-        .unwrap_or_default();
-    if held != decision_id {
-        return Err(Error::DecisionMismatch {
-            request_id: request_id.to_string(),
-            held,
-            given: decision_id.to_string(),
-        }
-        .into());
-    }
-    let n = next(tx, &a, state);
+    let (n, entry) = acked(tx, &a, decision_id)?;
     tx.save(Some(&a), &n)?;
-    let mut entry = AuditEntry::about(&n, AuditAction::Acked, ACTOR_RUNNER);
-    if let Some(d) = &n.decision {
-        entry = entry.with_decision(d);
-    }
     tx.audit(entry)?;
     Ok(n)
 }
@@ -242,17 +224,68 @@ pub(super) fn ack<R: Records>(tx: &R, request_id: &str, decision_id: &str) -> Ou
 /// ACKED → PRUNED: the bulky payload and the decision's args/result go.
 pub(super) fn prune<R: Records>(tx: &R, request_id: &str) -> Outcome<R, Approval> {
     let a = load(tx, request_id)?;
-    let state = step::<R>(&a, Transition::Prune)?;
-    let mut n = next(tx, &a, state);
+    let (n, entry) = pruned(tx, &a)?;
+    tx.save(Some(&a), &n)?;
+    tx.audit(entry)?;
+    Ok(n)
+}
+
+/// [`ack`] then [`prune`], with both moves and both audit entries, but the record written once:
+/// in its pruned form.
+pub(super) fn ack_and_prune<R: Records>(
+    tx: &R,
+    request_id: &str,
+    decision_id: &str,
+) -> Outcome<R, (Approval, Approval)> {
+    let a = load(tx, request_id)?;
+    let (acked, acked_entry) = acked(tx, &a, decision_id)?;
+    let (pruned, pruned_entry) = pruned(tx, &acked)?;
+    tx.save(Some(&a), &pruned)?;
+    tx.audit(acked_entry)?;
+    tx.audit(pruned_entry)?;
+    Ok((acked, pruned))
+}
+
+/// `a` acked, and the audit entry that says so; the decision must be the one held.
+fn acked<R: Records>(
+    tx: &R,
+    a: &Approval,
+    decision_id: &str,
+) -> Outcome<R, (Approval, AuditEntry)> {
+    let state = step::<R>(a, Transition::Ack)?;
+    let held = a
+        .decision
+        .as_ref()
+        .map(|d| d.decision_id.clone())
+        .unwrap_or_default();
+    if held != decision_id {
+        return Err(Error::DecisionMismatch {
+            request_id: a.id().to_string(),
+            held,
+            given: decision_id.to_string(),
+        }
+        .into());
+    }
+    let n = next(tx, a, state);
+    let mut entry = AuditEntry::about(&n, AuditAction::Acked, ACTOR_RUNNER);
+    if let Some(d) = &n.decision {
+        entry = entry.with_decision(d);
+    }
+    Ok((n, entry))
+}
+
+/// `a` pruned, and the audit entry that says so.
+fn pruned<R: Records>(tx: &R, a: &Approval) -> Outcome<R, (Approval, AuditEntry)> {
+    let state = step::<R>(a, Transition::Prune)?;
+    let mut n = next(tx, a, state);
     n.request.tool_args = Json::Null;
     n.request.context = Map::new();
     if let Some(d) = &mut n.decision {
         d.args = Json::Null;
         d.result = Json::Null;
     }
-    tx.save(Some(&a), &n)?;
-    tx.audit(AuditEntry::about(&n, AuditAction::Pruned, ACTOR_SERVICE))?;
-    Ok(n)
+    let entry = AuditEntry::about(&n, AuditAction::Pruned, ACTOR_SERVICE);
+    Ok((n, entry))
 }
 
 /// PENDING/RESOLVED/EXPIRED → CANCELLED.

@@ -237,12 +237,8 @@ impl ApprovalStore for PgStore {
         decision_id: &str,
     ) -> Result<(Approval, Approval)> {
         let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
-        self.transact(move |tx| {
-            let acked = rules::ack(tx, &request_id, &decision_id)?;
-            let pruned = rules::prune(tx, &request_id)?;
-            Ok((acked, pruned))
-        })
-        .await
+        self.transact(move |tx| rules::ack_and_prune(tx, &request_id, &decision_id))
+            .await
     }
 
     async fn prune_result(&self, request_id: &str) -> Result<Approval> {

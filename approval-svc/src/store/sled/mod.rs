@@ -466,12 +466,8 @@ impl ApprovalStore for SledStore {
         decision_id: &str,
     ) -> Result<(Approval, Approval)> {
         let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
-        self.commit(move |tx| {
-            let acked = rules::ack(tx, &request_id, &decision_id)?;
-            let pruned = rules::prune(tx, &request_id)?;
-            Ok((acked, pruned))
-        })
-        .await
+        self.commit(move |tx| rules::ack_and_prune(tx, &request_id, &decision_id))
+            .await
     }
 
     async fn cancel(&self, request_id: &str, actor: &str, reason: &str) -> Result<Approval> {
