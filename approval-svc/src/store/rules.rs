@@ -61,6 +61,18 @@ fn next<R: Records>(tx: &R, a: &Approval, state: ApprovalState) -> Approval {
     n
 }
 
+/// Writes `n` over `old` with the audit entry of the move, and answers `n`.
+fn write<R: Records>(
+    tx: &R,
+    old: &Approval,
+    n: Approval,
+    entry: AuditEntry,
+) -> Outcome<R, Approval> {
+    tx.save(Some(old), &n)?;
+    tx.audit(entry)?;
+    Ok(n)
+}
+
 /// A new request is stored PENDING; a known id (whatever its state) is returned unchanged.
 pub(super) fn put<R: Records>(
     tx: &R,
@@ -173,9 +185,7 @@ pub(super) fn expire<R: Records>(
     .into_decision(decision_id.to_string(), tx.now());
     let entry = AuditEntry::about(&n, AuditAction::Expired, ACTOR_TIMEOUT).with_decision(&d);
     n.decision = Some(d);
-    tx.save(Some(&a), &n)?;
-    tx.audit(entry)?;
-    Ok(n)
+    write(tx, &a, n, entry)
 }
 
 /// Counts a delivery attempt of the decision the approval holds; `None` when it holds
@@ -216,18 +226,14 @@ pub(super) fn record_delivery<R: Records>(
 pub(super) fn ack<R: Records>(tx: &R, request_id: &str, decision_id: &str) -> Outcome<R, Approval> {
     let a = load(tx, request_id)?;
     let (n, entry) = acked(tx, &a, decision_id)?;
-    tx.save(Some(&a), &n)?;
-    tx.audit(entry)?;
-    Ok(n)
+    write(tx, &a, n, entry)
 }
 
 /// ACKED → PRUNED: the bulky payload and the decision's args/result go.
 pub(super) fn prune<R: Records>(tx: &R, request_id: &str) -> Outcome<R, Approval> {
     let a = load(tx, request_id)?;
     let (n, entry) = pruned(tx, &a)?;
-    tx.save(Some(&a), &n)?;
-    tx.audit(entry)?;
-    Ok(n)
+    write(tx, &a, n, entry)
 }
 
 /// [`ack`] then [`prune`], with both moves and both audit entries, but the record written once:
