@@ -83,6 +83,7 @@ impl IdleWorkers {
                 worker,
                 token,
                 lease: mailbox.config().lease,
+                at: mailbox.clock().wall_ms(),
             },
             to,
         })
@@ -121,12 +122,16 @@ pub(crate) struct Claimer {
     worker: String,
     token: String,
     lease: Duration,
+    /// The mailbox's clock when the worker was taken.
+    at: u64,
 }
 
 impl Claimer {
-    /// Claims `job`, which this transaction just queued, when it can run now (at `now`, on
-    /// the mailbox's clock) and its thread has no claimed job; otherwise it stays queued.
-    pub fn claim(&self, tx: &Tx<'_>, job: &Job, now: u64) -> TxResult<Option<Job>, RunnerError> {
+    /// Claims `job`, which this transaction just queued, when it can run now and its thread
+    /// has no claimed job; otherwise it stays queued. "Now" is the later of the mailbox's clock
+    /// and the transaction's time (the job's creation), so a job due at once is always due.
+    pub fn claim(&self, tx: &Tx<'_>, job: &Job) -> TxResult<Option<Job>, RunnerError> {
+        let now = self.at.max(job.created_at_ms);
         if job.status != JobStatus::Queued || job.available_at_ms > now {
             return Ok(None);
         }

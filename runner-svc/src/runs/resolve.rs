@@ -70,10 +70,7 @@ impl Runner {
             source: input.source,
         };
         let hand_off = self.hand_off();
-        let (claimer, claim_at) = (
-            hand_off.as_ref().map(|h| h.claimer()),
-            now.max(self.mailbox.clock().wall_ms()),
-        );
+        let claimer = hand_off.as_ref().map(|h| h.claimer());
         let (resolved, claimed) = self
             .commit(move |tx| {
                 // Everything the step reads that its keys alone name, in one round trip.
@@ -171,7 +168,7 @@ impl Runner {
                     &run,
                     &normalised,
                     (order, now, default_max),
-                    claimer.as_ref().map(|c| (c, claim_at)),
+                    claimer.as_ref(),
                 )?;
                 if let Some(trace) = &input.trace {
                     events::set_run_trace(tx, &run.run_id, trace)?;
@@ -210,14 +207,13 @@ impl Runner {
 
 /// Puts a decision into the run's inbox and queues the job that wakes the run (one wake job per
 /// run at a time: later decisions join the queued one). With a `claimer`, the wake job is
-/// claimed for the worker it names when it can run now (at the time given, on the mailbox's
-/// clock): the claimed job is returned.
+/// claimed for the worker it names when it can run now: the claimed job is returned.
 pub(crate) fn deliver(
     tx: &Tx<'_>,
     run: &RunRecord,
     decision: &Decision,
     (order, now, default_max): (u64, u64, u32),
-    claimer: Option<(&Claimer, u64)>,
+    claimer: Option<&Claimer>,
 ) -> TxResult<Option<Job>, RunnerError> {
     let thread = run.thread_id.as_bytes();
     match claimer {
@@ -244,7 +240,7 @@ pub(crate) fn deliver(
         default_max,
     ))?;
     match claimer {
-        Some((claimer, at)) if !enq.deduplicated => claimer.claim(tx, &enq.job, at),
+        Some(claimer) if !enq.deduplicated => claimer.claim(tx, &enq.job),
         _ => Ok(None),
     }
 }

@@ -138,10 +138,7 @@ impl Runner {
             .trace
             .unwrap_or_else(arbor_shared::trace::TraceContext::new_root);
         let hand_off = self.hand_off();
-        let (claimer, claim_at) = (
-            hand_off.as_ref().map(|h| h.claimer()),
-            now.max(self.mailbox.clock().wall_ms()),
-        );
+        let claimer = hand_off.as_ref().map(|h| h.claimer());
         let (submitted, claimed) = self
             .commit(move |tx| {
                 // Everything the submission reads that its ids name, in one round trip.
@@ -239,7 +236,7 @@ impl Runner {
                     "",
                 )?;
                 let claimed = match &claimer {
-                    Some(claimer) => claimer.claim(tx, &enq.job, claim_at)?,
+                    Some(claimer) => claimer.claim(tx, &enq.job)?,
                     None => None,
                 };
                 let submitted = Submitted {

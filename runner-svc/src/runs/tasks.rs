@@ -248,10 +248,7 @@ impl Runner {
         let default_max = self.mailbox.config().default_max_attempts;
         let (id, token) = (task_id.to_string(), token.to_string());
         let hand_off = self.hand_off();
-        let (claimer, claim_at) = (
-            hand_off.as_ref().map(|h| h.claimer()),
-            now.max(self.mailbox.clock().wall_ms()),
-        );
+        let claimer = hand_off.as_ref().map(|h| h.claimer());
         let (taken, claimed) = self
             .commit(move |tx| {
                 // A repeat of the call that ended this lease (its answer was lost) is answered
@@ -291,7 +288,7 @@ impl Runner {
                     &run,
                     &outcome(&task, result.clone()),
                     (order, now, default_max),
-                    claimer.as_ref().map(|c| (c, claim_at)),
+                    claimer.as_ref(),
                 )?;
                 let detail = match event_kind {
                     TaskEvent::Complete => EventDetail::TaskCompleted {
