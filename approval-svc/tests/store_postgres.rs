@@ -14,7 +14,7 @@ use arbor_approval_svc::{
     ApprovalStore, Error,
     lifecycle::ApprovalState,
     model::{AuditAction, AuditQuery, NewDecision},
-    store::PgStore,
+    store::{CANCELLABLE_OF_RUN, PgStore},
 };
 use arbor_shared::domain::DecisionKind;
 use arbor_testkit::PgCluster;
@@ -149,6 +149,63 @@ async fn a_change_through_one_store_is_announced_to_the_other() {
     assert_eq!(from_b, "r1");
     assert!(seen_by_a.try_recv().is_err(), "A heard only B's change");
     assert!(seen_by_b.try_recv().is_err(), "B did not hear itself");
+}
+
+/// Ending a run looks up its approvals that may still be cancelled. That lookup must stay a few
+/// pages however many approvals came before it, including before the first ANALYZE of the table
+/// and under the generic plan a prepared statement settles on: planned as the run index ANDed with
+/// the state index, it read every entry the state index ever held for the open states, dead
+/// ones included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ending_a_run_reads_a_few_pages_however_long_the_history() {
+    let url = Postgres::place().await;
+    let store = Postgres::open(&url).await;
+    let pg = PgCluster::shared();
+    // A history of 20 000 approvals, each decided and then pruned (every state change leaves
+    // an index entry behind until a vacuum), written in bulk.
+    pg.psql(
+        &url,
+        "INSERT INTO approval_records (request_id, run_id, state, created_at_ms, arrival, \
+             updated_at_ms, deadline_ms, awaiting_delivery, record) \
+         SELECT 'old-' || i, 'old-run-' || i, 'PENDING', i, i, i, 0, false, '{}' \
+         FROM generate_series(1, 20000) AS i; \
+         UPDATE approval_records SET state = 'RESOLVED'; \
+         UPDATE approval_records SET state = 'PRUNED';",
+    )
+    .unwrap();
+    // One more, through the store: decided, consumed, pruned; its run then ends.
+    store.put_request(tool("r1", "run-1"), None).await.unwrap();
+    let decided = store
+        .resolve_request("r1", NewDecision::person(DecisionKind::Approve, "ana"))
+        .await
+        .unwrap()
+        .approval;
+    let held = decided.decision.unwrap().decision_id;
+    store.ack_and_prune("r1", &held).await.unwrap();
+    assert!(
+        store
+            .cancel_run("run-1", "runner", "ended")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    let statement = CANCELLABLE_OF_RUN;
+    let plan = pg
+        .psql(
+            &url,
+            &format!(
+                "SET plan_cache_mode = force_generic_plan; \
+                 PREPARE cancellable (text) AS {statement}; \
+                 EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE cancellable ('run-1');"
+            ),
+        )
+        .unwrap();
+    let plan: serde_json::Value = serde_json::from_str(&plan).unwrap();
+    let top = &plan[0]["Plan"];
+    let pages =
+        top["Shared Hit Blocks"].as_u64().unwrap() + top["Shared Read Blocks"].as_u64().unwrap();
+    assert!(pages <= 8, "the lookup read {pages} pages: {top:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

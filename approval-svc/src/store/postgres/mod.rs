@@ -40,6 +40,7 @@ use arbor_shared::{
 use serde::{Serialize, de::DeserializeOwned};
 use tokio::sync::{mpsc, watch};
 
+pub use self::tx::CANCELLABLE_OF_RUN;
 use self::tx::{Fail, PgTx};
 use super::{
     ApprovalStore, Compacted, DeliveryOutcome, Leadership, Put, Resolved,

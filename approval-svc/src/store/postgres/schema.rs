@@ -5,13 +5,13 @@
 //! to it, the columns the service looks things up by, each kept in step with the record by the
 //! same statement that writes it. Partial indexes hold only what a loop reads: the PENDING
 //! approvals (the count and the deadline timer), the decisions awaiting delivery (the outbox)
-//! and the final ones (retention).
+//! and the final ones (retention), and, by run, the ones that a run's end may still cancel.
 
 use arbor_shared::postgres::Schema;
 
 pub const SCHEMA: Schema = Schema {
     component: "approval",
-    migrations: &[V1],
+    migrations: &[V1, V2],
 };
 
 const V1: &str = "
@@ -60,4 +60,13 @@ CREATE TABLE approval_traces (
     request_id text PRIMARY KEY,
     traceparent text NOT NULL
 );
+";
+
+/// The approvals a run's end may still cancel, by run, in the order they are locked in. Without
+/// it, that lookup (once for every run that ends) could be planned as the run index ANDed with
+/// the state index, which reads every entry the state index ever held for those states, dead
+/// ones included: a cost that grows with the history until a vacuum.
+const V2: &str = "
+CREATE INDEX approval_records_open_by_run ON approval_records (run_id, request_id)
+    WHERE state IN ('PENDING', 'RESOLVED', 'EXPIRED');
 ";

@@ -121,15 +121,11 @@ impl<'c> PgTx<'c> {
     }
 
     /// Locks the rows of `run_id`'s approvals that may still be cancelled, in id order (so two
-    /// transactions never wait for each other in a circle), and returns their ids.
+    /// transactions never wait for each other in a circle), and returns their ids. The index
+    /// `approval_records_open_by_run` serves it: its predicate is this condition on `state`.
     pub fn cancellable_of_run(&self, run_id: &str) -> Result<Vec<String>, Fail> {
         self.send_unsent()?;
-        let rows = self.run(self.client.prepared_query(
-            "SELECT request_id FROM approval_records
-             WHERE run_id = $1 AND state IN ('PENDING', 'RESOLVED', 'EXPIRED')
-             ORDER BY request_id FOR UPDATE",
-            &[&run_id],
-        ))?;
+        let rows = self.run(self.client.prepared_query(CANCELLABLE_OF_RUN, &[&run_id]))?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
@@ -145,6 +141,11 @@ impl<'c> PgTx<'c> {
         }
     }
 }
+
+/// The ids of the run `$1`'s approvals that may still be cancelled, locked, in id order.
+pub const CANCELLABLE_OF_RUN: &str = "SELECT request_id FROM approval_records \
+     WHERE run_id = $1 AND state IN ('PENDING', 'RESOLVED', 'EXPIRED') \
+     ORDER BY request_id FOR UPDATE";
 
 /// Numbers an audit entry of the run `$2` (the queries of a `WITH`), holding the run's audit lock
 /// while it does: a transaction that numbers an entry of a run keeps that lock until it ends, so
