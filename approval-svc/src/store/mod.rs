@@ -19,13 +19,12 @@ use arbor_shared::domain::ApprovalRequest;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-/// The statement a run's end locks its still cancellable approvals with (for the tests that
-/// check its plan).
-#[doc(hidden)]
-pub use self::postgres::CANCELLABLE_OF_RUN;
 /// The backends `approval-svc serve` runs on: `open` opens the embedded one in the data
 /// directory, `PgStore::open` the one shared by replicas (`--store postgres://…`).
 pub use self::postgres::PgStore;
+/// Statements of the PostgreSQL store whose plans the tests check.
+#[doc(hidden)]
+pub use self::postgres::{CANCELLABLE_OF_RUN, OUTBOX_PAGE};
 pub use self::sled::{SledStore, open};
 
 use crate::{

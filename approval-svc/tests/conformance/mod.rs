@@ -51,6 +51,7 @@ macro_rules! suite {
             expiry_takes_the_on_timeout_decision,
             next_deadline_is_the_earliest_pending_one,
             the_outbox_holds_a_decision_until_it_is_delivered_once,
+            the_outbox_lists_every_waiting_decision_oldest_first,
             delivery_ack_and_prune_keep_the_audit_and_a_tombstone,
             ack_and_prune_is_one_step,
             every_illegal_transition_is_refused_and_changes_nothing,
@@ -452,6 +453,35 @@ pub async fn the_outbox_holds_a_decision_until_it_is_delivered_once<B: Backend>(
         .filter(|a| *a == AuditAction::Delivered)
         .count();
     assert_eq!(delivered, 1);
+}
+
+/// More decisions waiting than a store reads at once: every one is listed, oldest first, and
+/// a delivered one no longer is.
+pub async fn the_outbox_lists_every_waiting_decision_oldest_first<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    let all: Vec<String> = (0..150).map(|i| format!("d{i:03}")).collect();
+    let mut held = Vec::new();
+    for id in &all {
+        store.put_request(tool(id, "run-1"), None).await.unwrap();
+    }
+    for id in &all {
+        let resolved = store.resolve_request(id, approve("ana")).await.unwrap();
+        held.push(resolved.approval.decision.unwrap().decision_id);
+    }
+    assert_eq!(ids(&store.undelivered().unwrap()), all);
+    // Every other one of the first hundred is delivered.
+    for i in (0..100).step_by(2) {
+        store
+            .record_delivery(&all[i], &held[i], DeliveryOutcome::Accepted)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let waiting: Vec<String> = (0..150)
+        .filter(|i| *i >= 100 || i % 2 == 1)
+        .map(|i| all[i].clone())
+        .collect();
+    assert_eq!(ids(&store.undelivered().unwrap()), waiting);
 }
 
 pub async fn delivery_ack_and_prune_keep_the_audit_and_a_tombstone<B: Backend>(place: &B::Place) {

@@ -41,6 +41,16 @@ use serde::{Serialize, de::DeserializeOwned};
 use tokio::sync::{mpsc, watch};
 
 pub use self::tx::CANCELLABLE_OF_RUN;
+
+/// One page of the decisions awaiting delivery: those that arrived after `$1`, oldest first,
+/// [`OUTBOX_PAGE_ROWS`] at most. Paged so that it is planned as a walk of the outbox index,
+/// which marks the entries of delivered decisions dead as it passes them, and not as a bitmap
+/// scan, which reads the table page of every entry the index still holds, delivered ones
+/// included, on every scan until a vacuum (and a decision's delivery starts with a scan).
+pub const OUTBOX_PAGE: &str = "SELECT record::text, arrival FROM approval_records \
+     WHERE awaiting_delivery AND arrival > $1 ORDER BY arrival LIMIT 64";
+/// The `LIMIT` of [`OUTBOX_PAGE`] (a constant there, so that every plan knows it).
+const OUTBOX_PAGE_ROWS: usize = 64;
 use self::tx::{Fail, PgTx};
 use super::{
     ApprovalStore, Compacted, DeliveryOutcome, Leadership, Put, Resolved,
@@ -333,12 +343,17 @@ impl ApprovalStore for PgStore {
 
     fn undelivered(&self) -> Result<Vec<Approval>> {
         let client = self.db.client_blocking()?;
-        let rows = wait(client.prepared_query(
-            "SELECT record::text FROM approval_records WHERE awaiting_delivery ORDER BY arrival",
-            &[],
-        ))
-        .map_err(db_error)?;
-        rows.iter().map(|r| decode(r.get(0))).collect()
+        let (mut out, mut after) = (Vec::new(), i64::MIN);
+        loop {
+            let rows = wait(client.prepared_query(OUTBOX_PAGE, &[&after])).map_err(db_error)?;
+            for row in &rows {
+                out.push(decode(row.get(0))?);
+                after = row.get(1);
+            }
+            if rows.len() < OUTBOX_PAGE_ROWS {
+                return Ok(out);
+            }
+        }
     }
 
     fn cursor(&self) -> Result<Option<u64>> {
