@@ -40,17 +40,6 @@ use arbor_shared::{
 use serde::{Serialize, de::DeserializeOwned};
 use tokio::sync::{mpsc, watch};
 
-pub use self::tx::CANCELLABLE_OF_RUN;
-
-/// One page of the decisions awaiting delivery: those that arrived after `$1`, oldest first,
-/// [`OUTBOX_PAGE_ROWS`] at most. Paged so that it is planned as a walk of the outbox index,
-/// which marks the entries of delivered decisions dead as it passes them, and not as a bitmap
-/// scan, which reads the table page of every entry the index still holds, delivered ones
-/// included, on every scan until a vacuum (and a decision's delivery starts with a scan).
-pub const OUTBOX_PAGE: &str = "SELECT record::text, arrival FROM approval_records \
-     WHERE awaiting_delivery AND arrival > $1 ORDER BY arrival LIMIT 64";
-/// The `LIMIT` of [`OUTBOX_PAGE`] (a constant there, so that every plan knows it).
-const OUTBOX_PAGE_ROWS: usize = 64;
 use self::tx::{Fail, PgTx};
 use super::{
     ApprovalStore, Compacted, DeliveryOutcome, Leadership, Put, Resolved,
@@ -60,6 +49,27 @@ use crate::{
     error::{Error, Result},
     model::{Approval, AuditEntry, AuditQuery, Filter, NewDecision, Page},
 };
+
+pub use self::tx::CANCELLABLE_OF_RUN;
+
+/// The most rows one page of the outbox holds: a literal, so that [`OUTBOX_PAGE`] spells it out
+/// and every plan of it knows the limit.
+macro_rules! outbox_page_rows {
+    () => {
+        64
+    };
+}
+/// One page of the decisions awaiting delivery: those that arrived after `$1`, oldest first,
+/// [`OUTBOX_PAGE_ROWS`] at most. Paged so that it is planned as a walk of the outbox index,
+/// which marks the entries of delivered decisions dead as it passes them, and not as a bitmap
+/// scan, which reads the table page of every entry the index still holds, delivered ones
+/// included, on every scan until a vacuum (and a decision's delivery starts with a scan).
+pub const OUTBOX_PAGE: &str = concat!(
+    "SELECT record::text, arrival FROM approval_records \
+     WHERE awaiting_delivery AND arrival > $1 ORDER BY arrival LIMIT ",
+    outbox_page_rows!()
+);
+const OUTBOX_PAGE_ROWS: usize = outbox_page_rows!();
 
 /// The notification channel every change is announced on; the payload is `"{instance}
 /// {request_id}"` (an empty id: "look at everything").
