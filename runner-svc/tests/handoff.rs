@@ -9,10 +9,12 @@ mod common;
 
 use std::time::Duration;
 
+const WAIT: Duration = Duration::from_secs(20);
+
 use arbor_runner_svc::{
     engine::TreeFormat,
-    mailbox::MailboxStore,
-    runs::{Runner, SubmitInput},
+    mailbox::{MailboxConfig, MailboxStore},
+    runs::{Runner, RunnerOptions, SubmitInput},
     worker,
 };
 use arbor_shared::{
@@ -116,5 +118,55 @@ async fn a_job_whose_thread_is_busy_stays_queued_until_the_thread_is_free() {
     let job = runner.mailbox().get(&next.job_id).unwrap().unwrap();
     assert_eq!(job.attempt_count, 1);
     assert_eq!(runner.jobs_handed_off(), 1);
+    stop.cancel();
+}
+
+/// A caller that goes away once its submission is committing (a client whose connection is cut
+/// drops the RPC) never sees the hand-off happen: the job stays claimed for the worker taken for
+/// it, which went back to waiting. The claim's lease still runs out, and the job goes back to
+/// the queue and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_whose_caller_went_away_goes_back_to_the_queue_when_its_lease_runs_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = RunnerOptions {
+        mailbox: MailboxConfig {
+            lease: Duration::from_millis(500),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let runner = common::open_runner_with(dir.path(), |_| {}, options).await;
+    runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
+    let stop = CancellationToken::new();
+    let _workers = worker::spawn(runner.clone(), 1, stop.clone());
+    wait_idle(&runner, 1).await;
+
+    let mut input = submit("quick", "t-1");
+    input.run_id = "gone".into();
+    {
+        // Polled once: the worker is taken and the transaction sent to the store; then dropped.
+        let mut submission = std::pin::pin!(runner.submit(input));
+        assert!(futures_util::poll!(submission.as_mut()).is_pending());
+    }
+    eventually(
+        "the submission to commit without its caller",
+        WAIT,
+        || async { runner.run_record("gone").ok() },
+    )
+    .await;
+    assert_eq!(runner.jobs_handed_off(), 0, "nobody handed the claim over");
+    eventually(
+        "the run to succeed once its claim ran out",
+        WAIT,
+        || async {
+            runner.reap().await.unwrap();
+            (runner.get_run("gone").ok()?.run.status == RunStatus::Succeeded).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        runner.lease_takeovers() >= 1,
+        "the job came back by its lease"
+    );
     stop.cancel();
 }

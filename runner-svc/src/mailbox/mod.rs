@@ -10,7 +10,7 @@ pub mod state;
 mod store;
 
 pub use clock::{Clock, ManualClock, StoreClock, SystemClock};
-pub use store::{Mailbox, tx};
+pub use store::{Leases, Mailbox, tx};
 
 use std::time::Duration;
 

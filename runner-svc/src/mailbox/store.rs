@@ -527,13 +527,48 @@ struct Lease {
     deadline: Duration,
 }
 
+/// The leases this process holds, on the monotonic clock; the reaper returns to the queue
+/// those that run out. Shared with the claims a runner transaction makes for a waiting worker
+/// (`runs::handoff`): such a claim is tracked as it is made, so its lease runs out like any
+/// other when the claim never reaches its worker (the caller went away before the hand-off,
+/// the worker stopped).
+#[derive(Clone)]
+pub struct Leases {
+    held: Arc<Mutex<HashMap<String, Lease>>>,
+    clock: Arc<dyn Clock>,
+    lease: Duration,
+}
+
+impl Leases {
+    /// How long a claim holds its job without an extension.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// Tracks `token`'s lease on `job_id`, running out one lease from now. A claim that does
+    /// not commit leaves an entry that runs out and changes nothing: the reaper's expiry is
+    /// fenced by the token.
+    pub fn track(&self, job_id: &str, token: &str) {
+        let deadline = self.clock.mono() + self.lease;
+        if let Ok(mut held) = self.held.lock() {
+            held.insert(
+                job_id.to_string(),
+                Lease {
+                    token: token.to_string(),
+                    deadline,
+                },
+            );
+        }
+    }
+}
+
 /// The durable mailbox. Leases are tracked here on the monotonic clock; the token in the store is the
 /// fencing authority.
 pub struct Mailbox {
     store: Store,
     clock: Arc<dyn Clock>,
     cfg: MailboxConfig,
-    leases: Mutex<HashMap<String, Lease>>,
+    leases: Leases,
 }
 
 impl Mailbox {
@@ -546,11 +581,16 @@ impl Mailbox {
         clock: Arc<dyn Clock>,
         cfg: MailboxConfig,
     ) -> Result<(Self, Vec<Reaped>), MailboxError> {
+        let leases = Leases {
+            held: Arc::default(),
+            clock: clock.clone(),
+            lease: cfg.lease,
+        };
         let mailbox = Self {
             store,
             clock,
             cfg,
-            leases: Mutex::new(HashMap::new()),
+            leases,
         };
         let mut recovered = Vec::new();
         for entry in mailbox.store.tree(T::Active).iter() {
@@ -619,24 +659,19 @@ impl Mailbox {
         &self.clock
     }
 
-    /// Starts tracking a claim's lease (used after a claim committed inside a runner
-    /// transaction as well as by `claim`).
+    /// Starts tracking a claim's lease.
     pub fn track_lease(&self, job_id: &str, token: &str) {
-        let deadline = self.clock.mono() + self.cfg.lease;
-        if let Ok(mut leases) = self.leases.lock() {
-            leases.insert(
-                job_id.to_string(),
-                Lease {
-                    token: token.to_string(),
-                    deadline,
-                },
-            );
-        }
+        self.leases.track(job_id, token);
+    }
+
+    /// The leases this process tracks, for a claim made inside a runner transaction.
+    pub fn leases(&self) -> Leases {
+        self.leases.clone()
     }
 
     /// Stops tracking a lease (the job was acked, nacked or cancelled).
     pub fn forget_lease(&self, job_id: &str) {
-        if let Ok(mut leases) = self.leases.lock() {
+        if let Ok(mut leases) = self.leases.held.lock() {
             leases.remove(job_id);
         }
     }
@@ -645,6 +680,7 @@ impl Mailbox {
     pub fn lease_valid(&self, job_id: &str, token: &str) -> bool {
         let now = self.clock.mono();
         self.leases
+            .held
             .lock()
             .ok()
             .and_then(|l| l.get(job_id).cloned())
@@ -729,7 +765,7 @@ impl MailboxStore for Mailbox {
 
     fn reap_expired(&self) -> Result<Vec<Reaped>, MailboxError> {
         let now_mono = self.clock.mono();
-        let mut expired: Vec<(String, Lease)> = match self.leases.lock() {
+        let mut expired: Vec<(String, Lease)> = match self.leases.held.lock() {
             Ok(leases) => leases
                 .iter()
                 .filter(|(_, l)| l.deadline <= now_mono)
@@ -746,7 +782,7 @@ impl MailboxStore for Mailbox {
             let outcome = self
                 .store
                 .transact(|t| tx::expire(t, &job_id, &lease.token, now))?;
-            if let Ok(mut leases) = self.leases.lock()
+            if let Ok(mut leases) = self.leases.held.lock()
                 && leases.get(&job_id).is_some_and(|l| l.token == lease.token)
             {
                 leases.remove(&job_id);

@@ -8,12 +8,9 @@
 //! checks (the job can run now, its thread has no claimed job), the same lease and fencing
 //! token. A job it cannot claim stays queued for the workers' usual claim.
 
-use std::{
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
-    },
-    time::Duration,
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicUsize, Ordering},
 };
 
 use arbor_shared::domain::JobStatus;
@@ -21,7 +18,7 @@ use tokio::sync::oneshot;
 
 use crate::{
     error::RunnerError,
-    mailbox::{Claim, Job, Mailbox, tx as mtx},
+    mailbox::{Claim, Job, Leases, Mailbox, tx as mtx},
     store::{T, Tx, TxResult, lift},
 };
 
@@ -82,7 +79,7 @@ impl IdleWorkers {
             claimer: Claimer {
                 worker,
                 token,
-                lease: mailbox.config().lease,
+                leases: mailbox.leases(),
                 at: mailbox.clock().wall_ms(),
             },
             to,
@@ -103,15 +100,14 @@ impl HandOff {
         self.claimer.clone()
     }
 
-    /// After the claiming transaction committed: the claim goes to the worker.
-    pub fn give(self, job: Job, mailbox: &Mailbox) {
+    /// After the claiming transaction committed: the claim goes to the worker. A claim that
+    /// never gets here (the caller went away while the transaction committed) or that finds its
+    /// worker gone (shutdown) runs out with its lease, tracked since the claim, and goes back to
+    /// the queue, as any claim of a worker that went away.
+    pub fn give(self, job: Job) {
         let token = self.claimer.token;
-        mailbox.track_lease(&job.job_id, &token);
         if let Err(unsent) = self.to.send(Claim { job, token }) {
-            // The worker stopped (shutdown): the claim's lease runs out and it goes back to
-            // the queue, as any claim of a worker that went away.
             tracing::debug!(job = %unsent.job.job_id, "worker gone before its job was handed over");
-            mailbox.forget_lease(&unsent.job.job_id);
         }
     }
 }
@@ -121,7 +117,7 @@ impl HandOff {
 pub(crate) struct Claimer {
     worker: String,
     token: String,
-    lease: Duration,
+    leases: Leases,
     /// The mailbox's clock when the worker was taken.
     at: u64,
 }
@@ -129,7 +125,8 @@ pub(crate) struct Claimer {
 impl Claimer {
     /// Claims `job`, which this transaction just queued, when it can run now and its thread
     /// has no claimed job; otherwise it stays queued. "Now" is the later of the mailbox's clock
-    /// and the transaction's time (the job's creation), so a job due at once is always due.
+    /// and the transaction's time (the job's creation), so a job due at once is always due. The
+    /// claim's lease is tracked from here (see [`Leases`]).
     pub fn claim(&self, tx: &Tx<'_>, job: &Job) -> TxResult<Option<Job>, RunnerError> {
         let now = self.at.max(job.created_at_ms);
         if job.status != JobStatus::Queued || job.available_at_ms > now {
@@ -143,8 +140,12 @@ impl Claimer {
             &self.worker,
             &self.token,
             now,
-            self.lease,
+            self.leases.lease(),
         ))?;
-        Ok(claimed.ok())
+        let claimed = claimed.ok();
+        if let Some(job) = &claimed {
+            self.leases.track(&job.job_id, &self.token);
+        }
+        Ok(claimed)
     }
 }

@@ -236,7 +236,7 @@ impl Runner {
         match (hand_off, claimed) {
             (Some(hand_off), Some(job)) => {
                 self.handed_off.fetch_add(1, Ordering::Relaxed);
-                hand_off.give(job, &self.mailbox);
+                hand_off.give(job);
             }
             _ => self.wake_workers(),
         }

@@ -136,6 +136,20 @@ pub async fn open_runner(
     dir: &std::path::Path,
     register: impl FnOnce(&mut arbor_runner_svc::engine::ToolRegistry),
 ) -> std::sync::Arc<Runner> {
+    open_runner_with(
+        dir,
+        register,
+        arbor_runner_svc::runs::RunnerOptions::default(),
+    )
+    .await
+}
+
+/// [`open_runner`] with `options`.
+pub async fn open_runner_with(
+    dir: &std::path::Path,
+    register: impl FnOnce(&mut arbor_runner_svc::engine::ToolRegistry),
+    options: arbor_runner_svc::runs::RunnerOptions,
+) -> std::sync::Arc<Runner> {
     use arbor_runner_svc::{
         engine::{GuardConfig, LedgerTool, ToolRegistry},
         mailbox::SystemClock,
@@ -150,7 +164,7 @@ pub async fn open_runner(
         store,
         std::sync::Arc::new(SystemClock::default()),
         std::sync::Arc::new(tools),
-        arbor_runner_svc::runs::RunnerOptions::default(),
+        options,
     )
     .await
     .unwrap()
