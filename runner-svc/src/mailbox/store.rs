@@ -560,6 +560,48 @@ impl Leases {
             );
         }
     }
+
+    /// Stops tracking `job_id`'s lease, whoever holds it.
+    fn forget(&self, job_id: &str) {
+        if let Ok(mut held) = self.held.lock() {
+            held.remove(job_id);
+        }
+    }
+
+    /// Stops tracking `job_id`'s lease if `token` still holds it (a newer claim's stays).
+    fn forget_if(&self, job_id: &str, token: &str) {
+        if let Ok(mut held) = self.held.lock()
+            && held.get(job_id).is_some_and(|l| l.token == token)
+        {
+            held.remove(job_id);
+        }
+    }
+
+    /// Whether `token` holds an unexpired lease on `job_id`.
+    fn valid(&self, job_id: &str, token: &str) -> bool {
+        let now = self.clock.mono();
+        self.held
+            .lock()
+            .ok()
+            .and_then(|held| held.get(job_id).cloned())
+            .is_some_and(|l| l.token == token && l.deadline > now)
+    }
+
+    /// The leases that have run out, by job id in order (a fixed order keeps retries
+    /// deterministic, e.g. which of two jobs sharing a dedupe key takes it back first).
+    fn run_out(&self) -> Vec<(String, Lease)> {
+        let now = self.clock.mono();
+        let mut expired: Vec<(String, Lease)> = match self.held.lock() {
+            Ok(held) => held
+                .iter()
+                .filter(|(_, l)| l.deadline <= now)
+                .map(|(id, l)| (id.clone(), l.clone()))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        expired.sort_by(|a, b| a.0.cmp(&b.0));
+        expired
+    }
 }
 
 /// The durable mailbox. Leases are tracked here on the monotonic clock; the token in the store is the
@@ -659,11 +701,6 @@ impl Mailbox {
         &self.clock
     }
 
-    /// Starts tracking a claim's lease.
-    pub fn track_lease(&self, job_id: &str, token: &str) {
-        self.leases.track(job_id, token);
-    }
-
     /// The leases this process tracks, for a claim made inside a runner transaction.
     pub fn leases(&self) -> Leases {
         self.leases.clone()
@@ -671,20 +708,12 @@ impl Mailbox {
 
     /// Stops tracking a lease (the job was acked, nacked or cancelled).
     pub fn forget_lease(&self, job_id: &str) {
-        if let Ok(mut leases) = self.leases.held.lock() {
-            leases.remove(job_id);
-        }
+        self.leases.forget(job_id);
     }
 
     /// Whether `token` still holds an unexpired lease on the job (monotonic clock).
     pub fn lease_valid(&self, job_id: &str, token: &str) -> bool {
-        let now = self.clock.mono();
-        self.leases
-            .held
-            .lock()
-            .ok()
-            .and_then(|l| l.get(job_id).cloned())
-            .is_some_and(|l| l.token == token && l.deadline > now)
+        self.leases.valid(job_id, token)
     }
 
     fn now(&self) -> u64 {
@@ -739,7 +768,7 @@ impl MailboxStore for Mailbox {
                 .insert(job.job_id.as_bytes(), codec::encode(&job))?;
             Ok(job)
         })?;
-        self.track_lease(job_id, token);
+        self.leases.track(job_id, token);
         Ok(job)
     }
 
@@ -764,29 +793,13 @@ impl MailboxStore for Mailbox {
     }
 
     fn reap_expired(&self) -> Result<Vec<Reaped>, MailboxError> {
-        let now_mono = self.clock.mono();
-        let mut expired: Vec<(String, Lease)> = match self.leases.held.lock() {
-            Ok(leases) => leases
-                .iter()
-                .filter(|(_, l)| l.deadline <= now_mono)
-                .map(|(id, l)| (id.clone(), l.clone()))
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-        // A fixed order keeps retries deterministic (e.g. which of two jobs sharing a dedupe key
-        // takes it back first).
-        expired.sort_by(|a, b| a.0.cmp(&b.0));
         let mut reaped = Vec::new();
-        for (job_id, lease) in expired {
+        for (job_id, lease) in self.leases.run_out() {
             let now = self.now();
             let outcome = self
                 .store
                 .transact(|t| tx::expire(t, &job_id, &lease.token, now))?;
-            if let Ok(mut leases) = self.leases.held.lock()
-                && leases.get(&job_id).is_some_and(|l| l.token == lease.token)
-            {
-                leases.remove(&job_id);
-            }
+            self.leases.forget_if(&job_id, &lease.token);
             if let Some(job) = outcome {
                 reaped.push(Reaped { job });
             }
@@ -957,7 +970,7 @@ impl Mailbox {
     ) -> (Option<Claim>, Option<u64>) {
         match claimed.job {
             Some(job) => {
-                self.track_lease(&job.job_id, &token);
+                self.leases.track(&job.job_id, &token);
                 (Some(Claim { job, token }), claimed.more.then_some(now))
             }
             None => (None, next),

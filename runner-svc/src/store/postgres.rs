@@ -870,13 +870,14 @@ async fn read_many<'k>(
     client: &ClientWrapper,
     keys: impl IntoIterator<Item = (T, &'k [u8])>,
 ) -> Result<Vec<Option<Value>>, DbError> {
-    let (tables, keys): (Vec<i16>, Vec<&[u8]>) =
-        keys.into_iter().map(|(t, k)| (t as i16, k)).unzip();
-    match (tables.as_slice(), keys.as_slice()) {
-        ([], _) => return Ok(Vec::new()),
-        ([t], [key]) => return Ok(vec![read_async(client, table(*t as usize), key).await?]),
+    let keys: Vec<(T, &[u8])> = keys.into_iter().collect();
+    match keys.as_slice() {
+        [] => return Ok(Vec::new()),
+        [(t, key)] => return Ok(vec![read_async(client, *t, key).await?]),
         _ => {}
     }
+    let (tables, keys): (Vec<i16>, Vec<&[u8]>) =
+        keys.into_iter().map(|(t, k)| (t as i16, k)).unzip();
     let statement = client
         .prepare_cached(
             "SELECT u.i, r.v FROM unnest($1::smallint[], $2::bytea[]) WITH ORDINALITY AS u(t, k, i) \
