@@ -9,8 +9,6 @@ mod common;
 
 use std::time::Duration;
 
-const WAIT: Duration = Duration::from_secs(20);
-
 use arbor_runner_svc::{
     engine::TreeFormat,
     mailbox::{MailboxConfig, MailboxStore},
@@ -24,6 +22,7 @@ use arbor_shared::{
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+const WAIT: Duration = Duration::from_secs(20);
 const GATED: &str = r#"{"id": "gated", "version": 1, "root": {"type": "sequence", "name": "main", "children": [
   {"type": "approval", "name": "ok", "title": "Go on?", "child": {"type": "set", "name": "s", "key": "x", "value": 1}}
 ]}}"#;
@@ -139,19 +138,37 @@ async fn a_hand_off_whose_caller_went_away_goes_back_to_the_queue_when_its_lease
     runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
     let stop = CancellationToken::new();
     let _workers = worker::spawn(runner.clone(), 1, stop.clone());
-    wait_idle(&runner, 1).await;
 
-    let mut input = submit("quick", "t-1");
-    input.run_id = "gone".into();
-    {
-        // Polled once: the worker is taken and the transaction sent to the store; then dropped.
-        let mut submission = std::pin::pin!(runner.submit(input));
-        assert!(futures_util::poll!(submission.as_mut()).is_pending());
-    }
+    // On a shared store the idle worker also looks for work once a second, and is not idle
+    // while it looks: a submission made then takes no worker and is claimed as usual, so it
+    // is submitted again (under another id) until one takes the worker.
+    let mut attempt = 0;
+    let gone = loop {
+        attempt += 1;
+        assert!(attempt <= 20, "no submission found the worker idle");
+        wait_idle(&runner, 1).await;
+        let taken = runner.hand_offs_taken();
+        let mut input = submit("quick", &format!("t-{attempt}"));
+        input.run_id = format!("gone-{attempt}");
+        let gone = input.run_id.clone();
+        {
+            // Polled once: the worker is taken and the transaction sent to the store; then
+            // dropped.
+            let mut submission = std::pin::pin!(runner.submit(input));
+            assert!(futures_util::poll!(submission.as_mut()).is_pending());
+        }
+        if runner.hand_offs_taken() > taken {
+            break gone;
+        }
+        eventually("the submission without a hand-off to run", WAIT, || async {
+            (runner.get_run(&gone).ok()?.run.status == RunStatus::Succeeded).then_some(())
+        })
+        .await;
+    };
     eventually(
         "the submission to commit without its caller",
         WAIT,
-        || async { runner.run_record("gone").ok() },
+        || async { runner.run_record(&gone).ok() },
     )
     .await;
     assert_eq!(runner.jobs_handed_off(), 0, "nobody handed the claim over");
@@ -160,7 +177,7 @@ async fn a_hand_off_whose_caller_went_away_goes_back_to_the_queue_when_its_lease
         WAIT,
         || async {
             runner.reap().await.unwrap();
-            (runner.get_run("gone").ok()?.run.status == RunStatus::Succeeded).then_some(())
+            (runner.get_run(&gone).ok()?.run.status == RunStatus::Succeeded).then_some(())
         },
     )
     .await;

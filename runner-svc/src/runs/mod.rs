@@ -73,6 +73,9 @@ pub struct Runner {
     /// Jobs whose lease expired (or whose process died) and went back to the queue for another
     /// worker to take over, since this process started.
     lease_takeovers: AtomicU64,
+    /// Idle workers taken for a job being queued, since this process started; more than
+    /// `handed_off` when a claim never reached its worker (its lease then runs out).
+    taken: AtomicU64,
     /// Jobs handed to an idle worker by the transaction that queued them, since this process
     /// started.
     handed_off: AtomicU64,
@@ -111,6 +114,7 @@ impl Runner {
             idle,
             changes,
             lease_takeovers: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
             handed_off: AtomicU64::new(0),
             task_changes: Notify::new(),
             task_ends: tokio::sync::broadcast::channel(4096).0,
@@ -203,6 +207,13 @@ impl Runner {
         self.handed_off.load(Ordering::Relaxed)
     }
 
+    /// Idle workers taken for a job being queued (see `runs::handoff`), since this process
+    /// started: each one either got its job ([`jobs_handed_off`](Self::jobs_handed_off)) or
+    /// left it claimed until its lease ran out.
+    pub fn hand_offs_taken(&self) -> u64 {
+        self.taken.load(Ordering::Relaxed)
+    }
+
     /// Workers of this process waiting for work now.
     pub fn idle_workers(&self) -> usize {
         self.idle.count().load(Ordering::Relaxed)
@@ -227,7 +238,11 @@ impl Runner {
 
     /// An idle worker of this process for a job about to be queued, if one waits.
     fn hand_off(&self) -> Option<handoff::HandOff> {
-        self.idle.take(&self.mailbox)
+        let taken = self.idle.take(&self.mailbox);
+        if taken.is_some() {
+            self.taken.fetch_add(1, Ordering::Relaxed);
+        }
+        taken
     }
 
     /// After a transaction that queued a job committed: the job goes to the worker taken for
