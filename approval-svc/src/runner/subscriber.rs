@@ -259,15 +259,11 @@ impl<S: ApprovalStore> Subscriber<S> {
             return Ok(None);
         };
         match request_from_event(r) {
-            Ok((request, unknown_kind)) if valid_id(&request.request_id) => {
-                if !event.traceparent.is_empty() {
-                    a.store()
-                        .put_trace(&request.request_id, &event.traceparent)?;
-                }
-                Ok(Some(
-                    a.store().put_request_lazy(request, unknown_kind).await?,
-                ))
-            }
+            Ok((request, unknown_kind)) if valid_id(&request.request_id) => Ok(Some(
+                a.store()
+                    .put_traced_request(request, unknown_kind, &event.traceparent)
+                    .await?,
+            )),
             Ok(_) => {
                 self.malformed(event, "request_id holds a NUL byte");
                 Ok(None)

@@ -24,7 +24,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 pub use self::postgres::PgStore;
 /// Statements of the PostgreSQL store whose plans the tests check.
 #[doc(hidden)]
-pub use self::postgres::{CANCELLABLE_OF_RUN, OUTBOX_PAGE};
+pub use self::postgres::{ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN, OUTBOX_PAGE};
 pub use self::sled::{SledStore, open};
 
 use crate::{
@@ -134,6 +134,22 @@ pub trait ApprovalStore: Send + Sync + 'static {
         unknown_kind: Option<i32>,
     ) -> impl Future<Output = Result<Put>> + Send {
         self.put_request(request, unknown_kind)
+    }
+
+    /// `put_trace` (unless `traceparent` is empty) and `put_request_lazy`, as a runner's
+    /// APPROVAL_REQUESTED event asks for both; a backend with transactions writes them in one.
+    fn put_traced_request(
+        &self,
+        request: ApprovalRequest,
+        unknown_kind: Option<i32>,
+        traceparent: &str,
+    ) -> impl Future<Output = Result<Put>> + Send {
+        async move {
+            if !traceparent.is_empty() {
+                self.put_trace(&request.request_id, traceparent)?;
+            }
+            self.put_request_lazy(request, unknown_kind).await
+        }
     }
 
     /// PENDING → RESOLVED, single winner. The same decision again is a duplicate (OK, nothing

@@ -1041,6 +1041,25 @@ pub async fn cursor_and_traces_are_remembered<B: Backend>(place: &B::Place) {
             store.trace("r1").unwrap().as_deref(),
             Some("00-aaaa-bbbb-01")
         );
+        // A request and its trace written together, as the runner's event brings them.
+        let put = store
+            .put_traced_request(tool("r2", "run-2"), None, "00-cccc-dddd-01")
+            .await
+            .unwrap();
+        assert!(put.created);
+        assert_eq!(put.approval.state, ApprovalState::Pending);
+        // Replayed: the record is returned unchanged, the trace is written again.
+        let again = store
+            .put_traced_request(tool("r2", "run-2"), None, "00-cccc-dddd-01")
+            .await
+            .unwrap();
+        assert!(!again.created);
+        assert_eq!(again.approval.version, put.approval.version);
+        // Without a trace (an event that carried none), nothing is written for it.
+        store
+            .put_traced_request(tool("r3", "run-3"), None, "")
+            .await
+            .unwrap();
         store.flush().await.unwrap();
     }
     let store = B::open(place).await;
@@ -1050,7 +1069,17 @@ pub async fn cursor_and_traces_are_remembered<B: Backend>(place: &B::Place) {
         store.trace("r1").unwrap().as_deref(),
         Some("00-aaaa-bbbb-01")
     );
-    assert_eq!(store.trace("r2").unwrap(), None);
+    assert_eq!(
+        store.trace("r2").unwrap().as_deref(),
+        Some("00-cccc-dddd-01")
+    );
+    assert_eq!(
+        store.get("r2").unwrap().unwrap().state,
+        ApprovalState::Pending
+    );
+    assert_eq!(store.trace("r3").unwrap(), None);
+    assert!(store.get("r3").unwrap().is_some());
+    assert_eq!(store.trace("r4").unwrap(), None);
 }
 
 fn audit_len<S: ApprovalStore>(store: &S, query: AuditQuery) -> usize {

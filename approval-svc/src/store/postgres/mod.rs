@@ -50,7 +50,7 @@ use crate::{
     model::{Approval, AuditEntry, AuditQuery, Filter, NewDecision, Page},
 };
 
-pub use self::tx::CANCELLABLE_OF_RUN;
+pub use self::tx::{ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN};
 
 /// The most rows one page of the outbox holds: a literal, so that [`OUTBOX_PAGE`] spells it out
 /// and every plan of it knows the limit.
@@ -167,6 +167,14 @@ impl PgStore {
         .map_err(|e| Error::Storage(format!("store task failed: {e}")))?
     }
 
+    /// Whether the run has an approval that may still be cancelled, as committed now.
+    fn any_cancellable(&self, run_id: &str) -> Result<bool> {
+        let client = self.db.client_blocking()?;
+        let row = wait(client.prepared_query_opt(tx::ANY_CANCELLABLE_OF_RUN, &[&run_id]))
+            .map_err(db_error)?;
+        Ok(row.is_some())
+    }
+
     fn meta(&self, key: &str) -> Result<Option<u64>> {
         let client = self.db.client_blocking()?;
         let row = wait(
@@ -218,6 +226,23 @@ impl ApprovalStore for PgStore {
     ) -> Result<Put> {
         self.transact(move |tx| rules::put(tx, &request, unknown_kind))
             .await
+    }
+
+    /// In one transaction: the trace rides in the round trip of the record's lookup.
+    async fn put_traced_request(
+        &self,
+        request: ApprovalRequest,
+        unknown_kind: Option<i32>,
+        traceparent: &str,
+    ) -> Result<Put> {
+        let traceparent = traceparent.to_string();
+        self.transact(move |tx| {
+            if !traceparent.is_empty() {
+                tx.put_trace(&request.request_id, &traceparent);
+            }
+            rules::put(tx, &request, unknown_kind)
+        })
+        .await
     }
 
     async fn resolve_request(&self, request_id: &str, decision: NewDecision) -> Result<Resolved> {
@@ -280,7 +305,16 @@ impl ApprovalStore for PgStore {
         .await
     }
 
+    /// Most runs end with nothing left to cancel (the runner withdraws a run's open suspensions
+    /// in the step that ends it), so a look outside any transaction answers those without one.
+    /// It sees what a transaction's first statement would: an approval committed since is not
+    /// among either's, and one cancelled or decided meanwhile is locked and read again below.
+    /// The look blocks the calling thread, as every read does: a pooled connection held across
+    /// an await on the service's runtime could wait for a thread that waits for a connection.
     async fn cancel_run(&self, run_id: &str, actor: &str, reason: &str) -> Result<Vec<Approval>> {
+        if !self.any_cancellable(run_id)? {
+            return Ok(Vec::new());
+        }
         let (run_id, actor, reason) = (run_id.to_string(), actor.to_string(), reason.to_string());
         self.transact(move |tx| {
             let mut changed = Vec::new();
@@ -429,12 +463,8 @@ impl ApprovalStore for PgStore {
 
     fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<()> {
         let client = self.db.client_blocking()?;
-        wait(client.prepared_execute(
-            "INSERT INTO approval_traces (request_id, traceparent) VALUES ($1, $2)
-             ON CONFLICT (request_id) DO UPDATE SET traceparent = EXCLUDED.traceparent",
-            &[&request_id, &traceparent],
-        ))
-        .map_err(db_error)?;
+        wait(client.prepared_execute(tx::TRACE_UPSERT, &[&request_id, &traceparent]))
+            .map_err(db_error)?;
         Ok(())
     }
 

@@ -46,6 +46,8 @@ pub struct PgTx<'c> {
     unsent: RefCell<Option<Save>>,
     /// The notification payloads of the approvals changed, sent at commit.
     changed: RefCell<Vec<String>>,
+    /// A request's `traceparent` not written yet: it goes with the next statement.
+    trace: RefCell<Option<(String, String)>>,
     instance: &'c str,
     begin: LazyBegin,
 }
@@ -57,22 +59,41 @@ impl<'c> PgTx<'c> {
             now: arbor_shared::time::now_ms(),
             changed: RefCell::default(),
             unsent: RefCell::default(),
+            trace: RefCell::default(),
             instance,
             begin: LazyBegin::new("BEGIN"),
         }
     }
 
     /// Waits for `statement`, with `BEGIN` ahead of it in the same round trip when it is the
-    /// transaction's first.
+    /// transaction's first, and the trace kept by [`put_trace`](Self::put_trace) written in
+    /// that round trip too.
     fn run<R>(
         &self,
         statement: impl Future<Output = Result<R, tokio_postgres::Error>>,
     ) -> Result<R, tokio_postgres::Error> {
+        let trace = self.trace.borrow_mut().take();
         wait(async {
-            let (begun, answer) = futures_util::join!(self.begin.before(self.client), statement);
+            let traced = async {
+                if let Some((request_id, traceparent)) = &trace {
+                    self.client
+                        .prepared_execute(TRACE_UPSERT, &[request_id, traceparent])
+                        .await?;
+                }
+                Ok(())
+            };
+            let (begun, traced, answer) =
+                futures_util::join!(self.begin.before(self.client), traced, statement);
             begun?;
+            traced?;
             answer
         })
+    }
+
+    /// Writes a request's W3C `traceparent` with the transaction, in the round trip of its
+    /// next statement.
+    pub fn put_trace(&self, request_id: &str, traceparent: &str) {
+        *self.trace.borrow_mut() = Some((request_id.to_string(), traceparent.to_string()));
     }
 
     /// Commits, then notifies the other replicas of every approval changed; answers once the
@@ -87,6 +108,9 @@ impl<'c> PgTx<'c> {
             Fail::Db(e) => e,
             Fail::Rule(e) => DbError::Failed(e.to_string()),
         })?;
+        if self.trace.borrow().is_some() {
+            self.run(std::future::ready(Ok(())))?;
+        }
         if !self.begin.end() {
             return Ok(());
         }
@@ -142,10 +166,18 @@ impl<'c> PgTx<'c> {
     }
 }
 
+/// Writes (or writes again) the `traceparent` `$2` of the request `$1`.
+pub const TRACE_UPSERT: &str = "INSERT INTO approval_traces (request_id, traceparent) \
+     VALUES ($1, $2) ON CONFLICT (request_id) DO UPDATE SET traceparent = EXCLUDED.traceparent";
+
 /// The ids of the run `$1`'s approvals that may still be cancelled, locked, in id order.
 pub const CANCELLABLE_OF_RUN: &str = "SELECT request_id FROM approval_records \
      WHERE run_id = $1 AND state IN ('PENDING', 'RESOLVED', 'EXPIRED') \
      ORDER BY request_id FOR UPDATE";
+/// Whether the run `$1` has an approval that may still be cancelled: a row when it has. A look
+/// outside any transaction, served by the same index.
+pub const ANY_CANCELLABLE_OF_RUN: &str = "SELECT 1 FROM approval_records \
+     WHERE run_id = $1 AND state IN ('PENDING', 'RESOLVED', 'EXPIRED') LIMIT 1";
 
 /// Numbers an audit entry of the run `$2` (the queries of a `WITH`), holding the run's audit lock
 /// while it does: a transaction that numbers an entry of a run keeps that lock until it ends, so
