@@ -83,6 +83,26 @@ const MAX_TRIES: u32 = 50;
 /// Approvals deleted per retention statement.
 const COMPACT_BATCH: i64 = 256;
 
+/// One batch of retention, one statement: up to `$2` final approvals last changed at or before
+/// `$1` (rows another transaction holds are left for the next pass), then their audit entries
+/// and traces; answers how many of each went.
+const COMPACT_ONE_BATCH: &str = "WITH doomed AS (
+         SELECT request_id FROM approval_records
+         WHERE state IN ('PRUNED', 'CANCELLED') AND updated_at_ms <= $1
+         ORDER BY updated_at_ms LIMIT $2 FOR UPDATE SKIP LOCKED
+     ), gone AS (
+         DELETE FROM approval_records r USING doomed d
+         WHERE r.request_id = d.request_id RETURNING r.request_id
+     ), audit AS (
+         DELETE FROM approval_audit a USING gone g
+         WHERE a.request_id = g.request_id RETURNING 1
+     ), traces AS (
+         DELETE FROM approval_traces t USING gone g
+         WHERE t.request_id = g.request_id RETURNING 1
+     )
+     SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM audit),
+            (SELECT count(*) FROM traces)";
+
 const CURSOR_KEY: &str = "subscriber_cursor";
 const CURSOR_AT_KEY: &str = "subscriber_cursor_at";
 
@@ -426,29 +446,19 @@ impl ApprovalStore for PgStore {
         let cutoff = clamp(cutoff_ms);
         let mut total = Compacted::default();
         loop {
-            let client = self.db.client().await?;
-            let row = client
-                .query_one(
-                    "WITH doomed AS (
-                         SELECT request_id FROM approval_records
-                         WHERE state IN ('PRUNED', 'CANCELLED') AND updated_at_ms <= $1
-                         ORDER BY updated_at_ms LIMIT $2 FOR UPDATE SKIP LOCKED
-                     ), gone AS (
-                         DELETE FROM approval_records r USING doomed d
-                         WHERE r.request_id = d.request_id RETURNING r.request_id
-                     ), audit AS (
-                         DELETE FROM approval_audit a USING gone g
-                         WHERE a.request_id = g.request_id RETURNING 1
-                     ), traces AS (
-                         DELETE FROM approval_traces t USING gone g
-                         WHERE t.request_id = g.request_id RETURNING 1
-                     )
-                     SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM audit),
-                            (SELECT count(*) FROM traces)",
-                    &[&cutoff, &COMPACT_BATCH],
-                )
-                .await
-                .map_err(db_error)?;
+            // On the pool's runtime: a pooled connection held across an await on the service's
+            // runtime could wait for a thread of it that blocks waiting for a connection.
+            let db = self.db.clone();
+            let row = self
+                .db
+                .run(async move {
+                    let client = db.client().await?;
+                    client
+                        .query_one(COMPACT_ONE_BATCH, &[&cutoff, &COMPACT_BATCH])
+                        .await
+                        .map_err(DbError::from)
+                })
+                .await?;
             let approvals: i64 = row.get(0);
             let audit: i64 = row.get(1);
             total += Compacted {
