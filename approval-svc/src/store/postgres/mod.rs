@@ -50,8 +50,6 @@ use crate::{
     model::{Approval, AuditEntry, AuditQuery, Filter, NewDecision, Page},
 };
 
-pub use self::tx::{ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN};
-
 /// The most rows one page of the outbox holds: a literal, so that [`OUTBOX_PAGE`] spells it out
 /// and every plan of it knows the limit.
 macro_rules! outbox_page_rows {
@@ -70,6 +68,24 @@ pub const OUTBOX_PAGE: &str = concat!(
     outbox_page_rows!()
 );
 const OUTBOX_PAGE_ROWS: usize = outbox_page_rows!();
+
+/// The rows of the run `$1`'s approvals that may still be cancelled: written once for the two
+/// lookups below, as the predicate of the index that serves them
+/// (`approval_records_open_by_run`), so that every plan of either can use it.
+macro_rules! cancellable_of_run {
+    () => {
+        "FROM approval_records WHERE run_id = $1 AND state IN ('PENDING', 'RESOLVED', 'EXPIRED')"
+    };
+}
+/// The ids of the run `$1`'s approvals that may still be cancelled, locked, in id order.
+pub const CANCELLABLE_OF_RUN: &str = concat!(
+    "SELECT request_id ",
+    cancellable_of_run!(),
+    " ORDER BY request_id FOR UPDATE"
+);
+/// Whether the run `$1` has an approval that may still be cancelled: a row when it has. A look
+/// outside any transaction.
+pub const ANY_CANCELLABLE_OF_RUN: &str = concat!("SELECT 1 ", cancellable_of_run!(), " LIMIT 1");
 
 /// The notification channel every change is announced on; the payload is `"{instance}
 /// {request_id}"` (an empty id: "look at everything").
@@ -190,7 +206,7 @@ impl PgStore {
     /// Whether the run has an approval that may still be cancelled, as committed now.
     fn any_cancellable(&self, run_id: &str) -> Result<bool> {
         let client = self.db.client_blocking()?;
-        let row = wait(client.prepared_query_opt(tx::ANY_CANCELLABLE_OF_RUN, &[&run_id]))
+        let row = wait(client.prepared_query_opt(ANY_CANCELLABLE_OF_RUN, &[&run_id]))
             .map_err(db_error)?;
         Ok(row.is_some())
     }

@@ -8,7 +8,7 @@ use std::{cell::RefCell, future::Future};
 
 use arbor_shared::postgres::{DbError, LazyBegin, Object, Prepared, tokio_postgres, wait};
 
-use super::{CHANNEL, clamp, decode, encode};
+use super::{CANCELLABLE_OF_RUN, CHANNEL, clamp, decode, encode};
 use crate::{
     error::Error,
     model::{Approval, AuditEntry},
@@ -169,15 +169,6 @@ impl<'c> PgTx<'c> {
 /// Writes (or writes again) the `traceparent` `$2` of the request `$1`.
 pub const TRACE_UPSERT: &str = "INSERT INTO approval_traces (request_id, traceparent) \
      VALUES ($1, $2) ON CONFLICT (request_id) DO UPDATE SET traceparent = EXCLUDED.traceparent";
-
-/// The ids of the run `$1`'s approvals that may still be cancelled, locked, in id order.
-pub const CANCELLABLE_OF_RUN: &str = "SELECT request_id FROM approval_records \
-     WHERE run_id = $1 AND state IN ('PENDING', 'RESOLVED', 'EXPIRED') \
-     ORDER BY request_id FOR UPDATE";
-/// Whether the run `$1` has an approval that may still be cancelled: a row when it has. A look
-/// outside any transaction, served by the same index.
-pub const ANY_CANCELLABLE_OF_RUN: &str = "SELECT 1 FROM approval_records \
-     WHERE run_id = $1 AND state IN ('PENDING', 'RESOLVED', 'EXPIRED') LIMIT 1";
 
 /// Numbers an audit entry of the run `$2` (the queries of a `WITH`), holding the run's audit lock
 /// while it does: a transaction that numbers an entry of a run keeps that lock until it ends, so
