@@ -10,7 +10,7 @@
 
 use std::sync::{
     Arc, Mutex,
-    atomic::{AtomicUsize, Ordering},
+    atomic::{AtomicU64, AtomicUsize, Ordering},
 };
 
 use arbor_shared::domain::JobStatus;
@@ -29,11 +29,18 @@ pub(crate) struct IdleWorkers {
     waiting: Mutex<Vec<(String, oneshot::Sender<Claim>)>>,
     /// How many wait (read by the store: see `Backend::idle_workers`).
     count: Arc<AtomicUsize>,
+    /// Jobs handed over since the process started.
+    handed: Arc<AtomicU64>,
 }
 
 impl IdleWorkers {
     pub fn count(&self) -> Arc<AtomicUsize> {
         self.count.clone()
+    }
+
+    /// Jobs handed to their worker since the process started.
+    pub fn handed(&self) -> u64 {
+        self.handed.load(Ordering::Relaxed)
     }
 
     /// The list, whatever a panic elsewhere left: a waiter must always be found again, or its
@@ -83,6 +90,7 @@ impl IdleWorkers {
                 at: mailbox.clock().wall_ms(),
             },
             to,
+            handed: self.handed.clone(),
         })
     }
 }
@@ -92,6 +100,7 @@ impl IdleWorkers {
 pub(crate) struct HandOff {
     claimer: Claimer,
     to: oneshot::Sender<Claim>,
+    handed: Arc<AtomicU64>,
 }
 
 impl HandOff {
@@ -100,11 +109,12 @@ impl HandOff {
         self.claimer.clone()
     }
 
-    /// After the claiming transaction committed: the claim goes to the worker. A claim that
-    /// never gets here (the caller went away while the transaction committed) or that finds its
-    /// worker gone (shutdown) runs out with its lease, tracked since the claim, and goes back to
-    /// the queue, as any claim of a worker that went away.
+    /// After the claiming transaction committed: the claim goes to the worker (see
+    /// `Runner::commit_queuing`, which gets it here even when the caller has gone away). A
+    /// claim that finds its worker gone (shutdown) runs out with its lease, tracked since the
+    /// claim, and goes back to the queue, as any claim of a worker that went away.
     pub fn give(self, job: Job) {
+        self.handed.fetch_add(1, Ordering::Relaxed);
         let token = self.claimer.token;
         if let Err(unsent) = self.to.send(Claim { job, token }) {
             tracing::debug!(job = %unsent.job.job_id, "worker gone before its job was handed over");

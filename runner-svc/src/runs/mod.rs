@@ -32,7 +32,7 @@ use crate::{
     engine::{ToolRegistry, TreeFormat, TreeSpec, parse_tree},
     error::RunnerError,
     events::EventLog,
-    mailbox::{Claim, Clock, Mailbox, MailboxConfig, MailboxStore, Reaped},
+    mailbox::{Claim, Clock, Job, Mailbox, MailboxConfig, MailboxStore, Reaped},
     store::{Change, Store, T, Tx, TxResult, codec},
 };
 
@@ -73,12 +73,9 @@ pub struct Runner {
     /// Jobs whose lease expired (or whose process died) and went back to the queue for another
     /// worker to take over, since this process started.
     lease_takeovers: AtomicU64,
-    /// Idle workers taken for a job being queued, since this process started; more than
-    /// `handed_off` when a claim never reached its worker (its lease then runs out).
+    /// Idle workers taken for a job being queued, since this process started; more than the
+    /// jobs handed off when the transaction did not claim the job (or failed).
     taken: AtomicU64,
-    /// Jobs handed to an idle worker by the transaction that queued them, since this process
-    /// started.
-    handed_off: AtomicU64,
     /// Woken when a task may have become due or a leased task ended.
     task_changes: Notify,
     /// Ids of tasks whose lease ended in this process (completed, failed, thrown, expired), so
@@ -115,7 +112,6 @@ impl Runner {
             changes,
             lease_takeovers: AtomicU64::new(0),
             taken: AtomicU64::new(0),
-            handed_off: AtomicU64::new(0),
             task_changes: Notify::new(),
             task_ends: tokio::sync::broadcast::channel(4096).0,
             task_metrics: Default::default(),
@@ -204,12 +200,12 @@ impl Runner {
     /// Jobs handed to an idle worker by the transaction that queued them (see
     /// `runs::handoff`), since this process started.
     pub fn jobs_handed_off(&self) -> u64 {
-        self.handed_off.load(Ordering::Relaxed)
+        self.idle.handed()
     }
 
     /// Idle workers taken for a job being queued (see `runs::handoff`), since this process
     /// started: each one either got its job ([`jobs_handed_off`](Self::jobs_handed_off)) or
-    /// left it claimed until its lease ran out.
+    /// went back to waiting because its transaction claimed none.
     pub fn hand_offs_taken(&self) -> u64 {
         self.taken.load(Ordering::Relaxed)
     }
@@ -245,16 +241,44 @@ impl Runner {
         taken
     }
 
-    /// After a transaction that queued a job committed: the job goes to the worker taken for
-    /// it if the transaction claimed it, otherwise a worker is woken to claim it.
-    fn handed(&self, hand_off: Option<handoff::HandOff>, claimed: Option<crate::mailbox::Job>) {
-        match (hand_off, claimed) {
-            (Some(hand_off), Some(job)) => {
-                self.handed_off.fetch_add(1, Ordering::Relaxed);
-                hand_off.give(job);
-            }
-            _ => self.wake_workers(),
+    /// Commits a transaction that queues a job, for which `hand_off` took an idle worker (if
+    /// one waited). Once it is durable, a job the body claimed for that worker goes to it;
+    /// otherwise a worker is woken to claim the job from the queue.
+    ///
+    /// The commit and the hand-over run as a task of their own, so they finish even when the
+    /// caller goes away meanwhile (a client whose RPC is cut or runs out of time drops it).
+    /// Dropped half-way, the claim would be durable and never reach its worker, and the job
+    /// would wait for its lease to run out.
+    pub(crate) async fn commit_queuing<R: Send + 'static>(
+        &self,
+        hand_off: Option<handoff::HandOff>,
+        body: impl Fn(&Tx<'_>) -> TxResult<((R, Option<Job>), Vec<Event>), RunnerError> + Send + 'static,
+    ) -> Result<R, RunnerError> {
+        let Some(hand_off) = hand_off else {
+            let (r, _) = self.commit(body).await?;
+            self.wake_workers();
+            return Ok(r);
+        };
+        let store = self.store.clone();
+        let committed = tokio::spawn(async move {
+            let ((r, claimed), events) = store.commit(body).await?;
+            let handed = match claimed {
+                Some(job) => {
+                    hand_off.give(job);
+                    true
+                }
+                None => false,
+            };
+            Ok::<_, RunnerError>((r, events, handed))
+        })
+        .await
+        .map_err(|e| RunnerError::Storage(format!("the commit stopped: {e}")))?;
+        let (r, events, handed) = committed?;
+        self.published(&events);
+        if !handed {
+            self.wake_workers();
         }
+        Ok(r)
     }
 
     /// Commits one transaction that also appends events, waits until it is durable, then
@@ -264,11 +288,16 @@ impl Runner {
         body: impl Fn(&Tx<'_>) -> TxResult<(R, Vec<Event>), RunnerError> + Send + 'static,
     ) -> Result<R, RunnerError> {
         let (r, events) = self.store.commit(body).await?;
+        self.published(&events);
+        Ok(r)
+    }
+
+    /// After a commit: its events may be streamed, and callers waiting on a run look again.
+    fn published(&self, events: &[Event]) {
         if let Some(last) = events.last() {
             self.events.publish(last.seq);
         }
         self.changes.send_modify(|n| *n += 1);
-        Ok(r)
     }
 
     /// Returns once every event committed so far can be streamed. A run read before this call

@@ -71,8 +71,8 @@ impl Runner {
         };
         let hand_off = self.hand_off();
         let claimer = hand_off.as_ref().map(|h| h.claimer());
-        let (resolved, claimed) = self
-            .commit(move |tx| {
+        let resolved = self
+            .commit_queuing(hand_off, move |tx| {
                 // Everything the step reads that its keys alone name, in one round trip.
                 let (run_key, request_key) = (input.run_id.as_bytes(), input.request_id.as_bytes());
                 let (inbox, wake) = (
@@ -198,9 +198,6 @@ impl Runner {
                 Ok(((resolved, claimed), appended))
             })
             .await?;
-        if !resolved.duplicate {
-            self.handed(hand_off, claimed);
-        }
         Ok(resolved)
     }
 }

@@ -139,8 +139,8 @@ impl Runner {
             .unwrap_or_else(arbor_shared::trace::TraceContext::new_root);
         let hand_off = self.hand_off();
         let claimer = hand_off.as_ref().map(|h| h.claimer());
-        let (submitted, claimed) = self
-            .commit(move |tx| {
+        let submitted = self
+            .commit_queuing(hand_off, move |tx| {
                 // Everything the submission reads that its ids name, in one round trip.
                 let mut keys = vec![
                     (T::Runs, run_id.as_bytes()),
@@ -247,7 +247,6 @@ impl Runner {
                 Ok(((submitted, claimed), appended))
             })
             .await?;
-        self.handed(hand_off, claimed);
         Ok(submitted)
     }
 

@@ -249,8 +249,8 @@ impl Runner {
         let (id, token) = (task_id.to_string(), token.to_string());
         let hand_off = self.hand_off();
         let claimer = hand_off.as_ref().map(|h| h.claimer());
-        let (taken, claimed) = self
-            .commit(move |tx| {
+        let taken = self
+            .commit_queuing(hand_off, move |tx| {
                 // A repeat of the call that ended this lease (its answer was lost) is answered
                 // the same way and changes nothing.
                 let done = match event_kind {
@@ -322,7 +322,6 @@ impl Runner {
         });
         self.lease_ended(task_id);
         self.notify_tasks();
-        self.handed(hand_off, claimed);
         Ok(taken)
     }
 
