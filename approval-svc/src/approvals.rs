@@ -206,13 +206,22 @@ impl<S: ApprovalStore> Approvals<S> {
         Ok(approval)
     }
 
+    /// Decides `request_id`, then publishes the decision to watchers and to delivery. Both
+    /// run as a task of their own, so they finish even when the caller goes away meanwhile (a
+    /// client whose RPC is cut or runs out of time drops it): a decision committed and never
+    /// published would wait for the next unrelated wake-up to be delivered.
     pub async fn decide(&self, request_id: &str, decision: NewDecision) -> Result<Resolved> {
-        let resolved = self.store.resolve_request(request_id, decision).await?;
-        if !resolved.duplicate {
-            self.observe_decision(&resolved.approval);
-            self.publish(&resolved.approval);
-        }
-        Ok(resolved)
+        let (this, request_id) = (self.clone(), request_id.to_string());
+        tokio::spawn(async move {
+            let resolved = this.store.resolve_request(&request_id, decision).await?;
+            if !resolved.duplicate {
+                this.observe_decision(&resolved.approval);
+                this.publish(&resolved.approval);
+            }
+            Ok(resolved)
+        })
+        .await
+        .map_err(|e| Error::Storage(format!("the decision stopped: {e}")))?
     }
 
     /// The log span of one approval: its id and the trace id of the run that asked for it, so

@@ -11,9 +11,11 @@ use std::{future::Future, sync::Arc};
 
 use arbor_approval_svc::{
     ApprovalStore, Error,
+    approvals::Approvals,
     convert::request_from_event,
     lifecycle::{ApprovalState, Transition},
     model::{Approval, AuditAction, AuditEntry, AuditQuery, Filter, NewDecision},
+    policy::Policy,
     store::{Compacted, DeliveryOutcome},
 };
 use arbor_shared::{
@@ -65,6 +67,7 @@ macro_rules! suite {
             cursor_and_traces_are_remembered,
             final_approvals_and_their_audit_go_the_rest_stays,
             compaction_of_many_keeps_the_survivors_between,
+            a_decision_whose_caller_went_away_is_published,
         );
     };
     (@cases $backend:ty; $($case:ident),* $(,)?) => {
@@ -1237,4 +1240,37 @@ pub async fn compaction_of_many_keeps_the_survivors_between<B: Backend>(place: &
     );
     assert_eq!(store.pending_count().unwrap(), 43);
     assert_eq!(store.compact(now_ms()).await.unwrap(), Compacted::default());
+}
+
+/// A decision whose caller goes away while it commits (a client whose connection is cut, or
+/// whose deadline passes, drops the RPC) is made whole: stored, shown to watchers and handed to
+/// delivery. Left unpublished, it would wait for the next unrelated wake-up to be delivered,
+/// which on a quiet service may never come.
+pub async fn a_decision_whose_caller_went_away_is_published<B: Backend>(place: &B::Place) {
+    let store = Arc::new(B::open(place).await);
+    store.put_request(tool("r1", "run-1"), None).await.unwrap();
+    let approvals = Approvals::new(store.clone(), Policy::default());
+    let mut watched = approvals.subscribe();
+    let delivery = approvals.delivery_wake();
+    {
+        // Polled once, so the decision is on its way to the store; then dropped.
+        let mut deciding = std::pin::pin!(approvals.decide("r1", approve("ana")));
+        assert!(futures_util::poll!(deciding.as_mut()).is_pending());
+    }
+    let seen = tokio::time::timeout(support::WAIT, watched.recv())
+        .await
+        .expect("watchers to be told of the decision")
+        .unwrap();
+    assert_eq!((seen.id(), seen.state), ("r1", ApprovalState::Resolved));
+    tokio::time::timeout(support::WAIT, delivery.notified())
+        .await
+        .expect("delivery to be woken for the decision");
+    let stored = current(&*store, "r1");
+    assert_eq!(stored.state, ApprovalState::Resolved);
+    assert_eq!(stored.decision, seen.decision);
+    assert_eq!(
+        store.undelivered().unwrap().len(),
+        1,
+        "waiting to be delivered"
+    );
 }
