@@ -221,7 +221,10 @@ impl<S: ApprovalStore> Approvals<S> {
             Ok(resolved)
         })
         .await
-        .map_err(|e| Error::Storage(format!("the decision stopped: {e}")))?
+        .map_err(|e| match e.is_cancelled() {
+            true => Error::ShuttingDown,
+            false => Error::Storage(format!("the decision stopped: {e}")),
+        })?
     }
 
     /// The log span of one approval: its id and the trace id of the run that asked for it, so

@@ -272,7 +272,10 @@ impl Runner {
             Ok::<_, RunnerError>((r, events, handed))
         })
         .await
-        .map_err(|e| RunnerError::Storage(format!("the commit stopped: {e}")))?;
+        .map_err(|e| match e.is_cancelled() {
+            true => RunnerError::Unavailable("runner-svc is shutting down".into()),
+            false => RunnerError::Storage(format!("the commit stopped: {e}")),
+        })?;
         let (r, events, handed) = committed?;
         self.published(&events);
         if !handed {
