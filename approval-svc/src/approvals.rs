@@ -8,6 +8,7 @@ use std::sync::Arc;
 use arbor_shared::{auth::Principal, domain::ApprovalRequest};
 use tokio::sync::{Notify, broadcast, watch};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::{
     error::{Error, Result},
@@ -209,17 +210,21 @@ impl<S: ApprovalStore> Approvals<S> {
     /// Decides `request_id`, then publishes the decision to watchers and to delivery. Both
     /// run as a task of their own, so they finish even when the caller goes away meanwhile (a
     /// client whose RPC is cut or runs out of time drops it): a decision committed and never
-    /// published would wait for the next unrelated wake-up to be delivered.
+    /// published would wait for the next unrelated wake-up to be delivered. The task keeps the
+    /// caller's span (the approval's trace id).
     pub async fn decide(&self, request_id: &str, decision: NewDecision) -> Result<Resolved> {
         let (this, request_id) = (self.clone(), request_id.to_string());
-        tokio::spawn(async move {
-            let resolved = this.store.resolve_request(&request_id, decision).await?;
-            if !resolved.duplicate {
-                this.observe_decision(&resolved.approval);
-                this.publish(&resolved.approval);
+        tokio::spawn(
+            async move {
+                let resolved = this.store.resolve_request(&request_id, decision).await?;
+                if !resolved.duplicate {
+                    this.observe_decision(&resolved.approval);
+                    this.publish(&resolved.approval);
+                }
+                Ok(resolved)
             }
-            Ok(resolved)
-        })
+            .in_current_span(),
+        )
         .await
         .map_err(|e| match e.is_cancelled() {
             true => Error::ShuttingDown,

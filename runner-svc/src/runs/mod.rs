@@ -21,6 +21,7 @@ use std::{
 
 use arbor_shared::domain::{Event, RunStatus};
 use tokio::sync::{Notify, watch};
+use tracing::Instrument;
 
 pub use query::{JobPage, RunFilter, RunPage, RunView};
 pub use records::{RunRecord, TreeRecord};
@@ -260,17 +261,20 @@ impl Runner {
             return Ok(r);
         };
         let store = self.store.clone();
-        let committed = tokio::spawn(async move {
-            let ((r, claimed), events) = store.commit(body).await?;
-            let handed = match claimed {
-                Some(job) => {
-                    hand_off.give(job);
-                    true
-                }
-                None => false,
-            };
-            Ok::<_, RunnerError>((r, events, handed))
-        })
+        let committed = tokio::spawn(
+            async move {
+                let ((r, claimed), events) = store.commit(body).await?;
+                let handed = match claimed {
+                    Some(job) => {
+                        hand_off.give(job);
+                        true
+                    }
+                    None => false,
+                };
+                Ok::<_, RunnerError>((r, events, handed))
+            }
+            .in_current_span(),
+        )
         .await
         .map_err(|e| match e.is_cancelled() {
             true => RunnerError::Unavailable("runner-svc is shutting down".into()),
