@@ -66,11 +66,11 @@ pub struct Runner {
     opts: RunnerOptions,
     trees: Mutex<HashMap<(String, u32), Arc<TreeSpec>>>,
     /// Woken when a job may have become claimable.
-    work: Notify,
+    work: Arc<Notify>,
     /// Workers waiting for work right now, which a job being queued may be handed to.
     idle: handoff::IdleWorkers,
     /// Bumped after every committed run change, for callers waiting on a run.
-    changes: watch::Sender<u64>,
+    changes: Arc<watch::Sender<u64>>,
     /// Jobs whose lease expired (or whose process died) and went back to the queue for another
     /// worker to take over, since this process started.
     lease_takeovers: AtomicU64,
@@ -108,9 +108,9 @@ impl Runner {
             tools,
             opts,
             trees: Mutex::new(HashMap::new()),
-            work: Notify::new(),
+            work: Arc::new(Notify::new()),
             idle,
-            changes,
+            changes: Arc::new(changes),
             lease_takeovers: AtomicU64::new(0),
             taken: AtomicU64::new(0),
             task_changes: Notify::new(),
@@ -244,48 +244,22 @@ impl Runner {
 
     /// Commits a transaction that queues a job, for which `hand_off` took an idle worker (if
     /// one waited). Once it is durable, a job the body claimed for that worker goes to it;
-    /// otherwise a worker is woken to claim the job from the queue.
-    ///
-    /// The commit and the hand-over run as a task of their own, so they finish even when the
-    /// caller goes away meanwhile (a client whose RPC is cut or runs out of time drops it).
-    /// Dropped half-way, the claim would be durable and never reach its worker, and the job
-    /// would wait for its lease to run out.
+    /// otherwise a worker is woken to claim the job from the queue. Dropped half-way, the
+    /// claim still reaches its worker (see [`commit_then`](Self::commit_then)); it would
+    /// otherwise be durable and wait for its lease to run out.
     pub(crate) async fn commit_queuing<R: Send + 'static>(
         &self,
         hand_off: Option<handoff::HandOff>,
         body: impl Fn(&Tx<'_>) -> TxResult<((R, Option<Job>), Vec<Event>), RunnerError> + Send + 'static,
     ) -> Result<R, RunnerError> {
-        let Some(hand_off) = hand_off else {
-            let (r, _) = self.commit(body).await?;
-            self.wake_workers();
-            return Ok(r);
-        };
-        let store = self.store.clone();
-        let committed = tokio::spawn(
-            async move {
-                let ((r, claimed), events) = store.commit(body).await?;
-                let handed = match claimed {
-                    Some(job) => {
-                        hand_off.give(job);
-                        true
-                    }
-                    None => false,
-                };
-                Ok::<_, RunnerError>((r, events, handed))
+        self.commit_then(body, move |(r, claimed)| match (claimed, hand_off) {
+            (Some(job), Some(hand_off)) => {
+                hand_off.give(job);
+                (r, false)
             }
-            .in_current_span(),
-        )
+            _ => (r, true),
+        })
         .await
-        .map_err(|e| match e.is_cancelled() {
-            true => RunnerError::Unavailable("runner-svc is shutting down".into()),
-            false => RunnerError::Storage(format!("the commit stopped: {e}")),
-        })?;
-        let (r, events, handed) = committed?;
-        self.published(&events);
-        if !handed {
-            self.wake_workers();
-        }
-        Ok(r)
     }
 
     /// Commits one transaction that also appends events, waits until it is durable, then
@@ -294,24 +268,55 @@ impl Runner {
         &self,
         body: impl Fn(&Tx<'_>) -> TxResult<(R, Vec<Event>), RunnerError> + Send + 'static,
     ) -> Result<R, RunnerError> {
-        let (r, events) = self.store.commit(body).await?;
-        self.published(&events);
-        Ok(r)
+        self.commit_then(body, |r| (r, false)).await
     }
 
-    /// After a commit: its events may be streamed, and callers waiting on a run look again.
-    fn published(&self, events: &[Event]) {
-        if let Some(last) = events.last() {
-            self.events.publish(last.seq);
-        }
-        self.changes.send_modify(|n| *n += 1);
+    /// Commits `body`; once it is durable, runs `then` on its outcome (which answers whether
+    /// to wake a worker for a job it queued), publishes its events to streams and tells run
+    /// waiters.
+    ///
+    /// All of it runs as a task of its own, so it finishes even when the caller goes away
+    /// meanwhile (a client whose RPC is cut or runs out of time drops it): a step committed
+    /// without its caller is still streamed at once, not at the next commit of anything.
+    async fn commit_then<X: Send + 'static, R: Send + 'static>(
+        &self,
+        body: impl Fn(&Tx<'_>) -> TxResult<(X, Vec<Event>), RunnerError> + Send + 'static,
+        then: impl FnOnce(X) -> (R, bool) + Send + 'static,
+    ) -> Result<R, RunnerError> {
+        let (store, events, changes, work) = (
+            self.store.clone(),
+            self.events.clone(),
+            self.changes.clone(),
+            self.work.clone(),
+        );
+        tokio::spawn(
+            async move {
+                let (x, appended) = store.commit(body).await?;
+                let (r, wake) = then(x);
+                if let Some(last) = appended.last() {
+                    events.publish(last.seq);
+                }
+                changes.send_modify(|n| *n += 1);
+                if wake {
+                    work.notify_one();
+                }
+                Ok(r)
+            }
+            .in_current_span(),
+        )
+        .await
+        .map_err(|e| match e.is_cancelled() {
+            true => RunnerError::Unavailable("runner-svc is shutting down".into()),
+            false => RunnerError::Storage(format!("the commit stopped: {e}")),
+        })?
     }
 
     /// Returns once every event committed so far can be streamed. A run read before this call
     /// may show a step whose transaction committed and whose sync has not finished yet; after
-    /// it, `StreamEvents` returns every event of that step. Normally the committing call
-    /// publishes its events within a sync; if that call was dropped meanwhile (its client went
-    /// away), nobody would, so after a short wait this syncs and publishes itself.
+    /// it, `StreamEvents` returns every event of that step. Normally the committing task
+    /// publishes its events within a sync, and a notification brings another replica's soon
+    /// after; a notification can be missed (it is a hint), so after a short wait this syncs
+    /// and publishes itself.
     pub async fn caught_up(&self) -> Result<(), RunnerError> {
         let last = self.events.last_seq()?;
         if self.events.durable_seq() >= last {

@@ -187,3 +187,45 @@ async fn a_long_poll_returns_once_a_task_is_queued_and_empty_after_its_wait() {
     assert_eq!(rig.finished(&run).await.run.status, RunStatus::Succeeded);
     rig.served.stop().await;
 }
+
+/// A poll that goes away while its dispatch commits (a worker whose connection is cut drops the
+/// RPC) leaves the task leased to it, as a dispatch does, and its TASK_DISPATCHED event is
+/// streamed at once: on an otherwise idle runner no later commit would publish it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatch_whose_poller_went_away_is_streamed_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let rig = Rig::start(dir.path()).await;
+    rig.register(tree("gone", remote(WORK, json!({})))).await;
+    let run = rig.submit("gone", json!({"n": 1})).await;
+    rig.task_becomes(&run, S::Queued).await;
+    let events = rig.runner().events();
+    eventually("the run's step to be streamable", WAIT, || async {
+        (events.durable_seq() >= events.last_seq().unwrap()).then_some(())
+    })
+    .await;
+    let streamed = events.durable_seq();
+
+    let types = globset::GlobSetBuilder::new()
+        .add(globset::Glob::new(WORK).unwrap())
+        .build()
+        .unwrap();
+    {
+        // Polled once: the dispatch is sent to the store; then dropped.
+        let mut poll = std::pin::pin!(rig.runner().take_tasks("w-gone", &types, 30_000, 1));
+        assert!(futures_util::poll!(poll.as_mut()).is_pending());
+    }
+    let task = rig.task_becomes(&run, S::Leased).await;
+    assert_eq!(task.worker_id, "w-gone");
+    // Read without `caught_up`, which would publish the event itself.
+    let dispatched = eventually("TASK_DISPATCHED to be streamable", WAIT, || async {
+        let durable = events.durable_seq();
+        events
+            .read_after(streamed, 100)
+            .unwrap()
+            .into_iter()
+            .find(|e| e.kind() == EventKind::TaskDispatched && e.seq <= durable)
+    })
+    .await;
+    assert_eq!(dispatched.run_id, run);
+    rig.served.stop().await;
+}
