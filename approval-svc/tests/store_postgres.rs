@@ -435,3 +435,31 @@ fn a_store_call_from_a_task_out_of_budget_answers() {
     assert!(spent > 0, "the task had no budget to spend");
     assert_eq!(due.unwrap(), 0);
 }
+
+/// A batch of the runner's requests is one transaction: one commit, so one WAL flush, however
+/// many it holds; and a batch that fails leaves none of them behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_requests_is_one_commit() {
+    let url = Postgres::place().await;
+    let store = Postgres::open(&url).await;
+    let batch = |ids: &[&str]| {
+        ids.iter()
+            .map(|id| (tool(id, "run-b"), None, format!("00-{id}-01")))
+            .collect::<Vec<_>>()
+    };
+    let before = store.fsyncs();
+    let puts = store
+        .put_traced_requests(batch(&["b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8"]))
+        .await
+        .unwrap();
+    assert!(puts.iter().all(|p| p.created));
+    assert_eq!(store.fsyncs() - before, 1, "one commit for eight requests");
+
+    // A request id PostgreSQL cannot hold (a NUL byte; the subscriber passes over such an
+    // event) fails the batch whole.
+    let mut bad = batch(&["c1", "c2"]);
+    bad.push((tool("c3\0", "run-b"), None, String::new()));
+    assert!(store.put_traced_requests(bad).await.is_err());
+    assert_eq!(store.get("c1").unwrap(), None, "nothing of a failed batch is stored");
+    assert_eq!(store.trace("c1").unwrap(), None);
+}

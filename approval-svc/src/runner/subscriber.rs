@@ -3,6 +3,7 @@
 //! store writes of every event up to it are durable. Reconnects with backoff and resumes from
 //! the runner-side cursor, so a crash anywhere replays events rather than losing them.
 
+use arbor_shared::domain::ApprovalRequest;
 use arbor_shared::proto::runner::v1::{
     self as runner_pb, AckRequest, EventKind, StreamEventsRequest, event::Detail,
 };
@@ -213,22 +214,18 @@ impl<S: ApprovalStore> Subscriber<S> {
         // then each run's events are applied in order, runs concurrently. The stored requests
         // become durable with the first flush after them: a policy decision's, a person's, or at
         // the latest the one `ack` makes before it moves the cursor.
-        let mut stored: std::collections::HashMap<u64, Put> = Default::default();
         let mut requested: Vec<&runner_pb::Event> = by_run
             .iter()
             .flat_map(|(_, events)| events.iter())
             .filter(|e| matches!(e.detail, Some(Detail::ApprovalRequested(_))))
             .collect();
         requested.sort_by_key(|e| e.seq);
-        // join_all polls in order, so the writes reach the store's batched commit in stream
-        // order and share its transactions.
-        let puts =
-            futures_util::future::join_all(requested.iter().map(|e| self.store_request(e))).await;
-        for (event, put) in requested.iter().zip(puts) {
-            if let Some(put) = put? {
-                stored.insert(event.seq, put);
-            }
-        }
+        let (seqs, requests): (Vec<u64>, Vec<_>) = requested
+            .iter()
+            .filter_map(|e| Some((e.seq, self.request_of(e)?)))
+            .unzip();
+        let puts = self.approvals.store().put_traced_requests(requests).await?;
+        let stored: std::collections::HashMap<u64, Put> = seqs.into_iter().zip(puts).collect();
         let stored = &stored;
         let results = futures_util::future::join_all(by_run.iter().map(|(_, events)| async move {
             for event in events {
@@ -251,26 +248,26 @@ impl<S: ApprovalStore> Subscriber<S> {
         Ok(())
     }
 
-    /// Stores (not yet durably) the request an APPROVAL_REQUESTED event carries; `None` for a
-    /// malformed one, which is logged and passed over.
-    async fn store_request(&self, event: &runner_pb::Event) -> Result<Option<Put>, Error> {
-        let a = &self.approvals;
+    /// The request an APPROVAL_REQUESTED event carries, to store (not yet durably) with its
+    /// trace; `None` for a malformed one, which is logged and passed over.
+    fn request_of(
+        &self,
+        event: &runner_pb::Event,
+    ) -> Option<(ApprovalRequest, Option<i32>, String)> {
         let Some(Detail::ApprovalRequested(r)) = &event.detail else {
-            return Ok(None);
+            return None;
         };
         match request_from_event(r) {
-            Ok((request, unknown_kind)) if valid_id(&request.request_id) => Ok(Some(
-                a.store()
-                    .put_traced_request(request, unknown_kind, &event.traceparent)
-                    .await?,
-            )),
+            Ok((request, unknown_kind)) if valid_id(&request.request_id) => {
+                Some((request, unknown_kind, event.traceparent.clone()))
+            }
             Ok(_) => {
                 self.malformed(event, "request_id holds a NUL byte");
-                Ok(None)
+                None
             }
             Err(e) => {
                 self.malformed(event, &e.to_string());
-                Ok(None)
+                None
             }
         }
     }

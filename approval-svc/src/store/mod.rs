@@ -152,6 +152,29 @@ pub trait ApprovalStore: Send + Sync + 'static {
         }
     }
 
+    /// `put_traced_request` for each of `requests` (request, unknown kind, `traceparent`), in
+    /// order, answering their outcomes in that order; the first error fails them all (some may
+    /// have been stored: each is idempotent, so the caller stores them all again). A backend
+    /// with transactions writes them in one.
+    fn put_traced_requests(
+        &self,
+        requests: Vec<(ApprovalRequest, Option<i32>, String)>,
+    ) -> impl Future<Output = Result<Vec<Put>>> + Send {
+        async move {
+            // join_all polls in order, so the writes reach a batched commit in this order and
+            // share its transactions.
+            futures_util::future::join_all(requests.into_iter().map(
+                |(request, unknown_kind, traceparent)| async move {
+                    self.put_traced_request(request, unknown_kind, &traceparent)
+                        .await
+                },
+            ))
+            .await
+            .into_iter()
+            .collect()
+        }
+    }
+
     /// PENDING → RESOLVED, single winner. The same decision again is a duplicate (OK, nothing
     /// changes); a different one is `AlreadyDecided` and the first decision stands.
     fn resolve_request(

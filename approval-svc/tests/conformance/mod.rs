@@ -68,6 +68,7 @@ macro_rules! suite {
             final_approvals_and_their_audit_go_the_rest_stays,
             compaction_of_many_keeps_the_survivors_between,
             a_decision_whose_caller_went_away_is_published,
+            a_batch_of_requests_is_stored_in_order_with_its_traces,
         );
     };
     (@cases $backend:ty; $($case:ident),* $(,)?) => {
@@ -1273,4 +1274,69 @@ pub async fn a_decision_whose_caller_went_away_is_published<B: Backend>(place: &
         1,
         "waiting to be delivered"
     );
+}
+
+/// A batch of the runner's APPROVAL_REQUESTED events is stored as each would be alone, in the
+/// batch's order (arrival order is event order), with its traces; a request already stored
+/// comes back unchanged, also when it repeats within the batch; the batch survives a reopen.
+pub async fn a_batch_of_requests_is_stored_in_order_with_its_traces<B: Backend>(place: &B::Place) {
+    {
+        let store = B::open(place).await;
+        let known = store.put_request(tool("b0", "run-0"), None).await.unwrap();
+        let traced = |id: &str, trace: &str| (tool(id, &format!("run-{id}")), None, trace.into());
+        let puts = store
+            .put_traced_requests(vec![
+                traced("b2", "00-b2-01"),
+                traced("b0", "00-b0-01"),
+                traced("b1", ""),
+                (tool("b3", "run-b3"), Some(99), "00-b3-01".into()),
+                traced("b2", "00-b2-01"),
+            ])
+            .await
+            .unwrap();
+        let ids: Vec<(&str, bool)> = puts.iter().map(|p| (p.approval.id(), p.created)).collect();
+        assert_eq!(
+            ids,
+            vec![
+                ("b2", true),
+                ("b0", false),
+                ("b1", true),
+                ("b3", true),
+                ("b2", false)
+            ]
+        );
+        assert_eq!(
+            puts[1].approval, known.approval,
+            "a known request is unchanged"
+        );
+        assert_eq!(
+            puts[4].approval, puts[0].approval,
+            "a repeat in the batch too"
+        );
+        assert_eq!(puts[3].approval.unknown_kind, Some(99));
+        assert!(
+            puts[0].approval.arrival < puts[2].approval.arrival
+                && puts[2].approval.arrival < puts[3].approval.arrival,
+            "arrival follows the batch's order: {puts:?}"
+        );
+        assert!(
+            store
+                .put_traced_requests(Vec::new())
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        store.flush().await.unwrap();
+    }
+    let store = B::open(place).await;
+    for id in ["b0", "b1", "b2", "b3"] {
+        assert_eq!(current(&store, id).state, ApprovalState::Pending);
+        assert_eq!(actions(&store, id), vec![AuditAction::Requested], "{id}");
+    }
+    assert_eq!(store.trace("b2").unwrap().as_deref(), Some("00-b2-01"));
+    assert_eq!(store.trace("b3").unwrap().as_deref(), Some("00-b3-01"));
+    assert_eq!(store.trace("b1").unwrap(), None);
+    // The known request's trace is written again, as a replayed event's is.
+    assert_eq!(store.trace("b0").unwrap().as_deref(), Some("00-b0-01"));
+    assert_eq!(store.pending_count().unwrap(), 4);
 }

@@ -281,6 +281,28 @@ impl ApprovalStore for PgStore {
         .await
     }
 
+    /// All in one transaction: one commit (and one WAL flush) for a whole batch of the
+    /// runner's events.
+    async fn put_traced_requests(
+        &self,
+        requests: Vec<(ApprovalRequest, Option<i32>, String)>,
+    ) -> Result<Vec<Put>> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.transact(move |tx| {
+            let mut puts = Vec::with_capacity(requests.len());
+            for (request, unknown_kind, traceparent) in &requests {
+                if !traceparent.is_empty() {
+                    tx.put_trace(&request.request_id, traceparent);
+                }
+                puts.push(rules::put(tx, request, *unknown_kind)?);
+            }
+            Ok(puts)
+        })
+        .await
+    }
+
     async fn resolve_request(&self, request_id: &str, decision: NewDecision) -> Result<Resolved> {
         // Generated once per call, so a transaction run again reuses it.
         let decision_id = uuid::Uuid::now_v7().to_string();
