@@ -460,6 +460,10 @@ async fn a_batch_of_requests_is_one_commit() {
     let mut bad = batch(&["c1", "c2"]);
     bad.push((tool("c3\0", "run-b"), None, String::new()));
     assert!(store.put_traced_requests(bad).await.is_err());
-    assert_eq!(store.get("c1").unwrap(), None, "nothing of a failed batch is stored");
+    assert_eq!(
+        store.get("c1").unwrap(),
+        None,
+        "nothing of a failed batch is stored"
+    );
     assert_eq!(store.trace("c1").unwrap(), None);
 }
