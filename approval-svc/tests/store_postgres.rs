@@ -467,3 +467,41 @@ async fn a_batch_of_requests_is_one_commit() {
     );
     assert_eq!(store.trace("c1").unwrap(), None);
 }
+
+/// On PostgreSQL the consumptions of a batch are one commit, and a batch that fails changes
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_consumptions_is_one_commit_or_nothing() {
+    let url = Postgres::place().await;
+    let store = Postgres::open(&url).await;
+    let mut batch = Vec::new();
+    for i in 0..6 {
+        let id = format!("c{i}");
+        store.put_request(tool(&id, "run-c"), None).await.unwrap();
+        let resolved = store
+            .resolve_request(&id, NewDecision::person(DecisionKind::Approve, "ana"))
+            .await
+            .unwrap();
+        batch.push((id, resolved.approval.decision.unwrap().decision_id));
+    }
+    let before = store.fsyncs();
+    let (first, rest) = batch.split_at(3);
+    store.ack_and_prune_all(first.to_vec()).await.unwrap();
+    assert_eq!(
+        store.fsyncs() - before,
+        1,
+        "one commit for three consumptions"
+    );
+
+    // The last of these is a repeat: the batch fails and none of it is done.
+    let mut failing = rest.to_vec();
+    failing.push(first[0].clone());
+    assert!(store.ack_and_prune_all(failing).await.is_err());
+    for (id, _) in rest {
+        assert_eq!(
+            store.get(id).unwrap().unwrap().state,
+            ApprovalState::Resolved,
+            "{id} untouched"
+        );
+    }
+}

@@ -227,11 +227,32 @@ impl<S: ApprovalStore> Subscriber<S> {
         let puts = self.approvals.store().put_traced_requests(requests).await?;
         let stored: std::collections::HashMap<u64, Put> = seqs.into_iter().zip(puts).collect();
         let stored = &stored;
+        // Then the consumptions, together: each is its approval's last event, so taking it
+        // ahead of its run's later events changes nothing they see.
+        let consuming: Vec<(u64, (String, String))> = by_run
+            .iter()
+            .flat_map(|(_, events)| events.iter())
+            .filter_map(|e| match &e.detail {
+                Some(Detail::ApprovalConsumed(c)) => {
+                    Some((e.seq, (c.request_id.clone(), c.decision_id.clone())))
+                }
+                _ => None,
+            })
+            .collect();
+        let (seqs, consumed): (Vec<u64>, Vec<_>) = consuming.into_iter().unzip();
+        let done = self.approvals.consumed_all(&consumed).await?;
+        let consumed: std::collections::HashSet<u64> = seqs
+            .into_iter()
+            .zip(done)
+            .filter_map(|(seq, done)| done.then_some(seq))
+            .collect();
+        let consumed = &consumed;
         let results = futures_util::future::join_all(by_run.iter().map(|(_, events)| async move {
             for event in events {
                 match stored.get(&event.seq) {
                     Some(put) => self.settle(put.clone(), &event.traceparent).await?,
                     None if matches!(event.detail, Some(Detail::ApprovalRequested(_))) => {}
+                    None if consumed.contains(&event.seq) => {}
                     None => self.handle(event).await?,
                 }
             }

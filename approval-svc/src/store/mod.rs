@@ -175,6 +175,23 @@ pub trait ApprovalStore: Send + Sync + 'static {
         }
     }
 
+    /// `ack_and_prune` for each of `consumed` (request id, decision id), in order, answering
+    /// each one's outcome in that order. A backend with transactions does them all in one:
+    /// then any failure fails the call and changes nothing.
+    fn ack_and_prune_all(
+        &self,
+        consumed: Vec<(String, String)>,
+    ) -> impl Future<Output = Result<Vec<Result<(Approval, Approval)>>>> + Send {
+        async move {
+            Ok(futures_util::future::join_all(
+                consumed
+                    .iter()
+                    .map(|(request_id, decision_id)| self.ack_and_prune(request_id, decision_id)),
+            )
+            .await)
+        }
+    }
+
     /// PENDING → RESOLVED, single winner. The same decision again is a duplicate (OK, nothing
     /// changes); a different one is `AlreadyDecided` and the first decision stands.
     fn resolve_request(

@@ -69,6 +69,7 @@ macro_rules! suite {
             compaction_of_many_keeps_the_survivors_between,
             a_decision_whose_caller_went_away_is_published,
             a_batch_of_requests_is_stored_in_order_with_its_traces,
+            a_batch_of_consumptions_acks_and_prunes_each,
         );
     };
     (@cases $backend:ty; $($case:ident),* $(,)?) => {
@@ -1339,4 +1340,71 @@ pub async fn a_batch_of_requests_is_stored_in_order_with_its_traces<B: Backend>(
     // The known request's trace is written again, as a replayed event's is.
     assert_eq!(store.trace("b0").unwrap().as_deref(), Some("00-b0-01"));
     assert_eq!(store.pending_count().unwrap(), 4);
+}
+
+/// The consumptions of a batch of the runner's events, acked and pruned as each would be alone
+/// and answered in order; one that cannot be done is refused, and leaves the others either
+/// untouched or done and answered (never half: ACKED without PRUNED).
+pub async fn a_batch_of_consumptions_acks_and_prunes_each<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    let mut batch = Vec::new();
+    for id in ["c1", "c2", "c3"] {
+        let a = in_state(&store, id, ApprovalState::Resolved).await;
+        batch.push((id.to_string(), a.decision.unwrap().decision_id));
+    }
+    let pairs: Vec<_> = store
+        .ack_and_prune_all(batch.clone())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let ids: Vec<&str> = pairs.iter().map(|(acked, _)| acked.id()).collect();
+    assert_eq!(ids, ["c1", "c2", "c3"]);
+    for (acked, pruned) in &pairs {
+        assert_eq!(acked.state, ApprovalState::Acked);
+        assert_eq!(pruned.state, ApprovalState::Pruned);
+        assert_eq!(&current(&store, pruned.id()), pruned);
+        assert_eq!(
+            actions(&store, pruned.id()),
+            vec![
+                AuditAction::Requested,
+                AuditAction::Decided,
+                AuditAction::Acked,
+                AuditAction::Pruned
+            ]
+        );
+    }
+    assert!(
+        store
+            .ack_and_prune_all(Vec::new())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // A repeat (already pruned) is refused; the other is done and answered, or left alone.
+    let d4 = in_state(&store, "c4", ApprovalState::Resolved).await;
+    let d4 = d4.decision.unwrap().decision_id;
+    let c4 = match store
+        .ack_and_prune_all(vec![batch[0].clone(), ("c4".into(), d4)])
+        .await
+    {
+        Ok(outcomes) => {
+            let err = outcomes[0].as_ref().unwrap_err();
+            assert!(matches!(err, Error::InvalidTransition { .. }), "{err:?}");
+            let (_, pruned) = outcomes[1].as_ref().unwrap();
+            assert_eq!(pruned.state, ApprovalState::Pruned);
+            ApprovalState::Pruned
+        }
+        Err(err) => {
+            assert!(matches!(err, Error::InvalidTransition { .. }), "{err:?}");
+            ApprovalState::Resolved
+        }
+    };
+    assert_eq!(
+        current(&store, "c4").state,
+        c4,
+        "done only when answered done"
+    );
 }

@@ -345,6 +345,28 @@ impl ApprovalStore for PgStore {
             .await
     }
 
+    /// All in one transaction: one commit (and one WAL flush) for the consumptions of a whole
+    /// batch of the runner's events.
+    async fn ack_and_prune_all(
+        &self,
+        consumed: Vec<(String, String)>,
+    ) -> Result<Vec<Result<(Approval, Approval)>>> {
+        if consumed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let done = self
+            .transact(move |tx| {
+                consumed
+                    .iter()
+                    .map(|(request_id, decision_id)| {
+                        rules::ack_and_prune(tx, request_id, decision_id)
+                    })
+                    .collect::<Result<Vec<_>, Fail>>()
+            })
+            .await?;
+        Ok(done.into_iter().map(Ok).collect())
+    }
+
     async fn prune_result(&self, request_id: &str) -> Result<Approval> {
         let request_id = request_id.to_string();
         self.transact(move |tx| rules::prune(tx, &request_id)).await
