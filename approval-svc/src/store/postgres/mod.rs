@@ -271,14 +271,11 @@ impl ApprovalStore for PgStore {
         unknown_kind: Option<i32>,
         traceparent: &str,
     ) -> Result<Put> {
-        let traceparent = traceparent.to_string();
-        self.transact(move |tx| {
-            if !traceparent.is_empty() {
-                tx.put_trace(&request.request_id, &traceparent);
-            }
-            rules::put(tx, &request, unknown_kind)
-        })
-        .await
+        let mut puts = self
+            .put_traced_requests(vec![(request, unknown_kind, traceparent.to_string())])
+            .await?;
+        puts.pop()
+            .ok_or_else(|| Error::Storage("a batch of one stored nothing".into()))
     }
 
     /// All in one transaction: one commit (and one WAL flush) for a whole batch of the
