@@ -178,10 +178,52 @@ impl<S: ApprovalStore> Approvals<S> {
         self.settle(put).await
     }
 
+    /// Stores a batch of the runner's requests (request, unknown kind, `traceparent`) and
+    /// lets the policy decide the new ones in the same write where the store can; each must
+    /// then be [`settle`](Self::settle)d, in order. The write runs as a task of its own, which
+    /// wakes delivery for the decisions it stored even when the caller goes away meanwhile (as
+    /// [`decide`](Self::decide) does).
+    pub async fn put_requests(
+        &self,
+        requests: Vec<(ApprovalRequest, Option<i32>, String)>,
+    ) -> Result<Vec<Put>> {
+        let (store, policy, delivery) = (
+            self.store.clone(),
+            self.policy.clone(),
+            self.delivery.clone(),
+        );
+        tokio::spawn(
+            async move {
+                let decide = move |a: &Approval| policy.evaluate(&Subject::from(a)).decision();
+                let puts = store.put_and_decide_requests(requests, decide).await?;
+                if puts.iter().any(|p| p.decided) {
+                    delivery.notify_one();
+                }
+                Ok(puts)
+            }
+            .in_current_span(),
+        )
+        .await
+        .map_err(|e| match e.is_cancelled() {
+            true => Error::ShuttingDown,
+            false => Error::Storage(format!("storing the requests stopped: {e}")),
+        })?
+    }
+
     /// Publishes a stored request and applies the policy: an allow/deny rule decides it
-    /// through the same path as a person; otherwise it waits, with its deadline armed.
+    /// through the same path as a person; otherwise it waits, with its deadline armed. One the
+    /// policy decided as it was stored is published once, decided.
     pub async fn settle(&self, put: Put) -> Result<Approval> {
         let approval = put.approval;
+        if put.decided {
+            if let Some(d) = &approval.decision {
+                tracing::info!(request_id = approval.id(), rule = %d.rule,
+                    decision = d.kind.as_str(), "decided by policy");
+            }
+            self.observe_decision(&approval);
+            self.publish(&approval);
+            return Ok(approval);
+        }
         if put.created {
             self.publish(&approval);
         }

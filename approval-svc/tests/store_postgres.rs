@@ -16,7 +16,7 @@ use arbor_approval_svc::{
     model::{AuditAction, AuditQuery, NewDecision},
     store::{ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN, OUTBOX_PAGE, PgStore},
 };
-use arbor_shared::domain::DecisionKind;
+use arbor_shared::domain::{DecisionKind, DecisionSource};
 use arbor_testkit::PgCluster;
 use conformance::{Backend, tool};
 use serde_json::json;
@@ -466,6 +466,50 @@ async fn a_batch_of_requests_is_one_commit() {
         "nothing of a failed batch is stored"
     );
     assert_eq!(store.trace("c1").unwrap(), None);
+}
+
+/// On PostgreSQL a request the policy decides as it arrives costs no transaction of its own:
+/// the batch's requests and their decisions are one commit, each record stored already
+/// RESOLVED; a request the policy leaves to a person stays PENDING in the same commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_decided_by_the_policy_is_one_commit() {
+    let url = Postgres::place().await;
+    let store = Postgres::open(&url).await;
+    let batch: Vec<_> = ["d1", "d2", "d3", "ask"]
+        .iter()
+        .map(|id| (tool(id, "run-d"), None, String::new()))
+        .collect();
+    let before = store.fsyncs();
+    let puts = store
+        .put_and_decide_requests(batch, |a| {
+            (a.id() != "ask").then(|| NewDecision {
+                source: DecisionSource::Policy,
+                rule: "ledger-ok".into(),
+                ..NewDecision::person(DecisionKind::Approve, "policy:ledger-ok")
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.fsyncs() - before, 1, "one commit for the batch");
+    let outcome: Vec<(&str, bool, ApprovalState)> = puts
+        .iter()
+        .map(|p| (p.approval.id(), p.decided, p.approval.state))
+        .collect();
+    assert_eq!(
+        outcome,
+        vec![
+            ("d1", true, ApprovalState::Resolved),
+            ("d2", true, ApprovalState::Resolved),
+            ("d3", true, ApprovalState::Resolved),
+            ("ask", false, ApprovalState::Pending),
+        ]
+    );
+    for put in &puts {
+        assert_eq!(
+            store.get(put.approval.id()).unwrap().as_ref(),
+            Some(&put.approval)
+        );
+    }
 }
 
 /// On PostgreSQL the consumptions of a batch are one commit, and a batch that fails changes

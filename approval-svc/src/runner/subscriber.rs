@@ -224,7 +224,7 @@ impl<S: ApprovalStore> Subscriber<S> {
             .iter()
             .filter_map(|e| Some((e.seq, self.request_of(e)?)))
             .unzip();
-        let puts = self.approvals.store().put_traced_requests(requests).await?;
+        let puts = self.approvals.put_requests(requests).await?;
         let stored: std::collections::HashMap<u64, Put> = seqs.into_iter().zip(puts).collect();
         let stored = &stored;
         // Then the consumptions, together: each is its approval's last event, so taking it

@@ -43,6 +43,9 @@ pub struct Put {
     pub approval: Approval,
     /// False when the request id was already known (the stored record is returned unchanged).
     pub created: bool,
+    /// The request was decided as it was stored (`put_and_decide_requests`): `approval` holds
+    /// the decision.
+    pub decided: bool,
 }
 
 /// The answer to `resolve_request`.
@@ -173,6 +176,21 @@ pub trait ApprovalStore: Send + Sync + 'static {
             .into_iter()
             .collect()
         }
+    }
+
+    /// `put_traced_requests`, letting `decide` (the policy) decide each request it creates in
+    /// the same write where the backend can: such a request is stored already RESOLVED, with
+    /// its REQUESTED and DECIDED audit entries, and its `Put` says `decided`. A decision the
+    /// request does not allow is not taken. The caller applies the policy to every PENDING one
+    /// not `decided`, as before; this default decides none (sled's group commit already makes
+    /// the decision's write share the request's flush).
+    fn put_and_decide_requests(
+        &self,
+        requests: Vec<(ApprovalRequest, Option<i32>, String)>,
+        decide: impl Fn(&Approval) -> Option<NewDecision> + Send + Sync + 'static,
+    ) -> impl Future<Output = Result<Vec<Put>>> + Send {
+        drop(decide);
+        self.put_traced_requests(requests)
     }
 
     /// `ack_and_prune` for each of `consumed` (request id, decision id), in order, answering

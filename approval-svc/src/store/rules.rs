@@ -79,10 +79,28 @@ pub(super) fn put<R: Records>(
     request: &ApprovalRequest,
     unknown_kind: Option<i32>,
 ) -> Outcome<R, Put> {
+    put_deciding(tx, request, unknown_kind, None)
+}
+
+/// Decides a new request as it is stored (a policy's rule), or leaves it to others (`None`).
+pub(super) type Decide<'a> = &'a (dyn Fn(&Approval) -> Option<NewDecision> + Send + Sync);
+
+/// [`put`], and a new request that `decide` decides is stored already RESOLVED with that
+/// decision (its id `decision_id`): the record is written once, with the REQUESTED and then
+/// the DECIDED audit entry, as [`put`] then [`resolve`] would leave it. A decision the request
+/// does not allow is not taken here: the request is stored PENDING, and whoever decides it
+/// next is refused as anyone is.
+pub(super) fn put_deciding<R: Records>(
+    tx: &R,
+    request: &ApprovalRequest,
+    unknown_kind: Option<i32>,
+    decide: Option<(Decide<'_>, &str)>,
+) -> Outcome<R, Put> {
     if let Some(approval) = tx.find(&request.request_id)? {
         return Ok(Put {
             approval,
             created: false,
+            decided: false,
         });
     }
     let now = tx.now();
@@ -100,14 +118,28 @@ pub(super) fn put<R: Records>(
         delivered_at_ms: 0,
         cancel_reason: String::new(),
     };
-    tx.save(None, &approval)?;
-    tx.audit(
-        AuditEntry::about(&approval, AuditAction::Requested, ACTOR_RUNNER)
-            .with_reason(request.title.clone()),
-    )?;
+    let requested = AuditEntry::about(&approval, AuditAction::Requested, ACTOR_RUNNER)
+        .with_reason(request.title.clone());
+    let decision = decide
+        .and_then(|(decide, id)| Some((decide(&approval)?, id)))
+        .filter(|(d, _)| approval.allows(d.kind));
+    let Some((decision, decision_id)) = decision else {
+        tx.save(None, &approval)?;
+        tx.audit(requested)?;
+        return Ok(Put {
+            approval,
+            created: true,
+            decided: false,
+        });
+    };
+    let (n, entry) = decided(tx, &approval, &decision, decision_id)?;
+    tx.save(None, &n)?;
+    tx.audit(requested)?;
+    tx.audit(entry)?;
     Ok(Put {
-        approval,
+        approval: n,
         created: true,
+        decided: true,
     })
 }
 
@@ -140,8 +172,24 @@ pub(super) fn resolve<R: Records>(
         }
         .into());
     }
-    let state = step::<R>(&a, Transition::Decide)?;
-    let mut n = next(tx, &a, state);
+    let (n, entry) = decided(tx, &a, decision, decision_id)?;
+    tx.save(Some(&a), &n)?;
+    tx.audit(entry)?;
+    Ok(Resolved {
+        approval: n,
+        duplicate: false,
+    })
+}
+
+/// `a` decided with `decision` (its id `decision_id`), and the audit entry that says so.
+fn decided<R: Records>(
+    tx: &R,
+    a: &Approval,
+    decision: &NewDecision,
+    decision_id: &str,
+) -> Outcome<R, (Approval, AuditEntry)> {
+    let state = step::<R>(a, Transition::Decide)?;
+    let mut n = next(tx, a, state);
     let d = decision
         .clone()
         .into_decision(decision_id.to_string(), tx.now());
@@ -152,12 +200,7 @@ pub(super) fn resolve<R: Records>(
     };
     let entry = AuditEntry::about(&n, AuditAction::Decided, actor).with_decision(&d);
     n.decision = Some(d);
-    tx.save(Some(&a), &n)?;
-    tx.audit(entry)?;
-    Ok(Resolved {
-        approval: n,
-        duplicate: false,
-    })
+    Ok((n, entry))
 }
 
 /// PENDING → EXPIRED with the request's `on_timeout` decision.

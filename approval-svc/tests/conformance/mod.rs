@@ -70,6 +70,7 @@ macro_rules! suite {
             a_decision_whose_caller_went_away_is_published,
             a_batch_of_requests_is_stored_in_order_with_its_traces,
             a_batch_of_consumptions_acks_and_prunes_each,
+            a_batch_of_requests_is_decided_by_the_policy_as_one_at_a_time,
         );
     };
     (@cases $backend:ty; $($case:ident),* $(,)?) => {
@@ -1407,4 +1408,93 @@ pub async fn a_batch_of_consumptions_acks_and_prunes_each<B: Backend>(place: &B:
         c4,
         "done only when answered done"
     );
+}
+
+/// The runner's requests stored in a batch and settled are decided by the policy exactly as
+/// one stored and settled alone (whether the store decides them in the same write or the
+/// decision follows): a request an `allow` (`deny`) rule matches ends RESOLVED, approved
+/// (rejected) by the policy under the rule's name, with its REQUESTED then DECIDED audit
+/// entries, watchers told and delivery waiting; one an `ask` rule matches stays PENDING with
+/// only REQUESTED; one already stored and still PENDING (a replayed event) is decided too. All
+/// of it survives a reopen.
+pub async fn a_batch_of_requests_is_decided_by_the_policy_as_one_at_a_time<B: Backend>(
+    place: &B::Place,
+) {
+    let request = |id: &str, tool: &str| {
+        request_from_event(&support::tool_request(id, &format!("run-{id}"), tool))
+            .unwrap()
+            .0
+    };
+    {
+        let store = Arc::new(B::open(place).await);
+        store.put_request(tool("p0", "run-p0"), None).await.unwrap();
+        let policy = Policy::from_toml(
+            "default = 'ask'\n\
+             [[tool]]\nname = 'ledger-ok'\ntool = 'ledger.*'\naction = 'allow'\n\
+             [[tool]]\nname = 'no-shell'\ntool = 'shell.*'\naction = 'deny'",
+        )
+        .unwrap();
+        let approvals = Approvals::new(store.clone(), policy);
+        let mut watched = approvals.subscribe();
+        let puts = approvals
+            .put_requests(vec![
+                (tool("p1", "run-p1"), None, "00-p1-01".into()),
+                (request("p2", "search.web"), None, String::new()),
+                (request("p3", "shell.exec"), None, String::new()),
+                (tool("p0", "run-p0"), None, String::new()),
+            ])
+            .await
+            .unwrap();
+        let created: Vec<(&str, bool)> =
+            puts.iter().map(|p| (p.approval.id(), p.created)).collect();
+        assert_eq!(
+            created,
+            vec![("p1", true), ("p2", true), ("p3", true), ("p0", false)]
+        );
+        for put in puts {
+            approvals.settle(put).await.unwrap();
+        }
+        let mut last_seen = std::collections::HashMap::new();
+        while let Ok(a) = watched.try_recv() {
+            last_seen.insert(a.id().to_string(), a);
+        }
+        for id in ["p0", "p1", "p3"] {
+            let seen = last_seen
+                .get(id)
+                .unwrap_or_else(|| panic!("{id} not shown"));
+            assert_eq!(seen.state, ApprovalState::Resolved, "{id} shown decided");
+        }
+        let mut due = ids(&store.undelivered().unwrap());
+        due.sort();
+        assert_eq!(
+            due,
+            vec!["p0", "p1", "p3"],
+            "the decisions wait for delivery"
+        );
+    }
+    let store = B::open(place).await;
+    for (id, kind, rule) in [
+        ("p0", DecisionKind::Approve, "ledger-ok"),
+        ("p1", DecisionKind::Approve, "ledger-ok"),
+        ("p3", DecisionKind::Reject, "no-shell"),
+    ] {
+        let a = current(&store, id);
+        assert_eq!(a.state, ApprovalState::Resolved, "{id}");
+        let d = a.decision.clone().unwrap();
+        assert_eq!(
+            (d.kind, d.source, d.rule.as_str()),
+            (kind, DecisionSource::Policy, rule),
+            "{id}"
+        );
+        assert!(a.needs_delivery(), "{id}");
+        assert_eq!(
+            actions(&store, id),
+            vec![AuditAction::Requested, AuditAction::Decided],
+            "{id}"
+        );
+    }
+    assert_eq!(current(&store, "p2").state, ApprovalState::Pending);
+    assert_eq!(actions(&store, "p2"), vec![AuditAction::Requested]);
+    assert_eq!(store.trace("p1").unwrap().as_deref(), Some("00-p1-01"));
+    assert_eq!(store.pending_count().unwrap(), 1);
 }

@@ -284,16 +284,37 @@ impl ApprovalStore for PgStore {
         &self,
         requests: Vec<(ApprovalRequest, Option<i32>, String)>,
     ) -> Result<Vec<Put>> {
+        self.put_and_decide_requests(requests, |_| None).await
+    }
+
+    /// All in one transaction, the decisions too: a request the policy decides costs one
+    /// record write and no transaction of its own.
+    async fn put_and_decide_requests(
+        &self,
+        requests: Vec<(ApprovalRequest, Option<i32>, String)>,
+        decide: impl Fn(&Approval) -> Option<NewDecision> + Send + Sync + 'static,
+    ) -> Result<Vec<Put>> {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
+        // Generated once per call, so a transaction run again reuses them.
+        let decision_ids: Vec<String> = requests
+            .iter()
+            .map(|_| uuid::Uuid::now_v7().to_string())
+            .collect();
         self.transact(move |tx| {
             let mut puts = Vec::with_capacity(requests.len());
-            for (request, unknown_kind, traceparent) in &requests {
+            for ((request, unknown_kind, traceparent), id) in requests.iter().zip(&decision_ids) {
                 if !traceparent.is_empty() {
                     tx.put_trace(&request.request_id, traceparent);
                 }
-                puts.push(rules::put(tx, request, *unknown_kind)?);
+                let decide: rules::Decide<'_> = &decide;
+                puts.push(rules::put_deciding(
+                    tx,
+                    request,
+                    *unknown_kind,
+                    Some((decide, id)),
+                )?);
             }
             Ok(puts)
         })
