@@ -3,10 +3,10 @@
 //! made a change durable this publishes it to watchers and wakes the task that acts next, so a
 //! policy decision travels exactly the same path as a person's.
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 
 use arbor_shared::{auth::Principal, domain::ApprovalRequest};
-use tokio::sync::{Notify, broadcast, watch};
+use tokio::sync::{Notify, broadcast, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -32,6 +32,8 @@ pub struct Approvals<S> {
     /// Bumped when changes made elsewhere may have been missed (watchers must start over).
     missed: Arc<watch::Sender<u64>>,
     metrics: Arc<Metrics>,
+    /// Delivery attempts waiting to be recorded (see [`record_delivery`](Self::record_delivery)).
+    attempts: Arc<std::sync::Mutex<Attempts>>,
 }
 
 impl<S> Clone for Approvals<S> {
@@ -44,6 +46,7 @@ impl<S> Clone for Approvals<S> {
             deadlines: self.deadlines.clone(),
             missed: self.missed.clone(),
             metrics: self.metrics.clone(),
+            attempts: self.attempts.clone(),
         }
     }
 }
@@ -58,6 +61,7 @@ impl<S: ApprovalStore> Approvals<S> {
             deadlines: Arc::new(Notify::new()),
             missed: Arc::new(watch::channel(0).0),
             metrics: Arc::new(Metrics::default()),
+            attempts: Arc::default(),
         }
     }
 
@@ -443,23 +447,95 @@ impl<S: ApprovalStore> Approvals<S> {
         Ok(done)
     }
 
-    /// Counts a delivery attempt; an accepted one stops further attempts.
+    /// Counts a delivery attempt; an accepted one stops further attempts. The attempts that
+    /// finish while another is being recorded are recorded together, when it is done (in one
+    /// transaction where the store has them); the writing runs as a task of its own, so it
+    /// finishes even when its caller goes away.
     pub async fn record_delivery(
         &self,
         request_id: &str,
         decision_id: &str,
         outcome: DeliveryOutcome,
     ) -> Result<()> {
-        if let Some(a) = self
-            .store
-            .record_delivery(request_id, decision_id, outcome)
-            .await?
-        {
+        let (done, answer) = oneshot::channel();
+        let first = {
+            let mut queue = self.attempts.lock().unwrap_or_else(PoisonError::into_inner);
+            queue
+                .waiting
+                .push(((request_id.into(), decision_id.into(), outcome), done));
+            !std::mem::replace(&mut queue.writing, true)
+        };
+        if first {
+            let this = self.clone();
+            tokio::spawn(async move { this.record_attempts().await }.in_current_span());
+        }
+        let recorded = answer
+            .await
+            .map_err(|_| Error::Storage("recording the delivery stopped".into()))??;
+        if let Some(a) = recorded {
             // Without re-waking delivery: a failed attempt is retried on its own backoff.
             let _ = self.changes.send(a);
         }
         Ok(())
     }
+
+    /// Records the queued delivery attempts, batch after batch, until none is left.
+    async fn record_attempts(&self) {
+        /// Should the recording panic, the next attempt starts a new task.
+        struct Unwinding<'a>(&'a std::sync::Mutex<Attempts>);
+        impl Drop for Unwinding<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .writing = false;
+                }
+            }
+        }
+        let _unwinding = Unwinding(&self.attempts);
+        loop {
+            let batch = {
+                let mut queue = self.attempts.lock().unwrap_or_else(PoisonError::into_inner);
+                if queue.waiting.is_empty() {
+                    queue.writing = false;
+                    return;
+                }
+                std::mem::take(&mut queue.waiting)
+            };
+            let (attempts, answers): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+            match self.store.record_deliveries(attempts.clone()).await {
+                Ok(recorded) => {
+                    for (answer, recorded) in answers.into_iter().zip(recorded) {
+                        let _ = answer.send(recorded);
+                    }
+                }
+                // Each alone, so that one which cannot be recorded holds up no other.
+                Err(e) => {
+                    tracing::debug!("delivery attempts left to one at a time: {e}");
+                    for (answer, (request_id, decision_id, outcome)) in
+                        answers.into_iter().zip(attempts)
+                    {
+                        let recorded = self
+                            .store
+                            .record_delivery(&request_id, &decision_id, outcome)
+                            .await;
+                        let _ = answer.send(recorded);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Delivery attempts waiting to be recorded, and whether a task is recording.
+#[derive(Default)]
+struct Attempts {
+    waiting: Vec<(
+        (String, String, DeliveryOutcome),
+        oneshot::Sender<Result<Option<Approval>>>,
+    )>,
+    writing: bool,
 }
 
 /// The log span of one approval in the trace `traceparent` names (none: no trace id), for a

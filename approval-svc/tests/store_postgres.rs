@@ -12,9 +12,11 @@ use std::sync::Arc;
 
 use arbor_approval_svc::{
     ApprovalStore, Error,
+    approvals::Approvals,
     lifecycle::ApprovalState,
     model::{AuditAction, AuditQuery, NewDecision},
-    store::{ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN, OUTBOX_PAGE, PgStore},
+    policy::Policy,
+    store::{ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN, DeliveryOutcome, OUTBOX_PAGE, PgStore},
 };
 use arbor_shared::domain::{DecisionKind, DecisionSource};
 use arbor_testkit::PgCluster;
@@ -509,6 +511,59 @@ async fn a_batch_decided_by_the_policy_is_one_commit() {
             store.get(put.approval.id()).unwrap().as_ref(),
             Some(&put.approval)
         );
+    }
+}
+
+/// On PostgreSQL the delivery attempts recorded together are one commit, and a batch that
+/// fails changes nothing; through `Approvals`, attempts that finish at once share commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_attempts_recorded_together_are_one_commit_or_nothing() {
+    let url = Postgres::place().await;
+    let store = Arc::new(Postgres::open(&url).await);
+    let mut attempts = Vec::new();
+    for i in 0..26 {
+        let id = format!("d{i}");
+        store.put_request(tool(&id, "run-d"), None).await.unwrap();
+        let resolved = store
+            .resolve_request(&id, NewDecision::person(DecisionKind::Approve, "ana"))
+            .await
+            .unwrap();
+        attempts.push((id, resolved.approval.decision.unwrap().decision_id));
+    }
+    let accepted = |batch: &[(String, String)]| {
+        batch
+            .iter()
+            .map(|(id, d)| (id.clone(), d.clone(), DeliveryOutcome::Accepted))
+            .collect::<Vec<_>>()
+    };
+    let before = store.fsyncs();
+    store
+        .record_deliveries(accepted(&attempts[..3]))
+        .await
+        .unwrap();
+    assert_eq!(store.fsyncs() - before, 1, "one commit for three attempts");
+
+    // An unknown approval fails the batch: none of it is recorded.
+    let mut failing = accepted(&attempts[3..6]);
+    failing.push(("gone".into(), "d".into(), DeliveryOutcome::Accepted));
+    assert!(store.record_deliveries(failing).await.is_err());
+    for (id, _) in &attempts[3..6] {
+        assert!(store.get(id).unwrap().unwrap().needs_delivery(), "{id}");
+    }
+
+    let approvals = Approvals::new(store.clone(), Policy::default());
+    let before = store.fsyncs();
+    let answers = futures_util::future::join_all(
+        attempts[6..]
+            .iter()
+            .map(|(id, d)| approvals.record_delivery(id, d, DeliveryOutcome::Accepted)),
+    )
+    .await;
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    let commits = store.fsyncs() - before;
+    assert!(commits <= 3, "20 attempts at once took {commits} commits");
+    for (id, _) in &attempts[6..] {
+        assert!(!store.get(id).unwrap().unwrap().needs_delivery(), "{id}");
     }
 }
 

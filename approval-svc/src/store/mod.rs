@@ -230,6 +230,24 @@ pub trait ApprovalStore: Send + Sync + 'static {
         outcome: DeliveryOutcome,
     ) -> impl Future<Output = Result<Option<Approval>>> + Send;
 
+    /// `record_delivery` for each of `attempts` (request id, decision id, outcome), answering
+    /// each one's outcome in that order. A backend with transactions records them all in one:
+    /// then a storage failure fails the call and changes nothing.
+    fn record_deliveries(
+        &self,
+        attempts: Vec<(String, String, DeliveryOutcome)>,
+    ) -> impl Future<Output = Result<Vec<Result<Option<Approval>>>>> + Send {
+        async move {
+            Ok(futures_util::future::join_all(attempts.into_iter().map(
+                |(request_id, decision_id, outcome)| async move {
+                    self.record_delivery(&request_id, &decision_id, outcome)
+                        .await
+                },
+            ))
+            .await)
+        }
+    }
+
     /// RESOLVED/EXPIRED → ACKED, only for the decision the approval holds.
     fn ack_result(
         &self,

@@ -71,6 +71,7 @@ macro_rules! suite {
             a_batch_of_requests_is_stored_in_order_with_its_traces,
             a_batch_of_consumptions_acks_and_prunes_each,
             a_batch_of_requests_is_decided_by_the_policy_as_one_at_a_time,
+            delivery_attempts_recorded_together_are_each_booked,
         );
     };
     (@cases $backend:ty; $($case:ident),* $(,)?) => {
@@ -1497,4 +1498,99 @@ pub async fn a_batch_of_requests_is_decided_by_the_policy_as_one_at_a_time<B: Ba
     assert_eq!(actions(&store, "p2"), vec![AuditAction::Requested]);
     assert_eq!(store.trace("p1").unwrap().as_deref(), Some("00-p1-01"));
     assert_eq!(store.pending_count().unwrap(), 1);
+}
+
+/// Delivery attempts that finish together are recorded together, each as it would be alone:
+/// in the store's batch, an accepted attempt takes its approval out of the outbox with a
+/// DELIVERED entry, a failed one is counted and keeps it there, and one for a decision the
+/// approval does not hold changes nothing; through [`Approvals`], many attempts at once are
+/// each answered, shown to watchers and kept across a reopen.
+pub async fn delivery_attempts_recorded_together_are_each_booked<B: Backend>(place: &B::Place) {
+    let decided = |store: &Arc<B::Store>, id: &'static str| {
+        let store = store.clone();
+        async move {
+            store.put_request(tool(id, "run-1"), None).await.unwrap();
+            let resolved = store.resolve_request(id, approve("ana")).await.unwrap();
+            resolved.approval.decision.unwrap().decision_id
+        }
+    };
+    {
+        let store = Arc::new(B::open(place).await);
+        let (d1, d2) = (decided(&store, "r1").await, decided(&store, "r2").await);
+        let before_r3 = {
+            decided(&store, "r3").await;
+            current(&*store, "r3")
+        };
+        let recorded = store
+            .record_deliveries(vec![
+                ("r1".into(), d1, DeliveryOutcome::Accepted),
+                (
+                    "r2".into(),
+                    d2,
+                    DeliveryOutcome::Failed("UNAVAILABLE".into()),
+                ),
+                ("r3".into(), "stale".into(), DeliveryOutcome::Accepted),
+            ])
+            .await
+            .unwrap();
+        let recorded: Vec<Option<Approval>> = recorded.into_iter().map(|r| r.unwrap()).collect();
+        let r1 = recorded[0].clone().expect("r1 recorded");
+        assert!(r1.delivered_at_ms > 0 && !r1.needs_delivery());
+        let r2 = recorded[1].clone().expect("r2 recorded");
+        assert_eq!((r2.delivery_attempts, r2.delivered_at_ms), (1, 0));
+        assert_eq!(r2.last_delivery_error, "UNAVAILABLE");
+        assert_eq!(recorded[2], None, "a decision not held is not recorded");
+        assert_eq!(current(&*store, "r3"), before_r3);
+        let mut due = ids(&store.undelivered().unwrap());
+        due.sort();
+        assert_eq!(due, vec!["r2", "r3"]);
+        assert!(
+            store
+                .record_deliveries(Vec::new())
+                .await
+                .unwrap()
+                .is_empty()
+        );
+
+        // Through the one door: twenty attempts at once, each answered and published.
+        let approvals = Approvals::new(store.clone(), Policy::default());
+        let mut watched = approvals.subscribe();
+        let mut attempts = Vec::new();
+        for i in 0..20 {
+            let id: &'static str = Box::leak(format!("m{i}").into_boxed_str());
+            attempts.push((id, decided(&store, id).await));
+        }
+        let answers = futures_util::future::join_all(
+            attempts
+                .iter()
+                .map(|(id, d)| approvals.record_delivery(id, d, DeliveryOutcome::Accepted)),
+        )
+        .await;
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        let mut shown = Vec::new();
+        while let Ok(a) = watched.try_recv() {
+            assert!(a.delivered_at_ms > 0, "{a:?}");
+            shown.push(a.id().to_string());
+        }
+        shown.sort();
+        let mut expected: Vec<String> = attempts.iter().map(|(id, _)| id.to_string()).collect();
+        expected.sort();
+        assert_eq!(shown, expected);
+        store.flush().await.unwrap();
+    }
+    let store = B::open(place).await;
+    for id in (0..20).map(|i| format!("m{i}")).chain(["r1".into()]) {
+        let a = current(&store, &id);
+        assert!(a.delivered_at_ms > 0 && !a.needs_delivery(), "{id}");
+        assert_eq!(
+            actions(&store, &id),
+            vec![
+                AuditAction::Requested,
+                AuditAction::Decided,
+                AuditAction::Delivered
+            ],
+            "{id}"
+        );
+    }
+    assert_eq!(current(&store, "r2").delivery_attempts, 1);
 }

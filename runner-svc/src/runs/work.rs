@@ -160,7 +160,12 @@ impl Runner {
             })?;
         // Its active suspensions, for the state counts when the next checkpoint replaces it.
         let replaced = counts::active(&ck);
-        let decisions = self.inbox_of(&run.run_id)?;
+        // A run that has not started has no suspension to decide yet, and a cancel takes no
+        // decision: neither has an inbox to read.
+        let decisions = match run.started && job.kind != JobKind::Cancel {
+            true => self.inbox_of(&run.run_id)?,
+            false => Vec::new(),
+        };
 
         let mut new_events = Vec::new();
         let ev = |detail| NewEvent {

@@ -77,11 +77,13 @@ macro_rules! cancellable_of_run {
         "FROM approval_records WHERE run_id = $1 AND state IN ('PENDING', 'RESOLVED', 'EXPIRED')"
     };
 }
-/// The ids of the run `$1`'s approvals that may still be cancelled, locked, in id order.
+/// The ids of the run `$1`'s approvals that may still be cancelled, locked, in id order: byte
+/// order, whatever the database's collation, as every transaction that changes several
+/// approvals locks them (see `in_id_order`).
 pub const CANCELLABLE_OF_RUN: &str = concat!(
     "SELECT request_id ",
     cancellable_of_run!(),
-    " ORDER BY request_id FOR UPDATE"
+    " ORDER BY request_id COLLATE \"C\" FOR UPDATE"
 );
 /// Whether the run `$1` has an approval that may still be cancelled: a row when it has. A look
 /// outside any transaction.
@@ -221,6 +223,24 @@ impl PgStore {
     }
 }
 
+/// `each` of `items` taken in the order of their request ids (`id`), its outcomes answered in
+/// the order given; the first failure ends it. A transaction that changes several approvals
+/// locks their rows in this order, as every other does, so no two wait for each other in a
+/// circle (PostgreSQL would break the circle only after `deadlock_timeout`, a second).
+fn in_id_order<I, O>(
+    items: &[I],
+    id: impl Fn(&I) -> &String,
+    mut each: impl FnMut(&I) -> Result<O, Fail>,
+) -> Result<Vec<O>, Fail> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by(|&a, &b| id(&items[a]).cmp(id(&items[b])));
+    let mut outcomes: Vec<Option<O>> = (0..items.len()).map(|_| None).collect();
+    for i in order {
+        outcomes[i] = Some(each(&items[i])?);
+    }
+    Ok(outcomes.into_iter().flatten().collect())
+}
+
 fn transact_blocking<T>(
     db: &Database,
     instance: &str,
@@ -347,6 +367,29 @@ impl ApprovalStore for PgStore {
             .await
     }
 
+    /// All in one transaction: one commit (and one WAL flush) for the deliveries that finished
+    /// together; any failure fails the call and changes nothing.
+    async fn record_deliveries(
+        &self,
+        attempts: Vec<(String, String, DeliveryOutcome)>,
+    ) -> Result<Vec<Result<Option<Approval>>>> {
+        if attempts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let recorded = self
+            .transact(move |tx| {
+                in_id_order(
+                    &attempts,
+                    |(request_id, _, _)| request_id,
+                    |(request_id, decision_id, outcome)| {
+                        rules::record_delivery(tx, request_id, decision_id, outcome)
+                    },
+                )
+            })
+            .await?;
+        Ok(recorded.into_iter().map(Ok).collect())
+    }
+
     async fn ack_result(&self, request_id: &str, decision_id: &str) -> Result<Approval> {
         let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
         self.transact(move |tx| rules::ack(tx, &request_id, &decision_id))
@@ -374,12 +417,11 @@ impl ApprovalStore for PgStore {
         }
         let done = self
             .transact(move |tx| {
-                consumed
-                    .iter()
-                    .map(|(request_id, decision_id)| {
-                        rules::ack_and_prune(tx, request_id, decision_id)
-                    })
-                    .collect::<Result<Vec<_>, Fail>>()
+                in_id_order(
+                    &consumed,
+                    |(request_id, _)| request_id,
+                    |(request_id, decision_id)| rules::ack_and_prune(tx, request_id, decision_id),
+                )
             })
             .await?;
         Ok(done.into_iter().map(Ok).collect())
@@ -603,5 +645,27 @@ impl ApprovalStore for PgStore {
 
     fn reachable(&self) -> Option<watch::Receiver<bool>> {
         Some(self.reachable.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn several_approvals_are_taken_in_byte_order_and_answered_in_the_order_given() {
+        let items: Vec<String> = ["b", "B", "a", "é", "a0"].map(String::from).to_vec();
+        let mut taken = Vec::new();
+        let outcomes = in_id_order(
+            &items,
+            |i| i,
+            |i| {
+                taken.push(i.clone());
+                Ok(format!("{i}!"))
+            },
+        )
+        .unwrap();
+        assert_eq!(taken, ["B", "a", "a0", "b", "é"]);
+        assert_eq!(outcomes, ["b!", "B!", "a!", "é!", "a0!"]);
     }
 }
