@@ -413,32 +413,19 @@ impl<S: ApprovalStore> Approvals<S> {
     }
 
     /// APPROVAL_CONSUMED for each of `consumed` (request id, decision id), together (in one
-    /// transaction where the store has them); answers which were done. Tried are the ones whose
-    /// approval holds that decision and awaits its consumption (the common case); the others,
-    /// and those the store did not do, are left for [`consumed`](Self::consumed), which handles
-    /// every case.
+    /// transaction where the store has them); answers which were done. The store does the plain
+    /// ones (the approval holds that decision and awaits its consumption: the common case); the
+    /// others, and all of them should the batch fail, are left for
+    /// [`consumed`](Self::consumed), which handles every case.
     pub async fn consumed_all(&self, consumed: &[(String, String)]) -> Result<Vec<bool>> {
         let mut done = vec![false; consumed.len()];
-        let mut plain = Vec::new();
-        for (i, (request_id, decision_id)) in consumed.iter().enumerate() {
-            let awaits = self.store.get(request_id)?.is_some_and(|a| {
-                a.state.awaits_delivery()
-                    && a.decision
-                        .as_ref()
-                        .is_some_and(|d| &d.decision_id == decision_id)
-            });
-            if awaits {
-                plain.push(i);
-            }
-        }
-        let batch = plain.iter().map(|&i| consumed[i].clone()).collect();
-        match self.store.ack_and_prune_all(batch).await {
+        match self.store.ack_and_prune_all(consumed.to_vec()).await {
             Ok(outcomes) => {
-                for (&i, outcome) in plain.iter().zip(outcomes) {
+                for (done, outcome) in done.iter_mut().zip(outcomes) {
                     if let Ok((acked, pruned)) = outcome {
                         self.publish(&acked);
                         self.publish(&pruned);
-                        done[i] = true;
+                        *done = true;
                     }
                 }
             }

@@ -511,7 +511,17 @@ async fn a_batch_decided_by_the_policy_is_one_commit() {
             store.get(put.approval.id()).unwrap().as_ref(),
             Some(&put.approval)
         );
+        // Its first stored version: watchers are told it was created.
+        assert_eq!(put.approval.version, 1, "{}", put.approval.id());
     }
+    let trail: Vec<AuditAction> = store
+        .audit(&AuditQuery::Request("d1".into()), 10, None)
+        .unwrap()
+        .items
+        .iter()
+        .map(|e| e.action)
+        .collect();
+    assert_eq!(trail, [AuditAction::Requested, AuditAction::Decided]);
 }
 
 /// On PostgreSQL the delivery attempts recorded together are one commit, and a batch that
@@ -592,9 +602,10 @@ async fn a_batch_of_consumptions_is_one_commit_or_nothing() {
         "one commit for three consumptions"
     );
 
-    // The last of these is a repeat: the batch fails and none of it is done.
+    // A request id PostgreSQL cannot hold (a NUL byte) fails the statement, so the batch: none
+    // of it is done.
     let mut failing = rest.to_vec();
-    failing.push(first[0].clone());
+    failing.push(("c\0".into(), "d".into()));
     assert!(store.ack_and_prune_all(failing).await.is_err());
     for (id, _) in rest {
         assert_eq!(

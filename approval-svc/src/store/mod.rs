@@ -195,7 +195,8 @@ pub trait ApprovalStore: Send + Sync + 'static {
 
     /// `ack_and_prune` for each of `consumed` (request id, decision id), in order, answering
     /// each one's outcome in that order. A backend with transactions does them all in one:
-    /// then any failure fails the call and changes nothing.
+    /// then one that is missing or that the rules refuse answers its error alone, having
+    /// written nothing, and any other failure fails the call and changes nothing.
     fn ack_and_prune_all(
         &self,
         consumed: Vec<(String, String)>,

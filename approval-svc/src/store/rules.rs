@@ -132,7 +132,9 @@ pub(super) fn put_deciding<R: Records>(
             decided: false,
         });
     };
-    let (n, entry) = decided(tx, &approval, &decision, decision_id)?;
+    let (mut n, entry) = decided(tx, &approval, &decision, decision_id)?;
+    // Stored once: this is its first version (watchers are told it was CREATED).
+    n.version = approval.version;
     tx.save(None, &n)?;
     tx.audit(requested)?;
     tx.audit(entry)?;
@@ -287,9 +289,39 @@ pub(super) fn ack_and_prune<R: Records>(
     decision_id: &str,
 ) -> Outcome<R, (Approval, Approval)> {
     let a = load(tx, request_id)?;
-    let (acked, acked_entry) = acked(tx, &a, decision_id)?;
-    let (pruned, pruned_entry) = pruned(tx, &acked)?;
-    tx.save(Some(&a), &pruned)?;
+    let consumption = consumption(tx, &a, decision_id)?;
+    consume(tx, &a, consumption)
+}
+
+/// The moves of [`ack_and_prune`] and their audit entries, not written yet.
+pub(super) struct Consumption {
+    acked: (Approval, AuditEntry),
+    pruned: (Approval, AuditEntry),
+}
+
+/// Every check of [`ack_and_prune`] on the loaded `a`, before anything is written: a refusal
+/// here leaves the transaction as it was.
+pub(super) fn consumption<R: Records>(
+    tx: &R,
+    a: &Approval,
+    decision_id: &str,
+) -> Outcome<R, Consumption> {
+    let acked = acked(tx, a, decision_id)?;
+    let pruned = pruned(tx, &acked.0)?;
+    Ok(Consumption { acked, pruned })
+}
+
+/// Writes `consumption` of `a`: the record once, in its pruned form, and both audit entries.
+pub(super) fn consume<R: Records>(
+    tx: &R,
+    a: &Approval,
+    consumption: Consumption,
+) -> Outcome<R, (Approval, Approval)> {
+    let Consumption {
+        acked: (acked, acked_entry),
+        pruned: (pruned, pruned_entry),
+    } = consumption;
+    tx.save(Some(a), &pruned)?;
     tx.audit(acked_entry)?;
     tx.audit(pruned_entry)?;
     Ok((acked, pruned))

@@ -1345,8 +1345,8 @@ pub async fn a_batch_of_requests_is_stored_in_order_with_its_traces<B: Backend>(
 }
 
 /// The consumptions of a batch of the runner's events, acked and pruned as each would be alone
-/// and answered in order; one that cannot be done is refused, and leaves the others either
-/// untouched or done and answered (never half: ACKED without PRUNED).
+/// and answered in order; one that cannot be done (unknown, not the decision held, already
+/// pruned) is refused alone and changes nothing, the others are done.
 pub async fn a_batch_of_consumptions_acks_and_prunes_each<B: Backend>(place: &B::Place) {
     let store = B::open(place).await;
     let mut batch = Vec::new();
@@ -1385,29 +1385,33 @@ pub async fn a_batch_of_consumptions_acks_and_prunes_each<B: Backend>(place: &B:
             .is_empty()
     );
 
-    // A repeat (already pruned) is refused; the other is done and answered, or left alone.
+    // A repeat (already pruned), one of another decision and an unknown one are refused alone,
+    // changing nothing; the other is done and answered.
     let d4 = in_state(&store, "c4", ApprovalState::Resolved).await;
     let d4 = d4.decision.unwrap().decision_id;
-    let c4 = match store
-        .ack_and_prune_all(vec![batch[0].clone(), ("c4".into(), d4)])
+    let d5 = in_state(&store, "c5", ApprovalState::Resolved).await;
+    let outcomes = store
+        .ack_and_prune_all(vec![
+            batch[0].clone(),
+            ("c5".into(), "another".into()),
+            ("c4".into(), d4),
+            ("c-unknown".into(), "d".into()),
+        ])
         .await
-    {
-        Ok(outcomes) => {
-            let err = outcomes[0].as_ref().unwrap_err();
-            assert!(matches!(err, Error::InvalidTransition { .. }), "{err:?}");
-            let (_, pruned) = outcomes[1].as_ref().unwrap();
-            assert_eq!(pruned.state, ApprovalState::Pruned);
-            ApprovalState::Pruned
-        }
-        Err(err) => {
-            assert!(matches!(err, Error::InvalidTransition { .. }), "{err:?}");
-            ApprovalState::Resolved
-        }
-    };
+        .unwrap();
+    let err = outcomes[0].as_ref().unwrap_err();
+    assert!(matches!(err, Error::InvalidTransition { .. }), "{err:?}");
+    let err = outcomes[1].as_ref().unwrap_err();
+    assert!(matches!(err, Error::DecisionMismatch { .. }), "{err:?}");
+    let (_, pruned) = outcomes[2].as_ref().unwrap();
+    assert_eq!(pruned.state, ApprovalState::Pruned);
+    assert_eq!(&current(&store, "c4"), pruned);
+    let err = outcomes[3].as_ref().unwrap_err();
+    assert!(matches!(err, Error::NotFound(_)), "{err:?}");
+    assert_eq!(current(&store, "c5"), d5, "a refused one is untouched");
     assert_eq!(
-        current(&store, "c4").state,
-        c4,
-        "done only when answered done"
+        actions(&store, "c5"),
+        vec![AuditAction::Requested, AuditAction::Decided]
     );
 }
 

@@ -407,7 +407,9 @@ impl ApprovalStore for PgStore {
     }
 
     /// All in one transaction: one commit (and one WAL flush) for the consumptions of a whole
-    /// batch of the runner's events.
+    /// batch of the runner's events. One that is missing or that the rules refuse answers its
+    /// error alone, having written nothing; any other failure fails the call and changes
+    /// nothing.
     async fn ack_and_prune_all(
         &self,
         consumed: Vec<(String, String)>,
@@ -415,16 +417,27 @@ impl ApprovalStore for PgStore {
         if consumed.is_empty() {
             return Ok(Vec::new());
         }
-        let done = self
-            .transact(move |tx| {
-                in_id_order(
-                    &consumed,
-                    |(request_id, _)| request_id,
-                    |(request_id, decision_id)| rules::ack_and_prune(tx, request_id, decision_id),
-                )
-            })
-            .await?;
-        Ok(done.into_iter().map(Ok).collect())
+        self.transact(move |tx| {
+            in_id_order(
+                &consumed,
+                |(request_id, _)| request_id,
+                |(request_id, decision_id)| {
+                    let refused = |e: Fail| match e {
+                        Fail::Rule(e) => Ok(Err(e)),
+                        other => Err(other),
+                    };
+                    let a = match rules::load(tx, request_id) {
+                        Ok(a) => a,
+                        Err(e) => return refused(e),
+                    };
+                    match rules::consumption(tx, &a, decision_id) {
+                        Ok(c) => rules::consume(tx, &a, c).map(Ok),
+                        Err(e) => refused(e),
+                    }
+                },
+            )
+        })
+        .await
     }
 
     async fn prune_result(&self, request_id: &str) -> Result<Approval> {
