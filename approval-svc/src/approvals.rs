@@ -196,22 +196,15 @@ impl<S: ApprovalStore> Approvals<S> {
             self.policy.clone(),
             self.delivery.clone(),
         );
-        tokio::spawn(
-            async move {
-                let decide = move |a: &Approval| policy.evaluate(&Subject::from(a)).decision();
-                let puts = store.put_and_decide_requests(requests, decide).await?;
-                if puts.iter().any(|p| p.decided) {
-                    delivery.notify_one();
-                }
-                Ok(puts)
+        to_the_end("storing the requests", async move {
+            let decide = move |a: &Approval| policy.evaluate(&Subject::from(a)).decision();
+            let puts = store.put_and_decide_requests(requests, decide).await?;
+            if puts.iter().any(|p| p.decided) {
+                delivery.notify_one();
             }
-            .in_current_span(),
-        )
+            Ok(puts)
+        })
         .await
-        .map_err(|e| match e.is_cancelled() {
-            true => Error::ShuttingDown,
-            false => Error::Storage(format!("storing the requests stopped: {e}")),
-        })?
     }
 
     /// Publishes a stored request and applies the policy: an allow/deny rule decides it
@@ -260,22 +253,15 @@ impl<S: ApprovalStore> Approvals<S> {
     /// caller's span (the approval's trace id).
     pub async fn decide(&self, request_id: &str, decision: NewDecision) -> Result<Resolved> {
         let (this, request_id) = (self.clone(), request_id.to_string());
-        tokio::spawn(
-            async move {
-                let resolved = this.store.resolve_request(&request_id, decision).await?;
-                if !resolved.duplicate {
-                    this.observe_decision(&resolved.approval);
-                    this.publish(&resolved.approval);
-                }
-                Ok(resolved)
+        to_the_end("the decision", async move {
+            let resolved = this.store.resolve_request(&request_id, decision).await?;
+            if !resolved.duplicate {
+                this.observe_decision(&resolved.approval);
+                this.publish(&resolved.approval);
             }
-            .in_current_span(),
-        )
+            Ok(resolved)
+        })
         .await
-        .map_err(|e| match e.is_cancelled() {
-            true => Error::ShuttingDown,
-            false => Error::Storage(format!("the decision stopped: {e}")),
-        })?
     }
 
     /// The log span of one approval: its id and the trace id of the run that asked for it, so
@@ -513,6 +499,20 @@ impl<S: ApprovalStore> Approvals<S> {
             }
         }
     }
+}
+
+/// Runs `work` as a task of its own, in the caller's span, so that it finishes even when the
+/// caller goes away meanwhile; `what` names it should the task fail.
+async fn to_the_end<T: Send + 'static>(
+    what: &str,
+    work: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    tokio::spawn(work.in_current_span())
+        .await
+        .map_err(|e| match e.is_cancelled() {
+            true => Error::ShuttingDown,
+            false => Error::Storage(format!("{what} stopped: {e}")),
+        })?
 }
 
 /// Delivery attempts waiting to be recorded, and whether a task is recording.
