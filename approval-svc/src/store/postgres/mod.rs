@@ -322,7 +322,12 @@ impl ApprovalStore for PgStore {
             .iter()
             .map(|_| uuid::Uuid::now_v7().to_string())
             .collect();
+        let ids: Vec<String> = requests
+            .iter()
+            .map(|(request, _, _)| request.request_id.clone())
+            .collect();
         self.transact(move |tx| {
+            tx.lock_ahead(&ids.iter().map(String::as_str).collect::<Vec<_>>(), true)?;
             let mut puts = Vec::with_capacity(requests.len());
             for ((request, unknown_kind, traceparent), id) in requests.iter().zip(&decision_ids) {
                 if !traceparent.is_empty() {
@@ -378,6 +383,8 @@ impl ApprovalStore for PgStore {
         }
         let recorded = self
             .transact(move |tx| {
+                let ids: Vec<&str> = attempts.iter().map(|(id, _, _)| id.as_str()).collect();
+                tx.lock_ahead(&ids, false)?;
                 in_id_order(
                     &attempts,
                     |(request_id, _, _)| request_id,
@@ -418,6 +425,8 @@ impl ApprovalStore for PgStore {
             return Ok(Vec::new());
         }
         self.transact(move |tx| {
+            let ids: Vec<&str> = consumed.iter().map(|(id, _)| id.as_str()).collect();
+            tx.lock_ahead(&ids, false)?;
             in_id_order(
                 &consumed,
                 |(request_id, _)| request_id,

@@ -4,7 +4,11 @@
 //! same transaction, in one statement when the audit entry follows the record's write (as the
 //! rules write them); `arbor_approvals` is notified right after the commit.
 
-use std::{cell::RefCell, future::Future};
+use std::{
+    cell::RefCell,
+    collections::{HashMap, VecDeque},
+    future::Future,
+};
 
 use arbor_shared::postgres::{DbError, LazyBegin, Object, Prepared, tokio_postgres, wait};
 
@@ -46,9 +50,14 @@ pub struct PgTx<'c> {
     unsent: RefCell<Option<Save>>,
     /// The notification payloads of the approvals changed, sent at commit.
     changed: RefCell<Vec<String>>,
-    /// A request's `traceparent` not written yet: it goes with the next statement.
-    trace: RefCell<Option<(String, String)>>,
+    /// Requests' `traceparent`s not written yet: they go with the next statement.
+    traces: RefCell<Vec<(String, String)>>,
     instance: &'c str,
+    /// Approvals locked and read ahead by [`lock_ahead`](Self::lock_ahead) (`None`: absent);
+    /// `find` takes each from here once, and a write drops it.
+    ahead: RefCell<HashMap<String, Option<Approval>>>,
+    /// Arrival numbers taken ahead from the sequence, handed out in order.
+    arrivals: RefCell<VecDeque<u64>>,
     begin: LazyBegin,
 }
 
@@ -59,8 +68,10 @@ impl<'c> PgTx<'c> {
             now: arbor_shared::time::now_ms(),
             changed: RefCell::default(),
             unsent: RefCell::default(),
-            trace: RefCell::default(),
+            traces: RefCell::default(),
             instance,
+            ahead: RefCell::default(),
+            arrivals: RefCell::default(),
             begin: LazyBegin::new("BEGIN"),
         }
     }
@@ -72,16 +83,15 @@ impl<'c> PgTx<'c> {
         &self,
         statement: impl Future<Output = Result<R, tokio_postgres::Error>>,
     ) -> Result<R, tokio_postgres::Error> {
-        let trace = self.trace.borrow_mut().take();
+        let traces = std::mem::take(&mut *self.traces.borrow_mut());
         wait(async {
-            let traced = async {
-                if let Some((request_id, traceparent)) = &trace {
+            let traced = futures_util::future::try_join_all(traces.iter().map(
+                |(request_id, traceparent)| async move {
                     self.client
                         .prepared_execute(TRACE_UPSERT, &[request_id, traceparent])
-                        .await?;
-                }
-                Ok(())
-            };
+                        .await
+                },
+            ));
             let (begun, traced, answer) =
                 futures_util::join!(self.begin.before(self.client), traced, statement);
             begun?;
@@ -93,7 +103,9 @@ impl<'c> PgTx<'c> {
     /// Writes a request's W3C `traceparent` with the transaction, in the round trip of its
     /// next statement.
     pub fn put_trace(&self, request_id: &str, traceparent: &str) {
-        *self.trace.borrow_mut() = Some((request_id.to_string(), traceparent.to_string()));
+        self.traces
+            .borrow_mut()
+            .push((request_id.to_string(), traceparent.to_string()));
     }
 
     /// Commits, then notifies the other replicas of every approval changed; answers once the
@@ -108,7 +120,7 @@ impl<'c> PgTx<'c> {
             Fail::Db(e) => e,
             Fail::Rule(e) => DbError::Failed(e.to_string()),
         })?;
-        if self.trace.borrow().is_some() {
+        if !self.traces.borrow().is_empty() {
             self.run(std::future::ready(Ok(())))?;
         }
         if !self.begin.end() {
@@ -153,6 +165,38 @@ impl<'c> PgTx<'c> {
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
+    /// Locks the approvals `ids` in byte order of their ids, as every transaction that changes
+    /// several does, and reads them, in one statement: the lookups of a batch that follow are
+    /// answered from what it read. With `arrivals`, as many arrival numbers are taken in the same
+    /// round trip, for the new requests among them (one taken for an id already stored is
+    /// skipped, as numbers of a transaction run again are).
+    pub fn lock_ahead(&self, ids: &[&str], arrivals: bool) -> Result<(), Fail> {
+        self.send_unsent()?;
+        let (client, n) = (self.client, ids.len() as i64);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
+        let (rows, numbers) = self.run(async {
+            let rows = client.prepared_query(LOCK_AHEAD, &params);
+            let numbers = async {
+                match arrivals {
+                    true => client.prepared_query(ARRIVALS_AHEAD, &[&n]).await,
+                    false => Ok(Vec::new()),
+                }
+            };
+            futures_util::try_join!(rows, numbers)
+        })?;
+        let mut ahead = self.ahead.borrow_mut();
+        for id in ids {
+            ahead.insert(id.to_string(), None);
+        }
+        for row in rows {
+            ahead.insert(row.get(0), Some(decode(row.get(1))?));
+        }
+        self.arrivals
+            .borrow_mut()
+            .extend(numbers.iter().map(|r| r.get::<_, i64>(0) as u64));
+        Ok(())
+    }
+
     fn changed(&self, request_id: &str) {
         let payload = if request_id.len() > MAX_PAYLOAD {
             format!("{} ", self.instance)
@@ -165,6 +209,13 @@ impl<'c> PgTx<'c> {
         }
     }
 }
+
+/// The approvals of the ids `$1` (those stored), locked in byte order of their ids.
+const LOCK_AHEAD: &str = "SELECT request_id, record::text FROM approval_records \
+     WHERE request_id = ANY($1) ORDER BY request_id COLLATE \"C\" FOR UPDATE";
+/// `$1` arrival numbers, in order.
+const ARRIVALS_AHEAD: &str =
+    "SELECT nextval('approval_arrivals') FROM generate_series(1, $1::bigint) ORDER BY 1";
 
 /// Writes (or writes again) the `traceparent` `$2` of the request `$1`.
 pub const TRACE_UPSERT: &str = "INSERT INTO approval_traces (request_id, traceparent) \
@@ -299,6 +350,9 @@ impl Records for PgTx<'_> {
     }
 
     fn find(&self, request_id: &str) -> Result<Option<Approval>, Fail> {
+        if let Some(read) = self.ahead.borrow_mut().remove(request_id) {
+            return Ok(read);
+        }
         self.send_unsent()?;
         let row = self.run(self.client.prepared_query_opt(
             "SELECT record::text FROM approval_records WHERE request_id = $1 FOR UPDATE",
@@ -311,6 +365,9 @@ impl Records for PgTx<'_> {
     }
 
     fn next_arrival(&self) -> Result<u64, Fail> {
+        if let Some(n) = self.arrivals.borrow_mut().pop_front() {
+            return Ok(n);
+        }
         self.send_unsent()?;
         let row = self.run(
             self.client
@@ -321,6 +378,7 @@ impl Records for PgTx<'_> {
 
     /// Kept until the next statement (see `unsent`).
     fn save(&self, old: Option<&Approval>, new: &Approval) -> Result<(), Fail> {
+        self.ahead.borrow_mut().remove(new.id());
         self.send_unsent()?;
         *self.unsent.borrow_mut() = Some(Save {
             insert: old.is_none(),
