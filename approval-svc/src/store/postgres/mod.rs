@@ -327,12 +327,15 @@ impl ApprovalStore for PgStore {
             .map(|(request, _, _)| request.request_id.clone())
             .collect();
         self.transact(move |tx| {
-            tx.lock_ahead(&ids.iter().map(String::as_str).collect::<Vec<_>>(), true)?;
-            let mut puts = Vec::with_capacity(requests.len());
-            for ((request, unknown_kind, traceparent), id) in requests.iter().zip(&decision_ids) {
+            // The traces go with the first statement, all in one.
+            for (request, _, traceparent) in &requests {
                 if !traceparent.is_empty() {
                     tx.put_trace(&request.request_id, traceparent);
                 }
+            }
+            tx.lock_ahead(&ids.iter().map(String::as_str).collect::<Vec<_>>(), true)?;
+            let mut puts = Vec::with_capacity(requests.len());
+            for ((request, unknown_kind, _), id) in requests.iter().zip(&decision_ids) {
                 let decide: rules::Decide<'_> = &decide;
                 puts.push(rules::put_deciding(
                     tx,

@@ -83,15 +83,19 @@ impl<'c> PgTx<'c> {
         &self,
         statement: impl Future<Output = Result<R, tokio_postgres::Error>>,
     ) -> Result<R, tokio_postgres::Error> {
-        let traces = std::mem::take(&mut *self.traces.borrow_mut());
+        let (ids, traceparents): (Vec<String>, Vec<String>) =
+            std::mem::take(&mut *self.traces.borrow_mut())
+                .into_iter()
+                .unzip();
         wait(async {
-            let traced = futures_util::future::try_join_all(traces.iter().map(
-                |(request_id, traceparent)| async move {
+            let traced = async {
+                if !ids.is_empty() {
                     self.client
-                        .prepared_execute(TRACE_UPSERT, &[request_id, traceparent])
-                        .await
-                },
-            ));
+                        .prepared_execute(TRACES_UPSERT, &[&ids, &traceparents])
+                        .await?;
+                }
+                Ok(())
+            };
             let (begun, traced, answer) =
                 futures_util::join!(self.begin.before(self.client), traced, statement);
             begun?;
@@ -101,11 +105,12 @@ impl<'c> PgTx<'c> {
     }
 
     /// Writes a request's W3C `traceparent` with the transaction, in the round trip of its
-    /// next statement.
+    /// next statement (together with every other kept until then; the last one of a request
+    /// wins).
     pub fn put_trace(&self, request_id: &str, traceparent: &str) {
-        self.traces
-            .borrow_mut()
-            .push((request_id.to_string(), traceparent.to_string()));
+        let mut traces = self.traces.borrow_mut();
+        traces.retain(|(id, _)| id != request_id);
+        traces.push((request_id.to_string(), traceparent.to_string()));
     }
 
     /// Commits, then notifies the other replicas of every approval changed; answers once the
@@ -216,6 +221,11 @@ const LOCK_AHEAD: &str = "SELECT request_id, record::text FROM approval_records 
 /// `$1` arrival numbers, in order.
 const ARRIVALS_AHEAD: &str =
     "SELECT nextval('approval_arrivals') FROM generate_series(1, $1::bigint) ORDER BY 1";
+
+/// Writes (or writes again) the `traceparent`s `$2` of the requests `$1` (each id once).
+const TRACES_UPSERT: &str = "INSERT INTO approval_traces (request_id, traceparent) \
+     SELECT * FROM unnest($1::text[], $2::text[]) \
+     ON CONFLICT (request_id) DO UPDATE SET traceparent = EXCLUDED.traceparent";
 
 /// Writes (or writes again) the `traceparent` `$2` of the request `$1`.
 pub const TRACE_UPSERT: &str = "INSERT INTO approval_traces (request_id, traceparent) \
