@@ -515,13 +515,16 @@ async fn to_the_end<T: Send + 'static>(
         })?
 }
 
+/// A delivery attempt (request id, decision id, outcome) to record, and where its outcome goes.
+type Attempt = (
+    (String, String, DeliveryOutcome),
+    oneshot::Sender<Result<Option<Approval>>>,
+);
+
 /// Delivery attempts waiting to be recorded, and whether a task is recording.
 #[derive(Default)]
 struct Attempts {
-    waiting: Vec<(
-        (String, String, DeliveryOutcome),
-        oneshot::Sender<Result<Option<Approval>>>,
-    )>,
+    waiting: Vec<Attempt>,
     writing: bool,
 }
 
