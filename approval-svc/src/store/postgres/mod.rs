@@ -618,7 +618,8 @@ impl ApprovalStore for PgStore {
 
     fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<()> {
         let client = self.db.client_blocking()?;
-        wait(client.prepared_execute(tx::TRACE_UPSERT, &[&request_id, &traceparent]))
+        let (ids, traceparents) = ([request_id], [traceparent]);
+        wait(client.prepared_execute(tx::TRACES_UPSERT, &[&&ids[..], &&traceparents[..]]))
             .map_err(db_error)?;
         Ok(())
     }

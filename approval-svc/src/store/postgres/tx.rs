@@ -223,13 +223,9 @@ const ARRIVALS_AHEAD: &str =
     "SELECT nextval('approval_arrivals') FROM generate_series(1, $1::bigint) ORDER BY 1";
 
 /// Writes (or writes again) the `traceparent`s `$2` of the requests `$1` (each id once).
-const TRACES_UPSERT: &str = "INSERT INTO approval_traces (request_id, traceparent) \
+pub const TRACES_UPSERT: &str = "INSERT INTO approval_traces (request_id, traceparent) \
      SELECT * FROM unnest($1::text[], $2::text[]) \
      ON CONFLICT (request_id) DO UPDATE SET traceparent = EXCLUDED.traceparent";
-
-/// Writes (or writes again) the `traceparent` `$2` of the request `$1`.
-pub const TRACE_UPSERT: &str = "INSERT INTO approval_traces (request_id, traceparent) \
-     VALUES ($1, $2) ON CONFLICT (request_id) DO UPDATE SET traceparent = EXCLUDED.traceparent";
 
 /// Numbers an audit entry of the run `$2` (the queries of a `WITH`), holding the run's audit lock
 /// while it does: a transaction that numbers an entry of a run keeps that lock until it ends, so
