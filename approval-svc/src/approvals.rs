@@ -295,7 +295,8 @@ impl<S: ApprovalStore> Approvals<S> {
     }
 
     /// A person's decision: nobody may decide on a run they submitted, unless authentication
-    /// is off (then everyone is `anonymous` and there is nobody to tell apart).
+    /// is off (then everyone is `anonymous` and there is nobody to tell apart). The store
+    /// checks that in the decision's transaction.
     pub async fn decide_as(
         &self,
         principal: &Principal,
@@ -303,17 +304,11 @@ impl<S: ApprovalStore> Approvals<S> {
         request_id: &str,
         decision: NewDecision,
     ) -> Result<Resolved> {
-        let approval = self
-            .store
-            .get(request_id)?
-            .ok_or_else(|| Error::NotFound(request_id.to_string()))?;
-        let submitter = &approval.request.submitted_by;
-        if auth_enabled && !submitter.is_empty() && *submitter == principal.name {
-            return Err(Error::OwnRun {
-                principal: principal.name.clone(),
-                run_id: approval.request.run_id.clone(),
-            });
-        }
+        let decision = NewDecision {
+            decided_by: principal.name.clone(),
+            not_by_submitter: auth_enabled,
+            ..decision
+        };
         self.decide(request_id, decision).await
     }
 

@@ -98,6 +98,9 @@ pub struct NewDecision {
     pub decided_by: String,
     pub source: DecisionSource,
     pub rule: String,
+    /// Refused (OwnRun) when `decided_by` submitted the run: checked in the decision's
+    /// transaction, against the approval it decides.
+    pub not_by_submitter: bool,
 }
 
 impl NewDecision {
@@ -110,6 +113,7 @@ impl NewDecision {
             decided_by: decided_by.into(),
             source: DecisionSource::Person,
             rule: String::new(),
+            not_by_submitter: false,
         }
     }
 

@@ -53,6 +53,7 @@ impl Verdict {
             decided_by: format!("policy:{}", self.rule),
             source: arbor_shared::domain::DecisionSource::Policy,
             rule: self.rule.clone(),
+            not_by_submitter: false,
         })
     }
 }

@@ -61,7 +61,7 @@ impl<S: ApprovalStore> Delivery<S> {
         let wake = self.approvals.delivery_wake();
         let mut retries: HashMap<String, Retry> = HashMap::new();
         let mut in_flight: HashSet<String> = HashSet::new();
-        let mut backlog: VecDeque<Approval> = VecDeque::new();
+        let mut backlog: VecDeque<(Approval, Option<String>)> = VecDeque::new();
         let mut running = futures_util::stream::FuturesUnordered::new();
         let mut next: Option<Instant> = None;
         let mut scan = true;
@@ -70,20 +70,20 @@ impl<S: ApprovalStore> Delivery<S> {
             let woken = wake.notified();
             if scan && backlog.is_empty() {
                 scan = false;
-                next = match self.approvals.store().undelivered() {
+                next = match self.approvals.store().undelivered_traced() {
                     Ok(due) => {
                         retries.retain(|id, _| {
-                            in_flight.contains(id) || due.iter().any(|a| a.id() == id)
+                            in_flight.contains(id) || due.iter().any(|(a, _)| a.id() == id)
                         });
                         let now = Instant::now();
                         let mut next: Option<Instant> = None;
-                        for approval in due {
+                        for (approval, trace) in due {
                             match retries.get(approval.id()) {
                                 _ if in_flight.contains(approval.id()) => {}
                                 Some(r) if r.at > now => {
                                     next = Some(next.map_or(r.at, |n| n.min(r.at)));
                                 }
-                                _ => backlog.push_back(approval),
+                                _ => backlog.push_back((approval, trace)),
                             }
                         }
                         next
@@ -95,15 +95,15 @@ impl<S: ApprovalStore> Delivery<S> {
                 };
             }
             while in_flight.len() < DELIVERIES_IN_FLIGHT {
-                let Some(approval) = backlog.pop_front() else {
+                let Some((approval, trace)) = backlog.pop_front() else {
                     break;
                 };
                 if !in_flight.insert(approval.id().to_string()) {
                     continue;
                 }
                 running.push(async move {
-                    // Read once: the span's trace id and the context the Resolve carries on.
-                    let trace = this.approvals.store().trace(approval.id()).ok().flatten();
+                    // Read with the outbox: the span's trace id and the context the Resolve
+                    // carries on.
                     let span = crate::approvals::span_of(approval.id(), trace.as_deref());
                     let outcome = this
                         .deliver(&approval, trace.as_deref())

@@ -321,6 +321,19 @@ pub trait ApprovalStore: Send + Sync + 'static {
     /// RESOLVED/EXPIRED approvals whose decision the runner has not accepted yet.
     fn undelivered(&self) -> Result<Vec<Approval>>;
 
+    /// [`undelivered`](Self::undelivered), each with its `traceparent` (see
+    /// [`trace`](Self::trace)): what the delivery loop reads, since a delivery carries the
+    /// run's trace on. A backend that can read both in one query overrides this.
+    fn undelivered_traced(&self) -> Result<Vec<(Approval, Option<String>)>> {
+        self.undelivered()?
+            .into_iter()
+            .map(|approval| {
+                let trace = self.trace(approval.id())?;
+                Ok((approval, trace))
+            })
+            .collect()
+    }
+
     /// The last event-log cursor this service acknowledged (for logs after a restart).
     fn cursor(&self) -> Result<Option<u64>>;
 

@@ -154,6 +154,14 @@ pub(super) fn resolve<R: Records>(
     decision_id: &str,
 ) -> Outcome<R, Resolved> {
     let a = load(tx, request_id)?;
+    let submitter = &a.request.submitted_by;
+    if decision.not_by_submitter && !submitter.is_empty() && *submitter == decision.decided_by {
+        return Err(Error::OwnRun {
+            principal: decision.decided_by.clone(),
+            run_id: a.request.run_id.clone(),
+        }
+        .into());
+    }
     if !a.allows(decision.kind) {
         return Err(
             Error::not_allowed(request_id, decision.kind, &a.request.allowed_decisions).into(),
@@ -226,6 +234,7 @@ pub(super) fn expire<R: Records>(
         decided_by: ACTOR_TIMEOUT.into(),
         source: DecisionSource::Timeout,
         rule: String::new(),
+        not_by_submitter: false,
     }
     .into_decision(decision_id.to_string(), tx.now());
     let entry = AuditEntry::about(&n, AuditAction::Expired, ACTOR_TIMEOUT).with_decision(&d);

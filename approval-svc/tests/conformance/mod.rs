@@ -49,6 +49,7 @@ macro_rules! suite {
             put_is_idempotent_and_audited,
             resolve_is_single_winner_and_idempotent,
             edit_and_respond_need_the_runner_to_allow_them,
+            nobody_decides_on_a_run_they_submitted,
             concurrent_different_decisions_have_exactly_one_winner,
             expiry_takes_the_on_timeout_decision,
             next_deadline_is_the_earliest_pending_one,
@@ -267,6 +268,42 @@ pub async fn edit_and_respond_need_the_runner_to_allow_them<B: Backend>(place: &
         r.approval.decision.unwrap().runner_result(),
         json!({"replicas": 1})
     );
+}
+
+/// A decision that may not come from the run's submitter (`sam` here) is refused when it does,
+/// and changes nothing; the check is in the decision's transaction.
+pub async fn nobody_decides_on_a_run_they_submitted<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    store.put_request(tool("t", "run-1"), None).await.unwrap();
+    let before = current(&store, "t");
+    let own = NewDecision {
+        not_by_submitter: true,
+        ..approve("sam")
+    };
+    let err = store.resolve_request("t", own.clone()).await.unwrap_err();
+    assert!(matches!(err, Error::OwnRun { .. }), "{err:?}");
+    assert_eq!(err.code(), Code::PermissionDenied);
+    assert_eq!(current(&store, "t"), before);
+    assert_eq!(actions(&store, "t"), vec![AuditAction::Requested]);
+    // Unknown ids stay NOT_FOUND.
+    let err = store
+        .resolve_request("nope", own.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    // Someone else may; the decision stands, and the submitter cannot repeat it either.
+    let other = NewDecision {
+        not_by_submitter: true,
+        ..approve("ana")
+    };
+    let r = store.resolve_request("t", other).await.unwrap();
+    assert_eq!(r.approval.state, ApprovalState::Resolved);
+    let err = store.resolve_request("t", own).await.unwrap_err();
+    assert!(matches!(err, Error::OwnRun { .. }), "{err:?}");
+    // Without the check (authentication off) the submitter's name is nobody in particular.
+    store.put_request(tool("u", "run-2"), None).await.unwrap();
+    let r = store.resolve_request("u", approve("sam")).await.unwrap();
+    assert_eq!(r.approval.decision.unwrap().decided_by, "sam");
 }
 
 pub async fn concurrent_different_decisions_have_exactly_one_winner<B: Backend>(place: &B::Place) {
@@ -1087,6 +1124,25 @@ pub async fn cursor_and_traces_are_remembered<B: Backend>(place: &B::Place) {
     assert_eq!(store.trace("r3").unwrap(), None);
     assert!(store.get("r3").unwrap().is_some());
     assert_eq!(store.trace("r4").unwrap(), None);
+    // A decision awaiting delivery is read with its trace, which the delivery carries on.
+    for id in ["r3", "r1"] {
+        store.resolve_request(id, approve("ana")).await.unwrap();
+    }
+    let due: Vec<(String, Option<String>)> = store
+        .undelivered_traced()
+        .unwrap()
+        .into_iter()
+        .map(|(a, trace)| (a.id().to_string(), trace))
+        .collect();
+    assert_eq!(
+        due,
+        [
+            ("r1".to_string(), Some("00-aaaa-bbbb-01".to_string())),
+            ("r3".to_string(), None)
+        ],
+        "in order of arrival"
+    );
+    assert_eq!(ids(&store.undelivered().unwrap()), ["r1", "r3"]);
 }
 
 fn audit_len<S: ApprovalStore>(store: &S, query: AuditQuery) -> usize {

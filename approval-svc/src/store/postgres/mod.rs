@@ -57,14 +57,16 @@ macro_rules! outbox_page_rows {
         64
     };
 }
-/// One page of the decisions awaiting delivery: those that arrived after `$1`, oldest first,
-/// [`OUTBOX_PAGE_ROWS`] at most. Paged so that it is planned as a walk of the outbox index,
-/// which marks the entries of delivered decisions dead as it passes them, and not as a bitmap
-/// scan, which reads the table page of every entry the index still holds, delivered ones
-/// included, on every scan until a vacuum (and a decision's delivery starts with a scan).
+/// One page of the decisions awaiting delivery, each with its trace: those that arrived after
+/// `$1`, oldest first, [`OUTBOX_PAGE_ROWS`] at most. Paged so that it is planned as a walk of
+/// the outbox index, which marks the entries of delivered decisions dead as it passes them, and
+/// not as a bitmap scan, which reads the table page of every entry the index still holds,
+/// delivered ones included, on every scan until a vacuum (and a decision's delivery starts with
+/// a scan).
 pub const OUTBOX_PAGE: &str = concat!(
-    "SELECT record::text, arrival FROM approval_records \
-     WHERE awaiting_delivery AND arrival > $1 ORDER BY arrival LIMIT ",
+    "SELECT r.record::text, r.arrival, t.traceparent FROM approval_records r \
+     LEFT JOIN approval_traces t ON t.request_id = r.request_id \
+     WHERE r.awaiting_delivery AND r.arrival > $1 ORDER BY r.arrival LIMIT ",
     outbox_page_rows!()
 );
 const OUTBOX_PAGE_ROWS: usize = outbox_page_rows!();
@@ -551,12 +553,18 @@ impl ApprovalStore for PgStore {
     }
 
     fn undelivered(&self) -> Result<Vec<Approval>> {
+        let due = self.undelivered_traced()?;
+        Ok(due.into_iter().map(|(approval, _)| approval).collect())
+    }
+
+    /// One query a page, the traces joined in.
+    fn undelivered_traced(&self) -> Result<Vec<(Approval, Option<String>)>> {
         let client = self.db.client_blocking()?;
         let (mut out, mut after) = (Vec::new(), i64::MIN);
         loop {
             let rows = wait(client.prepared_query(OUTBOX_PAGE, &[&after])).map_err(db_error)?;
             for row in &rows {
-                out.push(decode(row.get(0))?);
+                out.push((decode(row.get(0))?, row.get(2)));
                 after = row.get(1);
             }
             if rows.len() < OUTBOX_PAGE_ROWS {
