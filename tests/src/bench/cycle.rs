@@ -114,8 +114,11 @@ fn cpu_of(pids: &[u32]) -> f64 {
 }
 
 /// Runs `cycles` cycles at `concurrency` against a fresh cluster on `store` with `replicas`
-/// replicas of each service. Driver `i` submits to runner replica `i % replicas` and waits for
-/// its run's end on that replica's event stream, as a client behind a load balancer would.
+/// replicas of each service. Driver `i` submits to runner replica `i % replicas`, as a client
+/// behind a load balancer would, and waits for its run's end on the client's one event stream,
+/// open on replica 0: it carries every replica's events. The client does the same work however
+/// many replicas there are (one stream, every event once), so what a second replica costs or
+/// brings is the services' own.
 pub async fn run(
     store: &Store,
     replicas: usize,
@@ -146,13 +149,9 @@ pub async fn run(
         .await
         .expect("register the bench tree");
 
-    // One follower (and one map of what it saw) per runner replica.
-    let tracks: Vec<Tracks> = (0..replicas).map(|_| Tracks::default()).collect();
-    let followers: Vec<_> = runners
-        .iter()
-        .zip(&tracks)
-        .map(|(r, t)| tokio::spawn(follow(r.clone(), t.clone())))
-        .collect();
+    // The one follower, and the map of what it saw.
+    let tracks = Tracks::default();
+    let follower = tokio::spawn(follow(runners[0].clone(), tracks.clone()));
     let person = match decider {
         Decider::Person => {
             let mut resolvers = Vec::new();
@@ -178,11 +177,8 @@ pub async fn run(
     let mut drivers = Vec::new();
     for i in 0..concurrency {
         let replica = i % replicas;
-        let (mut runner, tracks, remaining) = (
-            runners[replica].clone(),
-            tracks[replica].clone(),
-            remaining.clone(),
-        );
+        let (mut runner, tracks, remaining) =
+            (runners[replica].clone(), tracks.clone(), remaining.clone());
         drivers.push(tokio::spawn(async move {
             let (mut latencies, mut mine) = (Vec::new(), Vec::new());
             while remaining
@@ -222,17 +218,17 @@ pub async fn run(
                 latencies.push(done.unwrap_or_else(Instant::now) - t0);
                 mine.push(run.run_id);
             }
-            (replica, latencies, mine)
+            (latencies, mine)
         }));
     }
     let mut submit_to_done = Vec::new();
-    // Each run as seen on the stream of the replica it was submitted to.
+    // Each run as the client's stream saw it.
     let mut seen: HashMap<String, Track> = HashMap::new();
     let mut owned = Vec::new();
     for d in drivers {
-        let (replica, latencies, mine) = d.await.expect("driver");
+        let (latencies, mine) = d.await.expect("driver");
         submit_to_done.extend(latencies);
-        owned.push((replica, mine));
+        owned.extend(mine);
     }
     let elapsed = start.elapsed();
     let runner_cpu = cpu_of(&runner_pids) - r_cpu0;
@@ -248,15 +244,13 @@ pub async fn run(
     let meters = super::Meters::read(&cluster, decider.label()).await;
     let fsyncs = meters.fsyncs_since(&meters_before);
     let decide_ms = meters.decide_ms_since(&meters_before);
-    for f in followers {
-        f.abort();
-    }
+    follower.abort();
     if let Some(p) = person {
         p.abort();
     }
-    for (replica, mine) in owned {
-        let mut map = tracks[replica].lock().expect("tracks");
-        for id in mine {
+    {
+        let mut map = tracks.lock().expect("tracks");
+        for id in owned {
             if let Some(t) = map.remove(&id) {
                 seen.insert(id, t);
             }

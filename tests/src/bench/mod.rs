@@ -185,8 +185,8 @@ pub fn print_cycle_table(rows: &[CycleResult]) {
         }
     }
     println!(
-        "(R = replicas of each service; latencies in ms; s→d = SubmitRun → RUN_SUCCEEDED seen by the client on \
-         its replica's stream; sus→res = EXECUTION_SUSPENDED → EXECUTION_RESUMED as streamed; CPU summed over \
+        "(R = replicas of each service; latencies in ms; s→d = SubmitRun → RUN_SUCCEEDED seen on the client's \
+         one stream (open on replica 0); sus→res = EXECUTION_SUSPENDED → EXECUTION_RESUMED as streamed; CPU summed over \
          replicas; CPU ms/c = runner + approval + PostgreSQL server per cycle; B/run on PostgreSQL = growth of \
          the database; fsync/c on PostgreSQL = committed batch transactions of the services per cycle)"
     );

@@ -11,8 +11,9 @@
 //!   configuration a fresh database.
 //! - `--runners` (cycle, pg-append): replicas of each service, a list; default `1` (pg-append:
 //!   `1,2`). With 2, two runner-svc replicas share the database, each with an approval-svc
-//!   pointed at it, and the benchmark's clients go round-robin over them. Sled × 2 is skipped
-//!   (the embedded store belongs to one process).
+//!   pointed at it, and the benchmark's clients submit round-robin over them; their one event
+//!   stream is open on replica 0, whatever R is. Sled × 2 is skipped (the embedded store
+//!   belongs to one process).
 //! - `--only pg-append` (not in the default set): the event log's append rate on PostgreSQL,
 //!   `--appends` one-node runs (default 3000) from `--append-concurrency` clients (default 64).
 //! - `--rounds` (cycle): how many times to measure every configuration, round after round
