@@ -125,18 +125,27 @@ impl std::fmt::Debug for Database {
 
 impl Database {
     /// Connects to `url` and brings `schema` up to date under an advisory lock (replicas
-    /// starting together migrate once). Fails when the database is unreachable (after
-    /// `patience`), or when its schema is newer than this binary's.
+    /// starting together migrate once). Every connection starts with the server `settings`
+    /// (`name`, `value`), after any the URL's `options` give. Fails when the database is
+    /// unreachable (after `patience`), or when its schema is newer than this binary's.
     pub async fn open(
         url: &str,
         app: &str,
         schema: Schema,
+        settings: &[(&str, &str)],
         patience: Duration,
     ) -> Result<Database, DbError> {
         let mut config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| DbError::Failed(format!("not a PostgreSQL URL: {e}")))?;
         config.application_name(app);
+        if !settings.is_empty() {
+            let mut options = config.get_options().unwrap_or_default().to_string();
+            for (name, value) in settings {
+                options.push_str(&format!(" -c {name}={value}"));
+            }
+            config.options(options.trim_start());
+        }
         config.connect_timeout(CONNECT_TIMEOUT);
         config.keepalives_idle(Duration::from_secs(10));
         let rt = tokio::runtime::Builder::new_multi_thread()

@@ -22,6 +22,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+pub use postgres::{LAST_IN_RANGE, SCAN_RANGE, SESSION as POSTGRES_SESSION};
 pub use sled_backend::OpenError;
 
 /// The runner's tables, in the fixed order transactions see them. Keys and values are bytes;

@@ -51,8 +51,8 @@ use std::{
 };
 
 use arbor_shared::postgres::{
-    ClientWrapper, Database, DbError, Dedicated, LazyBegin, Schema, tokio_postgres::types::ToSql,
-    wait,
+    ClientWrapper, Database, DbError, Dedicated, LazyBegin, Prepared, Schema,
+    tokio_postgres::types::ToSql, wait,
 };
 
 use super::{
@@ -92,6 +92,13 @@ const ASYNC_BEGIN: &str = "BEGIN ISOLATION LEVEL SERIALIZABLE; SET LOCAL synchro
 /// one of the two. `Backend::counter` sums them.
 const STRIPES: u8 = 16;
 
+/// Every statement here is written for a generic plan: its index conditions are on its
+/// parameters alone (a bounded and an unbounded range are two statements, never one with
+/// `$n IS NULL OR`, whose generic plan would walk the rest of the table). A statement is
+/// planned once per connection, not on every call as PostgreSQL would do with the batched
+/// lookup (it plans a custom plan whenever the generic plan's guessed row counts look
+/// costlier, and an `unnest` of a parameter guesses 100 rows).
+pub const SESSION: &[(&str, &str)] = &[("plan_cache_mode", "force_generic_plan")];
 const EVENTS_CHANNEL: &str = "arbor_runner_events";
 const WORK_CHANNEL: &str = "arbor_runner_work";
 /// Rows the first round trip of a scan fetches: most scans stop early (a claim looks at the
@@ -131,7 +138,7 @@ impl Store {
     /// them (under an advisory lock, so replicas starting together migrate once). Waits up to
     /// 30 s for an unreachable database; refuses a schema newer than this binary's.
     pub async fn open_postgres(url: &str) -> Result<Self, DbError> {
-        let db = Database::open(url, "arbor-runner", SCHEMA, OPEN_PATIENCE).await?;
+        let db = Database::open(url, "arbor-runner", SCHEMA, SESSION, OPEN_PATIENCE).await?;
         let reachable = db.reachability(Duration::from_millis(500));
         let backend = Arc::new(PgBackend::new(db, reachable));
         backend.measure_skew();
@@ -919,6 +926,19 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
+/// One page of the keys of table `$1` from `$2` up to `$3` (excluded), `$4` rows at most.
+pub const SCAN_RANGE: &str =
+    "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 AND k < $3 ORDER BY k LIMIT $4";
+/// [`SCAN_RANGE`] without an upper bound (`$3` is NULL).
+const SCAN_FROM: &str = "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 \
+     AND $3::bytea IS NULL ORDER BY k LIMIT $4";
+/// The last key of table `$1` from `$2` up to `$3` (excluded).
+pub const LAST_IN_RANGE: &str =
+    "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 AND k < $3 ORDER BY k DESC LIMIT 1";
+/// [`LAST_IN_RANGE`] without an upper bound (`$3` is NULL).
+const LAST_FROM: &str = "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 \
+     AND $3::bytea IS NULL ORDER BY k DESC LIMIT 1";
+
 /// A scan read one page at a time.
 struct Scan {
     db: Database,
@@ -937,13 +957,13 @@ impl Scan {
         let client = self.db.client_blocking()?;
         let params: [&(dyn ToSql + Sync); 4] = [&self.t, &self.from, &self.end, &self.size];
         let rows = wait(async {
-            let statement = client
-                .prepare_cached(
-                    "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 \
-                     AND ($3::bytea IS NULL OR k < $3) ORDER BY k LIMIT $4",
-                )
-                .await?;
-            client.query(&statement, &params).await
+            let sql = match self.end {
+                Some(_) => SCAN_RANGE,
+                None => SCAN_FROM,
+            };
+            client
+                .query(&client.prepare_cached(sql).await?, &params)
+                .await
         })
         .map_err(DbError::from)?;
         self.done = (rows.len() as i64) < self.size;
@@ -1000,13 +1020,13 @@ impl Backend for PgBackend {
     fn last(&self, t: T, prefix: &[u8]) -> Result<Option<(Value, Value)>, StoreError> {
         let client = self.db.client_blocking()?;
         let (t16, end) = (t as i16, prefix_end(prefix));
-        Ok(wait(client.query_opt(
-            "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 \
-             AND ($3::bytea IS NULL OR k < $3) ORDER BY k DESC LIMIT 1",
-            &[&t16, &prefix, &end],
-        ))
-        .map_err(DbError::from)?
-        .map(|r| (r.get(0), r.get(1))))
+        let sql = match end {
+            Some(_) => LAST_IN_RANGE,
+            None => LAST_FROM,
+        };
+        Ok(wait(client.prepared_query_opt(sql, &[&t16, &prefix, &end]))
+            .map_err(DbError::from)?
+            .map(|r| (r.get(0), r.get(1))))
     }
 
     /// Sums the counter's rows: its own and its stripes.

@@ -88,10 +88,10 @@ impl Db {
     }
 
     /// The statements this database ran since [`reset_statements`](Self::reset_statements),
-    /// most called first: `(calls, rows, mean ms, buffers read, text)`.
+    /// most called first.
     pub fn statements(&self) -> Vec<Statement> {
         let sql = "SELECT calls, rows, round(mean_exec_time::numeric, 3), \
-                   shared_blks_hit + shared_blks_read, \
+                   shared_blks_hit + shared_blks_read, plans, \
                    regexp_replace(query, '\\s+', ' ', 'g') FROM pg_stat_statements \
                    WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
                    ORDER BY calls DESC";
@@ -101,14 +101,16 @@ impl Db {
         });
         out.lines()
             .filter_map(|line| {
-                let mut f = line.splitn(5, '|');
+                let mut f = line.splitn(6, '|');
                 let mut num = || f.next().and_then(|v| v.parse::<f64>().ok());
-                let (calls, rows, mean_ms, buffers) = (num()?, num()?, num()?, num()?);
+                let (calls, rows, mean_ms, buffers, plans) =
+                    (num()?, num()?, num()?, num()?, num()?);
                 Some(Statement {
                     calls,
                     rows,
                     mean_ms,
                     buffers,
+                    plans,
                     text: f.next()?.to_string(),
                 })
             })
@@ -132,6 +134,8 @@ pub struct Statement {
     pub mean_ms: f64,
     /// Shared buffers hit or read.
     pub buffers: f64,
+    /// Times it was planned (a statement that uses a cached generic plan is planned once).
+    pub plans: f64,
     pub text: String,
 }
 

@@ -73,17 +73,20 @@ pub fn print_statements(name: &str, cycles: usize, statements: &[cluster::Statem
     let per = |v: f64| v / cycles.max(1) as f64;
     let total: f64 = statements.iter().map(|s| s.calls).sum();
     println!(
-        "\nstatements of {name}: {:.1} per cycle (calls/cycle, rows/call, buffers/call, mean ms, text)",
-        per(total)
+        "\nstatements of {name}: {:.1} per cycle, planned {:.1} times per cycle \
+         (calls/cycle, rows/call, buffers/call, mean ms, plans/call, text)",
+        per(total),
+        per(statements.iter().map(|s| s.plans).sum())
     );
     for s in statements.iter().take(30) {
         let text: String = s.text.chars().take(140).collect();
         println!(
-            "  {:>7.2} {:>7.2} {:>8.1} {:>7.3}  {text}",
+            "  {:>7.2} {:>7.2} {:>8.1} {:>7.3} {:>5.2}  {text}",
             per(s.calls),
             s.rows / s.calls.max(1.0),
             s.buffers / s.calls.max(1.0),
-            s.mean_ms
+            s.mean_ms,
+            s.plans / s.calls.max(1.0),
         );
     }
 }

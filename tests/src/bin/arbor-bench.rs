@@ -77,7 +77,10 @@ async fn main() {
     let pg = needs_pg.then(|| {
         eprintln!("starting PostgreSQL …");
         let settings: &[&str] = match pg_stats {
-            true => &["shared_preload_libraries=pg_stat_statements"],
+            true => &[
+                "shared_preload_libraries=pg_stat_statements",
+                "pg_stat_statements.track_planning=on",
+            ],
             false => &[],
         };
         Arc::new(arbor_testkit::PgCluster::start_with(settings))

@@ -173,7 +173,7 @@ impl PgStore {
     /// under an advisory lock, when replicas start together). Waits up to 30 s for an
     /// unreachable database; refuses a schema newer than this binary's.
     pub async fn open(url: &str) -> Result<PgStore> {
-        let db = Database::open(url, "arbor-approval", schema::SCHEMA, OPEN_PATIENCE)
+        let db = Database::open(url, "arbor-approval", schema::SCHEMA, &[], OPEN_PATIENCE)
             .await
             .map_err(|e| match e {
                 DbError::Unavailable(m) => Error::Unavailable(m),
