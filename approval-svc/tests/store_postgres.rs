@@ -16,7 +16,10 @@ use arbor_approval_svc::{
     lifecycle::ApprovalState,
     model::{AuditAction, AuditQuery, NewDecision},
     policy::Policy,
-    store::{ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN, DeliveryOutcome, OUTBOX_PAGE, PgStore},
+    store::{
+        ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN, DeliveryOutcome, OUTBOX_PAGE, PgStore,
+        RUNS_TO_CANCEL,
+    },
 };
 use arbor_shared::domain::{DecisionKind, DecisionSource};
 use arbor_testkit::PgCluster;
@@ -186,9 +189,21 @@ async fn ending_a_run_reads_a_few_pages_however_long_the_history() {
             .is_empty()
     );
 
-    for lookup in [ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN] {
-        let (pages, plan) = pages_read(&url, lookup, "text", "'run-1'");
-        assert!(pages <= 8, "{lookup} read {pages} pages: {plan:#}");
+    // The look at the runs ending together answers exactly (here: none).
+    assert!(
+        store
+            .runs_to_cancel(&["run-1".into(), "run-2".into()])
+            .unwrap()
+            .is_empty()
+    );
+    // A few pages for each run looked up.
+    for (lookup, ty, runs, budget) in [
+        (ANY_CANCELLABLE_OF_RUN, "text", "'run-1'", 8),
+        (CANCELLABLE_OF_RUN, "text", "'run-1'", 8),
+        (RUNS_TO_CANCEL, "text[]", "ARRAY['run-1', 'run-2']", 16),
+    ] {
+        let (pages, plan) = pages_read(&url, lookup, ty, runs);
+        assert!(pages <= budget, "{lookup} read {pages} pages: {plan:#}");
     }
 }
 

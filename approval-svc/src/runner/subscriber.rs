@@ -247,12 +247,32 @@ impl<S: ApprovalStore> Subscriber<S> {
             .filter_map(|(seq, done)| done.then_some(seq))
             .collect();
         let consumed = &consumed;
+        // The runs that end in this batch, looked at together: most hold nothing their end
+        // could cancel any more (their approvals were consumed), and those are passed over. Only
+        // this stream stores requests, and it stored this batch's already, so a run left out
+        // here cannot gain an approval to cancel before its end is applied below.
+        let ending: Vec<String> = by_run
+            .iter()
+            .filter(|(_, events)| {
+                events
+                    .iter()
+                    .any(|e| matches!(e.detail, Some(Detail::RunFinished(_))))
+            })
+            .map(|(run, _)| run.clone())
+            .collect();
+        let to_cancel = match ending.is_empty() {
+            true => Default::default(),
+            false => self.approvals.store().runs_to_cancel(&ending)?,
+        };
+        let to_cancel = &to_cancel;
         let results = futures_util::future::join_all(by_run.iter().map(|(_, events)| async move {
             for event in events {
                 match stored.get(&event.seq) {
                     Some(put) => self.settle(put.clone(), &event.traceparent).await?,
                     None if matches!(event.detail, Some(Detail::ApprovalRequested(_))) => {}
                     None if consumed.contains(&event.seq) => {}
+                    None if matches!(event.detail, Some(Detail::RunFinished(_)))
+                        && !to_cancel.contains(&event.run_id) => {}
                     None => self.handle(event).await?,
                 }
             }

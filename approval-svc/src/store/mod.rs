@@ -13,7 +13,7 @@ mod postgres;
 mod rules;
 mod sled;
 
-use std::future::Future;
+use std::{collections::HashSet, future::Future};
 
 use arbor_shared::domain::ApprovalRequest;
 use tokio::sync::{mpsc, watch};
@@ -24,7 +24,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 pub use self::postgres::PgStore;
 /// Statements of the PostgreSQL store whose plans the tests check.
 #[doc(hidden)]
-pub use self::postgres::{ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN, OUTBOX_PAGE};
+pub use self::postgres::{ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN, OUTBOX_PAGE, RUNS_TO_CANCEL};
 pub use self::sled::{SledStore, open};
 
 use crate::{
@@ -281,6 +281,14 @@ pub trait ApprovalStore: Send + Sync + 'static {
         actor: &str,
         reason: &str,
     ) -> impl Future<Output = Result<Approval>> + Send;
+
+    /// Of `run_ids`, those that may still hold an approval [`cancel_run`](Self::cancel_run)
+    /// would change, so that the runs ending in one batch of events are looked at together. A
+    /// store that cannot tell in one read answers them all (`cancel_run` looks for itself); an
+    /// answer never leaves out a run that holds one.
+    fn runs_to_cancel(&self, run_ids: &[String]) -> Result<HashSet<String>> {
+        Ok(run_ids.iter().cloned().collect())
+    }
 
     /// Cancels every approval of a run that can still be cancelled; returns the changed ones.
     fn cancel_run(

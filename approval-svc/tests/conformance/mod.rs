@@ -60,6 +60,7 @@ macro_rules! suite {
             every_illegal_transition_is_refused_and_changes_nothing,
             unknown_ids_are_not_found,
             cancel_run_withdraws_what_the_run_can_still_abandon,
+            the_runs_to_cancel_hold_every_run_with_something_to_cancel,
             everything_answered_survives_a_reopen,
             the_pending_count_moves_with_every_transition,
             list_filters_and_pages_in_creation_order,
@@ -304,6 +305,48 @@ pub async fn nobody_decides_on_a_run_they_submitted<B: Backend>(place: &B::Place
     store.put_request(tool("u", "run-2"), None).await.unwrap();
     let r = store.resolve_request("u", approve("sam")).await.unwrap();
     assert_eq!(r.approval.decision.unwrap().decided_by, "sam");
+}
+
+/// The look at the runs that end together never leaves out one that holds an approval its
+/// cancel would change; a run it leaves out has nothing to cancel.
+pub async fn the_runs_to_cancel_hold_every_run_with_something_to_cancel<B: Backend>(
+    place: &B::Place,
+) {
+    let store = B::open(place).await;
+    // run-1: pending; run-r: resolved; run-e: expired; run-c: consumed (ACKED, PRUNED);
+    // run-x: cancelled; run-0: none at all.
+    in_state(&store, "p", ApprovalState::Pending).await;
+    for (id, run) in [("r", "run-r"), ("c", "run-c"), ("x", "run-x")] {
+        store.put_request(tool(id, run), None).await.unwrap();
+    }
+    store.resolve_request("r", approve("ana")).await.unwrap();
+    let held = store
+        .resolve_request("c", approve("ana"))
+        .await
+        .unwrap()
+        .approval
+        .decision
+        .unwrap()
+        .decision_id;
+    store.ack_and_prune("c", &held).await.unwrap();
+    store.cancel("x", "runner", "withdrawn").await.unwrap();
+    let mut expiring = tool("e", "run-e");
+    expiring.deadline_ms = 1;
+    store.put_request(expiring, None).await.unwrap();
+    store.expire("e").await.unwrap();
+
+    let runs: Vec<String> = ["run-1", "run-r", "run-e", "run-c", "run-x", "run-0"]
+        .map(String::from)
+        .into();
+    let answer = store.runs_to_cancel(&runs).unwrap();
+    for open in ["run-1", "run-r", "run-e"] {
+        assert!(answer.contains(open), "{open} left out of {answer:?}");
+    }
+    for run in runs.iter().filter(|r| !answer.contains(*r)) {
+        let changed = store.cancel_run(run, "runner", "ended").await.unwrap();
+        assert!(changed.is_empty(), "{run} was left out but had {changed:?}");
+    }
+    assert!(store.runs_to_cancel(&[]).unwrap().is_empty());
 }
 
 pub async fn concurrent_different_decisions_have_exactly_one_winner<B: Backend>(place: &B::Place) {

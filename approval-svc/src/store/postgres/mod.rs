@@ -25,6 +25,7 @@ mod schema;
 mod tx;
 
 use std::{
+    collections::HashSet,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -71,12 +72,16 @@ pub const OUTBOX_PAGE: &str = concat!(
 );
 const OUTBOX_PAGE_ROWS: usize = outbox_page_rows!();
 
-/// The rows of the run `$1`'s approvals that may still be cancelled: written once for the two
-/// lookups below, as the predicate of the index that serves them
-/// (`approval_records_open_by_run`), so that every plan of either can use it.
-macro_rules! cancellable_of_run {
-    () => {
-        "FROM approval_records WHERE run_id = $1 AND state IN ('PENDING', 'RESOLVED', 'EXPIRED')"
+/// The rows of the approvals of the runs `$runs` (a condition on `run_id`) that may still be
+/// cancelled: written once for the lookups below, as the predicate of the index that serves
+/// them (`approval_records_open_by_run`), so that every plan of each can use it.
+macro_rules! cancellable_of {
+    ($runs:literal) => {
+        concat!(
+            "FROM approval_records WHERE ",
+            $runs,
+            " AND state IN ('PENDING', 'RESOLVED', 'EXPIRED')"
+        )
     };
 }
 /// The ids of the run `$1`'s approvals that may still be cancelled, locked, in id order: byte
@@ -84,12 +89,20 @@ macro_rules! cancellable_of_run {
 /// approvals locks them (see `in_id_order`).
 pub const CANCELLABLE_OF_RUN: &str = concat!(
     "SELECT request_id ",
-    cancellable_of_run!(),
+    cancellable_of!("run_id = $1"),
     " ORDER BY request_id COLLATE \"C\" FOR UPDATE"
 );
 /// Whether the run `$1` has an approval that may still be cancelled: a row when it has. A look
 /// outside any transaction.
-pub const ANY_CANCELLABLE_OF_RUN: &str = concat!("SELECT 1 ", cancellable_of_run!(), " LIMIT 1");
+pub const ANY_CANCELLABLE_OF_RUN: &str =
+    concat!("SELECT 1 ", cancellable_of!("run_id = $1"), " LIMIT 1");
+/// Those of the runs `$1` (an array) that have an approval that may still be cancelled:
+/// [`ANY_CANCELLABLE_OF_RUN`] for each. A look outside any transaction.
+pub const RUNS_TO_CANCEL: &str = concat!(
+    "SELECT r.run_id FROM unnest($1::text[]) AS r(run_id) WHERE EXISTS (SELECT 1 ",
+    cancellable_of!("run_id = r.run_id"),
+    ")"
+);
 
 /// The notification channel every change is announced on; the payload is `"{instance}
 /// {request_id}"` (an empty id: "look at everything").
@@ -478,6 +491,16 @@ impl ApprovalStore for PgStore {
     /// among either's, and one cancelled or decided meanwhile is locked and read again below.
     /// The look blocks the calling thread, as every read does: a pooled connection held across
     /// an await on the service's runtime could wait for a thread that waits for a connection.
+    /// One look for all of them.
+    fn runs_to_cancel(&self, run_ids: &[String]) -> Result<HashSet<String>> {
+        if run_ids.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let client = self.db.client_blocking()?;
+        let rows = wait(client.prepared_query(RUNS_TO_CANCEL, &[&run_ids])).map_err(db_error)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     async fn cancel_run(&self, run_id: &str, actor: &str, reason: &str) -> Result<Vec<Approval>> {
         if !self.any_cancellable(run_id)? {
             return Ok(Vec::new());
