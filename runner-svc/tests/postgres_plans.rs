@@ -6,22 +6,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use arbor_runner_svc::store::{LAST_IN_RANGE, POSTGRES_SESSION, SCAN_RANGE, Store, T};
-use arbor_testkit::PgCluster;
+mod common;
 
-fn open(url: &str) -> Store {
-    let url = url.to_string();
-    std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(Store::open_postgres(&url))
-            .unwrap()
-    })
-    .join()
-    .unwrap()
-}
+use arbor_runner_svc::store::{LAST_IN_RANGE, POSTGRES_SESSION, SCAN_RANGE, T};
+use arbor_testkit::PgCluster;
 
 /// The plan of `statement` run with `args`, planned as the runner's connections plan it:
 /// `(rows it returned, shared pages it read, the plan)`.
@@ -51,7 +39,7 @@ fn a_range_read_reads_a_few_pages_however_many_keys_follow_it() {
     const AFTER: usize = 20_000;
     let cluster = PgCluster::shared();
     let url = cluster.fresh_database("range_plans");
-    let store = open(&url);
+    let store = common::open_postgres(&url);
     let t = T::Inbox as usize;
     // Five keys of the range `a/`, then many of the range `b/` in the same table.
     cluster

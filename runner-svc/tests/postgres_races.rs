@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::{
     sync::{
         Arc, Mutex,
@@ -17,29 +19,15 @@ use std::{
 
 use arbor_runner_svc::{
     mailbox::{EnqueueRequest, Mailbox, MailboxConfig, SystemClock, tx as mtx},
-    store::{Change, Store, T, TxError},
+    store::{Change, T, TxError},
 };
-
-fn open(url: &str) -> Store {
-    let url = url.to_string();
-    std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(Store::open_postgres(&url))
-            .unwrap()
-    })
-    .join()
-    .unwrap()
-}
 
 /// While one transaction holds the first candidate, another takes the second at once, and both
 /// commit: each removed the entry it took.
 #[test]
 fn a_second_claimer_takes_the_next_entry_while_the_first_is_held() {
     let cluster = arbor_testkit::PgCluster::shared();
-    let store = open(&cluster.fresh_database("skip_locked"));
+    let store = common::open_postgres(&cluster.fresh_database("skip_locked"));
     let keys: Vec<Vec<u8>> = ["q1", "q2", "q3"].map(|k| k.as_bytes().to_vec()).into();
     store
         .transact(|t| {
@@ -108,7 +96,7 @@ fn a_second_claimer_takes_the_next_entry_while_the_first_is_held() {
 #[test]
 fn a_wake_up_never_folds_into_a_job_a_concurrent_claim_took() {
     let cluster = arbor_testkit::PgCluster::shared();
-    let store = open(&cluster.fresh_database("wake_vs_claim"));
+    let store = common::open_postgres(&cluster.fresh_database("wake_vs_claim"));
     let (mailbox, _) = Mailbox::open(
         store.clone(),
         std::sync::Arc::new(SystemClock::default()),
@@ -170,7 +158,7 @@ fn a_wake_up_never_folds_into_a_job_a_concurrent_claim_took() {
 fn queued_jobs_are_announced_only_when_no_worker_of_the_replica_is_idle() {
     let cluster = arbor_testkit::PgCluster::shared();
     let url = cluster.fresh_database("work_hints");
-    let (here, there) = (open(&url), open(&url));
+    let (here, there) = (common::open_postgres(&url), common::open_postgres(&url));
     let idle = Arc::new(AtomicUsize::new(0));
     here.idle_workers(idle.clone());
     let (heard_tx, heard) = mpsc::channel::<Change>();

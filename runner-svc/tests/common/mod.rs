@@ -101,19 +101,25 @@ pub fn store_url(dir: &std::path::Path) -> Option<String> {
 /// or PostgreSQL in `conformance_postgres`).
 pub fn open_store(dir: &std::path::Path) -> arbor_runner_svc::store::Store {
     match store_url(dir) {
-        // Opening waits on the network: off this runtime's threads, on a runtime of its own.
-        Some(url) => std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(arbor_runner_svc::store::Store::open_postgres(&url))
-                .unwrap()
-        })
-        .join()
-        .unwrap(),
+        Some(url) => open_postgres(&url),
         None => arbor_runner_svc::store::Store::open(dir, 16 << 20).unwrap(),
     }
+}
+
+/// A store on the PostgreSQL database `url`, opened from any thread: opening waits on the
+/// network, so it runs off the caller's runtime, on one of its own.
+pub fn open_postgres(url: &str) -> arbor_runner_svc::store::Store {
+    let url = url.to_string();
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(arbor_runner_svc::store::Store::open_postgres(&url))
+            .unwrap()
+    })
+    .join()
+    .unwrap()
 }
 
 /// [`open_store`] on a database whose previous handle is still letting go of it.
