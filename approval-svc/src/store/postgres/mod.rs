@@ -485,13 +485,7 @@ impl ApprovalStore for PgStore {
         .await
     }
 
-    /// Most runs end with nothing left to cancel (the runner withdraws a run's open suspensions
-    /// in the step that ends it), so a look outside any transaction answers those without one.
-    /// It sees what a transaction's first statement would: an approval committed since is not
-    /// among either's, and one cancelled or decided meanwhile is locked and read again below.
-    /// The look blocks the calling thread, as every read does: a pooled connection held across
-    /// an await on the service's runtime could wait for a thread that waits for a connection.
-    /// One look for all of them.
+    /// One look for all of them (see `cancel_run`).
     fn runs_to_cancel(&self, run_ids: &[String]) -> Result<HashSet<String>> {
         if run_ids.is_empty() {
             return Ok(HashSet::new());
@@ -501,6 +495,12 @@ impl ApprovalStore for PgStore {
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
+    /// Most runs end with nothing left to cancel (the runner withdraws a run's open suspensions
+    /// in the step that ends it), so a look outside any transaction answers those without one.
+    /// It sees what a transaction's first statement would: an approval committed since is not
+    /// among either's, and one cancelled or decided meanwhile is locked and read again below.
+    /// The look blocks the calling thread, as every read does: a pooled connection held across
+    /// an await on the service's runtime could wait for a thread that waits for a connection.
     async fn cancel_run(&self, run_id: &str, actor: &str, reason: &str) -> Result<Vec<Approval>> {
         if !self.any_cancellable(run_id)? {
             return Ok(Vec::new());
