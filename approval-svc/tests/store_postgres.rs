@@ -236,21 +236,9 @@ async fn with_history(
 /// `value` of type `ty`, reads under the generic plan a prepared statement settles on; and that
 /// plan, as PostgreSQL explains it.
 fn pages_read(url: &str, statement: &str, ty: &str, value: &str) -> (u64, serde_json::Value) {
-    let plan = PgCluster::shared()
-        .psql(
-            url,
-            &format!(
-                "SET plan_cache_mode = force_generic_plan; \
-                 PREPARE measured ({ty}) AS {statement}; \
-                 EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured ({value});"
-            ),
-        )
-        .unwrap();
-    let plan: serde_json::Value = serde_json::from_str(&plan).unwrap();
-    let top = plan[0]["Plan"].clone();
-    let pages =
-        top["Shared Hit Blocks"].as_u64().unwrap() + top["Shared Read Blocks"].as_u64().unwrap();
-    (pages, top)
+    let generic = [("plan_cache_mode", "force_generic_plan")];
+    let plan = PgCluster::shared().explain(url, &generic, statement, ty, value);
+    (arbor_testkit::pages(&plan), plan)
 }
 
 /// The node of `plan` that is an index scan of `index`, if one is.
@@ -301,8 +289,7 @@ async fn reading_the_outbox_reads_a_few_pages_however_many_were_delivered() {
         // The walk of the outbox (the one row's trace is looked up beside it, a page or two).
         let walk = index_scan(&plan, "approval_records_outbox")
             .unwrap_or_else(|| panic!("the outbox is not read as a walk of its index: {plan:#}"));
-        let pages = walk["Shared Hit Blocks"].as_u64().unwrap()
-            + walk["Shared Read Blocks"].as_u64().unwrap();
+        let pages = arbor_testkit::pages(walk);
         if pages <= 100 {
             break;
         }

@@ -11,29 +11,6 @@ mod common;
 use arbor_runner_svc::store::{LAST_IN_RANGE, POSTGRES_SESSION, SCAN_RANGE, T};
 use arbor_testkit::PgCluster;
 
-/// The plan of `statement` run with `args`, planned as the runner's connections plan it:
-/// `(rows it returned, shared pages it read, the plan)`.
-fn measured(url: &str, statement: &str, types: &str, args: &str) -> (u64, u64, serde_json::Value) {
-    let session: String = POSTGRES_SESSION
-        .iter()
-        .map(|(name, value)| format!("SET {name} = {value}; "))
-        .collect();
-    let plan = PgCluster::shared()
-        .psql(
-            url,
-            &format!(
-                "{session}PREPARE measured ({types}) AS {statement}; \
-                 EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured ({args});"
-            ),
-        )
-        .unwrap();
-    let plan: serde_json::Value = serde_json::from_str(&plan).unwrap();
-    let top = plan[0]["Plan"].clone();
-    let pages =
-        top["Shared Hit Blocks"].as_u64().unwrap() + top["Shared Read Blocks"].as_u64().unwrap();
-    (top["Actual Rows"].as_u64().unwrap(), pages, top)
-}
-
 #[test]
 fn a_range_read_reads_a_few_pages_however_many_keys_follow_it() {
     const AFTER: usize = 20_000;
@@ -89,8 +66,9 @@ fn a_range_read_reads_a_few_pages_however_many_keys_follow_it() {
             1,
         ),
     ] {
-        let (returned, pages, plan) = measured(&url, statement, types, &args);
-        assert_eq!(returned, rows, "{what}: {plan:#}");
+        let plan = cluster.explain(&url, POSTGRES_SESSION, statement, types, &args);
+        let pages = arbor_testkit::pages(&plan);
+        assert_eq!(plan["Actual Rows"], rows, "{what}: {plan:#}");
         assert!(
             pages <= 10,
             "{what} read {pages} pages for {rows} rows: {plan:#}"

@@ -173,6 +173,36 @@ impl PgCluster {
         }
     }
 
+    /// How one run of `statement` goes: prepared (its parameters of the `types` given, after
+    /// the session `settings`, `name`, `value`) and executed with `args` under
+    /// `EXPLAIN (ANALYZE, BUFFERS)`. Answers the plan's top node, with what it and the nodes
+    /// under it read (see [`pages`]).
+    pub fn explain(
+        &self,
+        url: &str,
+        settings: &[(&str, &str)],
+        statement: &str,
+        types: &str,
+        args: &str,
+    ) -> serde_json::Value {
+        let set: String = settings
+            .iter()
+            .map(|(name, value)| format!("SET {name} = {value}; "))
+            .collect();
+        let plan = self
+            .psql(
+                url,
+                &format!(
+                    "{set}PREPARE measured ({types}) AS {statement}; \
+                     EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured ({args});"
+                ),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        let plan: serde_json::Value =
+            serde_json::from_str(&plan).unwrap_or_else(|e| panic!("{e}: {plan}"));
+        plan[0]["Plan"].clone()
+    }
+
     /// Kills the server as a crash would (`pg_ctl stop -m immediate`: no checkpoint, recovery
     /// from the WAL on the next start). Connections fail until [`PgCluster::start_again`].
     pub fn stop_immediate(&self) {
@@ -459,6 +489,17 @@ fn describe_failure(out: std::io::Result<Output>, what: &str) -> Result<Output, 
             String::from_utf8_lossy(&o.stderr).trim_end()
         )),
     }
+}
+
+/// The shared pages (of tables and indexes) a node of an [`PgCluster::explain`]ed plan and the
+/// nodes under it hit or read.
+pub fn pages(node: &serde_json::Value) -> u64 {
+    let count = |key: &str| {
+        node[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no {key}: {node:#}"))
+    };
+    count("Shared Hit Blocks") + count("Shared Read Blocks")
 }
 
 /// A free TCP port on 127.0.0.1 for a server that binds it later (a service process, the
