@@ -929,15 +929,14 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 /// One page of the keys of table `$1` from `$2` up to `$3` (excluded), `$4` rows at most.
 pub const SCAN_RANGE: &str =
     "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 AND k < $3 ORDER BY k LIMIT $4";
-/// [`SCAN_RANGE`] without an upper bound (`$3` is NULL).
-const SCAN_FROM: &str = "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 \
-     AND $3::bytea IS NULL ORDER BY k LIMIT $4";
+/// [`SCAN_RANGE`] without an upper bound, `$3` rows at most.
+const SCAN_FROM: &str = "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 ORDER BY k LIMIT $3";
 /// The last key of table `$1` from `$2` up to `$3` (excluded).
 pub const LAST_IN_RANGE: &str =
     "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 AND k < $3 ORDER BY k DESC LIMIT 1";
-/// [`LAST_IN_RANGE`] without an upper bound (`$3` is NULL).
-const LAST_FROM: &str = "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 \
-     AND $3::bytea IS NULL ORDER BY k DESC LIMIT 1";
+/// [`LAST_IN_RANGE`] without an upper bound.
+const LAST_FROM: &str =
+    "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 ORDER BY k DESC LIMIT 1";
 
 /// A scan read one page at a time.
 struct Scan {
@@ -955,12 +954,11 @@ struct Scan {
 impl Scan {
     fn fetch(&mut self) -> Result<(), StoreError> {
         let client = self.db.client_blocking()?;
-        let params: [&(dyn ToSql + Sync); 4] = [&self.t, &self.from, &self.end, &self.size];
+        let (sql, params): (_, Vec<&(dyn ToSql + Sync)>) = match &self.end {
+            Some(end) => (SCAN_RANGE, vec![&self.t, &self.from, end, &self.size]),
+            None => (SCAN_FROM, vec![&self.t, &self.from, &self.size]),
+        };
         let rows = wait(async {
-            let sql = match self.end {
-                Some(_) => SCAN_RANGE,
-                None => SCAN_FROM,
-            };
             client
                 .query(&client.prepare_cached(sql).await?, &params)
                 .await
@@ -1019,14 +1017,12 @@ impl Backend for PgBackend {
 
     fn last(&self, t: T, prefix: &[u8]) -> Result<Option<(Value, Value)>, StoreError> {
         let client = self.db.client_blocking()?;
-        let (t16, end) = (t as i16, prefix_end(prefix));
-        let sql = match end {
-            Some(_) => LAST_IN_RANGE,
-            None => LAST_FROM,
+        let t = t as i16;
+        let row = match prefix_end(prefix) {
+            Some(end) => wait(client.prepared_query_opt(LAST_IN_RANGE, &[&t, &prefix, &end])),
+            None => wait(client.prepared_query_opt(LAST_FROM, &[&t, &prefix])),
         };
-        Ok(wait(client.prepared_query_opt(sql, &[&t16, &prefix, &end]))
-            .map_err(DbError::from)?
-            .map(|r| (r.get(0), r.get(1))))
+        Ok(row.map_err(DbError::from)?.map(|r| (r.get(0), r.get(1))))
     }
 
     /// Sums the counter's rows: its own and its stripes.
