@@ -260,11 +260,7 @@ impl<S: ApprovalStore> Subscriber<S> {
             })
             .map(|(run, _)| run.clone())
             .collect();
-        let to_cancel = match ending.is_empty() {
-            true => Default::default(),
-            false => self.approvals.store().runs_to_cancel(&ending)?,
-        };
-        let to_cancel = &to_cancel;
+        let to_cancel = &self.approvals.store().runs_to_cancel(&ending)?;
         let results = futures_util::future::join_all(by_run.iter().map(|(_, events)| async move {
             for event in events {
                 match stored.get(&event.seq) {
