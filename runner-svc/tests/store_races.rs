@@ -1,13 +1,16 @@
-//! Races on the storage seam's own operations: what the ledger's exactly-once rests on; and what
-//! a read of several keys at once answers.
+//! Races on the storage seam's own operations: what the ledger's exactly-once rests on; what
+//! a read of several keys at once answers; and what a body of a batched commit reads.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
-use std::sync::{Arc, Barrier};
+use std::{
+    sync::{Arc, Barrier},
+    time::Duration,
+};
 
-use arbor_runner_svc::store::T;
+use arbor_runner_svc::store::{Abort, Store, T, TxError};
 
 /// Sixteen callers write one new key at once with different values: exactly one writes, every
 /// other one is handed the winner's value, and the winner's value is what stays.
@@ -112,4 +115,83 @@ fn a_read_of_several_keys_answers_each_in_the_order_asked() {
     );
     assert_eq!(read, one_by_one);
     assert_eq!(store.get_many(&[]).unwrap(), Vec::<Option<Vec<u8>>>::new());
+}
+
+/// Holds the durable commit lane for a moment, so that the commits queued meanwhile go into the
+/// next batch together.
+async fn with_lane_held<F: std::future::Future>(store: &Store, queued: F) -> F::Output {
+    let held = store.commit(|_| {
+        std::thread::sleep(Duration::from_millis(300));
+        Ok::<_, Abort<()>>(())
+    });
+    let queued = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        queued.await
+    };
+    let (held, out) = tokio::join!(held, queued);
+    held.unwrap();
+    out
+}
+
+/// Commits queued together share one transaction, and a store whose reads are round trips reads
+/// the rows they name (`commit_reading`) together, before any of them runs: yet each body reads
+/// what the bodies before it in the transaction wrote, deleted, or (one that aborted) left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_reads_what_the_bodies_before_it_in_its_batch_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open_store(dir.path());
+    store
+        .transact(|t| {
+            for key in [b"changed", b"deleted", b"aborted"] {
+                t.tree(T::Runs).insert(key, b"before")?;
+            }
+            Ok::<_, Abort<()>>(())
+        })
+        .unwrap();
+    let reads = |key: &[u8]| vec![(T::Runs, key.to_vec())];
+    let write = |key: &'static [u8], value: Option<&'static [u8]>, aborts: bool| {
+        store.commit_reading(reads(key), move |t| {
+            match value {
+                Some(v) => t.tree(T::Runs).insert(key, v)?,
+                None => t.tree(T::Runs).remove(key)?,
+            }
+            match aborts {
+                true => Err(Abort::Domain("changed my mind")),
+                false => Ok(()),
+            }
+        })
+    };
+    let read = |key: &'static [u8]| {
+        store.commit_reading(reads(key), move |t| {
+            t.prefetch_reads(&[(T::Runs, key.to_vec())])?;
+            Ok::<_, Abort<&str>>(t.tree(T::Runs).get(key)?)
+        })
+    };
+    let batches = store.stats().batches;
+    let seen = with_lane_held(&store, async {
+        tokio::join!(
+            write(b"changed", Some(b"after"), false),
+            write(b"deleted", None, false),
+            write(b"aborted", Some(b"after"), true),
+            read(b"changed"),
+            read(b"deleted"),
+            read(b"aborted"),
+        )
+    })
+    .await;
+    // The held commit, then the six in one transaction; sled runs that transaction again
+    // without the body that aborted, PostgreSQL undoes that body's writes within it.
+    let transactions = if common::on_postgres() { 2 } else { 3 };
+    assert_eq!(
+        store.stats().batches - batches,
+        transactions,
+        "the six commits queued behind the held lane did not share a transaction"
+    );
+    let (changed, deleted, aborted, read_changed, read_deleted, read_aborted) = seen;
+    changed.unwrap();
+    deleted.unwrap();
+    assert!(matches!(aborted, Err(TxError::Abort("changed my mind"))));
+    assert_eq!(read_changed.unwrap(), Some(b"after".to_vec()));
+    assert_eq!(read_deleted.unwrap(), None);
+    assert_eq!(read_aborted.unwrap(), Some(b"before".to_vec()));
 }

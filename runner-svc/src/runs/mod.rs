@@ -34,7 +34,7 @@ use crate::{
     error::RunnerError,
     events::EventLog,
     mailbox::{Claim, Clock, Job, Mailbox, MailboxConfig, MailboxStore, Reaped},
-    store::{Change, Store, T, Tx, TxResult, codec},
+    store::{Change, Reads, Store, T, Tx, TxResult, codec},
 };
 
 /// How long `caught_up` waits for a commit in flight to publish its events before it syncs.
@@ -247,12 +247,14 @@ impl Runner {
     /// otherwise a worker is woken to claim the job from the queue. Dropped half-way, the
     /// claim still reaches its worker (see [`commit_then`](Self::commit_then)); it would
     /// otherwise be durable and wait for its lease to run out.
+    /// `reads` are the rows the body reads first (see [`Store::commit_reading`]).
     pub(crate) async fn commit_queuing<R: Send + 'static>(
         &self,
         hand_off: Option<handoff::HandOff>,
+        reads: Reads,
         body: impl Fn(&Tx<'_>) -> TxResult<((R, Option<Job>), Vec<Event>), RunnerError> + Send + 'static,
     ) -> Result<R, RunnerError> {
-        self.commit_then(body, move |(r, claimed)| match (claimed, hand_off) {
+        self.commit_then(reads, body, move |(r, claimed)| match (claimed, hand_off) {
             (Some(job), Some(hand_off)) => {
                 hand_off.give(job);
                 (r, false)
@@ -268,7 +270,17 @@ impl Runner {
         &self,
         body: impl Fn(&Tx<'_>) -> TxResult<(R, Vec<Event>), RunnerError> + Send + 'static,
     ) -> Result<R, RunnerError> {
-        self.commit_then(body, |r| (r, false)).await
+        self.commit_then(Vec::new(), body, |r| (r, false)).await
+    }
+
+    /// [`commit`](Self::commit) of a body that reads `reads` first (see
+    /// [`Store::commit_reading`]).
+    pub(crate) async fn commit_reading<R: Send + 'static>(
+        &self,
+        reads: Reads,
+        body: impl Fn(&Tx<'_>) -> TxResult<(R, Vec<Event>), RunnerError> + Send + 'static,
+    ) -> Result<R, RunnerError> {
+        self.commit_then(reads, body, |r| (r, false)).await
     }
 
     /// Commits `body`; once it is durable, runs `then` on its outcome (which answers whether
@@ -280,6 +292,7 @@ impl Runner {
     /// without its caller is still streamed at once, not at the next commit of anything.
     async fn commit_then<X: Send + 'static, R: Send + 'static>(
         &self,
+        reads: Reads,
         body: impl Fn(&Tx<'_>) -> TxResult<(X, Vec<Event>), RunnerError> + Send + 'static,
         then: impl FnOnce(X) -> (R, bool) + Send + 'static,
     ) -> Result<R, RunnerError> {
@@ -291,7 +304,7 @@ impl Runner {
         );
         tokio::spawn(
             async move {
-                let (x, appended) = store.commit(body).await?;
+                let (x, appended) = store.commit_reading(reads, body).await?;
                 let (r, wake) = then(x);
                 if let Some(last) = appended.last() {
                     events.publish(last.seq);

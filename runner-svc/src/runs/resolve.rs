@@ -71,21 +71,24 @@ impl Runner {
         };
         let hand_off = self.hand_off();
         let claimer = hand_off.as_ref().map(|h| h.claimer());
+        // Everything the step reads that its keys alone name, read with the batch's first read;
+        // and what `deliver` reads of the run's thread, when that is the run's own (as it is
+        // unless the run was submitted on a thread).
+        let run_key = input.run_id.clone().into_bytes();
+        let mut reads = vec![
+            (T::Runs, run_key.clone()),
+            (T::Checkpoints, run_key.clone()),
+            (T::Inbox, codec::pair_key(&input.run_id, &input.request_id)),
+            (T::Tasks, input.request_id.clone().into_bytes()),
+            (T::Dedupe, wake_key(&input.run_id).into_bytes()),
+            (T::Mailboxes, run_key.clone()),
+        ];
+        if claimer.is_some() {
+            reads.push((T::Active, run_key));
+        }
         let resolved = self
-            .commit_queuing(hand_off, move |tx| {
-                // Everything the step reads that its keys alone name, in one round trip.
-                let (run_key, request_key) = (input.run_id.as_bytes(), input.request_id.as_bytes());
-                let (inbox, wake) = (
-                    codec::pair_key(&input.run_id, &input.request_id),
-                    wake_key(&input.run_id),
-                );
-                tx.prefetch(&[
-                    (T::Runs, run_key),
-                    (T::Checkpoints, run_key),
-                    (T::Inbox, &inbox),
-                    (T::Tasks, request_key),
-                    (T::Dedupe, wake.as_bytes()),
-                ])?;
+            .commit_queuing(hand_off, reads.clone(), move |tx| {
+                tx.prefetch_reads(&reads)?;
                 let run = records::must_get_run(tx, &input.run_id)?;
                 let Some(ck) = records::get_checkpoint(tx, &input.run_id)? else {
                     return abort(not_found(&input));

@@ -139,21 +139,21 @@ impl Runner {
             .unwrap_or_else(arbor_shared::trace::TraceContext::new_root);
         let hand_off = self.hand_off();
         let claimer = hand_off.as_ref().map(|h| h.claimer());
+        // Everything the submission reads that its ids name, read with the batch's first read.
+        let mut reads = vec![
+            (T::Runs, run_id.clone().into_bytes()),
+            (T::Checkpoints, run_id.clone().into_bytes()),
+            (T::Mailboxes, thread_id.clone().into_bytes()),
+        ];
+        if !input.dedupe_key.is_empty() {
+            reads.push((T::Dedupe, input.dedupe_key.clone().into_bytes()));
+        }
+        if claimer.is_some() {
+            reads.push((T::Active, thread_id.clone().into_bytes()));
+        }
         let submitted = self
-            .commit_queuing(hand_off, move |tx| {
-                // Everything the submission reads that its ids name, in one round trip.
-                let mut keys = vec![
-                    (T::Runs, run_id.as_bytes()),
-                    (T::Checkpoints, run_id.as_bytes()),
-                    (T::Mailboxes, thread_id.as_bytes()),
-                ];
-                if !input.dedupe_key.is_empty() {
-                    keys.push((T::Dedupe, input.dedupe_key.as_bytes()));
-                }
-                if claimer.is_some() {
-                    keys.push((T::Active, thread_id.as_bytes()));
-                }
-                tx.prefetch(&keys)?;
+            .commit_queuing(hand_off, reads.clone(), move |tx| {
+                tx.prefetch_reads(&reads)?;
                 let existing = records::get_run(tx, &run_id)?;
                 if let Some(conflict) =
                     restore_conflict(input.restore_policy, &run_id, existing.as_ref())

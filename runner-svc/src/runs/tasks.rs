@@ -250,7 +250,7 @@ impl Runner {
         let hand_off = self.hand_off();
         let claimer = hand_off.as_ref().map(|h| h.claimer());
         let taken = self
-            .commit_queuing(hand_off, move |tx| {
+            .commit_queuing(hand_off, Vec::new(), move |tx| {
                 // A repeat of the call that ended this lease (its answer was lost) is answered
                 // the same way and changes nothing.
                 let done = match event_kind {

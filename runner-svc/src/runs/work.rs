@@ -323,20 +323,19 @@ impl Runner {
         let status = step.status;
         let next_wake = step.next_wake_ms;
         let (job, token) = (job.clone(), claim.token.clone());
-        self.commit(move |tx| {
-            // Everything the step reads that the job names, in one round trip: the fence, the
-            // run, its trace, and what the ack unindexes.
-            let trace = events::trace_key(&job.run_id);
-            let mut keys = vec![
-                (T::Jobs, job.job_id.as_bytes()),
-                (T::Runs, job.run_id.as_bytes()),
-                (T::Meta, trace.as_slice()),
-                (T::Active, job.mailbox_id.as_bytes()),
-            ];
-            if !job.dedupe_key.is_empty() {
-                keys.push((T::Dedupe, job.dedupe_key.as_bytes()));
-            }
-            tx.prefetch(&keys)?;
+        // Everything the step reads that the job names, read with the batch's first read: the
+        // fence, the run, its trace, and what the ack unindexes.
+        let mut reads = vec![
+            (T::Jobs, job.job_id.clone().into_bytes()),
+            (T::Runs, job.run_id.clone().into_bytes()),
+            (T::Meta, events::trace_key(&job.run_id)),
+            (T::Active, job.mailbox_id.clone().into_bytes()),
+        ];
+        if !job.dedupe_key.is_empty() {
+            reads.push((T::Dedupe, job.dedupe_key.clone().into_bytes()));
+        }
+        self.commit_reading(reads.clone(), move |tx| {
+            tx.prefetch_reads(&reads)?;
             lift(mtx::check_fence(tx, &job.job_id, &token))?;
             let Some(mut run) = records::get_run(tx, &job.run_id)? else {
                 return abort(RunnerError::RunNotFound(job.run_id.clone()));

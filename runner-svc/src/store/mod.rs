@@ -154,6 +154,9 @@ impl<E> From<Fault> for Abort<E> {
 /// Result of a transaction body.
 pub type TxResult<R, E> = Result<R, Abort<E>>;
 
+/// Keys of rows (each with its table) that a transaction body will read, known before it runs.
+pub type Reads = Vec<(T, Value)>;
+
 /// Reads and writes inside one transaction. A read sees the transaction's own writes.
 pub trait Txn {
     fn get(&self, t: T, key: &[u8]) -> Result<Option<Value>, Fault>;
@@ -182,6 +185,12 @@ pub trait Txn {
 pub type Tx<'a> = dyn Txn + 'a;
 
 impl<'a> dyn Txn + 'a {
+    /// [`Txn::prefetch`] of owned keys (a body's [`Reads`]).
+    pub fn prefetch_reads(&self, reads: &[(T, Value)]) -> Result<(), Fault> {
+        let keys: Vec<(T, &[u8])> = reads.iter().map(|(t, k)| (*t, k.as_slice())).collect();
+        self.prefetch(&keys)
+    }
+
     /// One table of the transaction.
     pub fn tree(&self, t: T) -> TxTable<'_, 'a> {
         TxTable { tx: self, t }
@@ -294,8 +303,14 @@ pub trait Backend: Send + Sync + 'static {
     fn transact(&self, body: &Body<'_>) -> Result<(), Failed>;
     /// Runs `body` in a transaction that may be shared with other queued bodies (each body
     /// aborts alone). Resolves once that transaction is durable, or, with `durable` false, as
-    /// soon as it committed.
-    fn commit(&self, body: Box<Body<'static>>, durable: bool) -> Pending<Result<(), Failed>>;
+    /// soon as it committed. `reads` are keys the body reads: a backend whose reads are round
+    /// trips fetches those of every body of the transaction with its first read.
+    fn commit(
+        &self,
+        reads: Reads,
+        body: Box<Body<'static>>,
+        durable: bool,
+    ) -> Pending<Result<(), Failed>>;
     /// Resolves once everything committed before the call is durable.
     fn durable(&self) -> Pending<Result<(), StoreError>>;
     /// A fresh id, unique and increasing across restarts.
@@ -510,7 +525,20 @@ impl Store {
         E: Send + 'static,
         F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
     {
-        self.batched(body, true).await
+        self.batched(Vec::new(), body, true).await
+    }
+
+    /// [`commit`](Self::commit) of a body that reads `reads`: on a store whose reads are round
+    /// trips, the rows every body of the batch names this way are fetched together, with the
+    /// batch's first read, instead of one round trip per body. The body still sees the writes
+    /// of the bodies before it in its batch, as with any read.
+    pub async fn commit_reading<R, E, F>(&self, reads: Reads, body: F) -> Result<R, TxError<E>>
+    where
+        R: Send + 'static,
+        E: Send + 'static,
+        F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
+    {
+        self.batched(reads, body, true).await
     }
 
     /// [`commit`](Self::commit) that resolves as soon as the transaction has committed, without
@@ -522,10 +550,10 @@ impl Store {
         E: Send + 'static,
         F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
     {
-        self.batched(body, false).await
+        self.batched(Vec::new(), body, false).await
     }
 
-    async fn batched<R, E, F>(&self, body: F, durable: bool) -> Result<R, TxError<E>>
+    async fn batched<R, E, F>(&self, reads: Reads, body: F, durable: bool) -> Result<R, TxError<E>>
     where
         R: Send + 'static,
         E: Send + 'static,
@@ -534,7 +562,7 @@ impl Store {
         let slot: Slot<R, E> = Arc::default();
         let ran = self
             .0
-            .commit(Box::new(erase(body, slot.clone())), durable)
+            .commit(reads, Box::new(erase(body, slot.clone())), durable)
             .await;
         take(ran, &slot)
     }

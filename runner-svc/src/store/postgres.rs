@@ -3,7 +3,9 @@
 //!
 //! - A body's reads are statements (one statement for all the rows it names at once with
 //!   `prefetch`), each row read once per transaction; its writes are kept until it returns and
-//!   then written together with the COMMIT, in one round trip. A serialisation failure,
+//!   then written together with the COMMIT, in one round trip. The rows the bodies of a batch
+//!   named when they were queued (`Store::commit_reading`) are all read by the batch's first
+//!   statement. A serialisation failure,
 //!   deadlock or unique violation is a conflict: the bodies run again in a new transaction, as
 //!   in the embedded store.
 //! - Transactions come in three kinds:
@@ -56,8 +58,8 @@ use arbor_shared::postgres::{
 };
 
 use super::{
-    Abort, Backend, Body, Change, Entries, Failed, Fault, Pending, Stats, Store, StoreError, T,
-    TABLES, Txn, Value,
+    Abort, Backend, Body, Change, Entries, Failed, Fault, Pending, Reads, Stats, Store, StoreError,
+    T, TABLES, Txn, Value,
 };
 
 /// The runner's schema, oldest migration first. Never edit a released migration.
@@ -170,6 +172,8 @@ struct Counts {
 
 /// A body and where its outcome goes, queued for the committer thread.
 struct Queued {
+    /// Rows the body reads, fetched with the batch's first read.
+    reads: Reads,
     body: Box<Body<'static>>,
     done: tokio::sync::oneshot::Sender<Result<(), Failed>>,
 }
@@ -330,9 +334,10 @@ fn committer_loop(
             true => hot.get().map_or(&[][..], Vec::as_slice),
             false => &[],
         };
+        let ahead = reads_ahead(hot, batch.iter().map(|q| &q.reads));
         let setup = Setup {
             begin: lane.begin,
-            hot,
+            ahead: &ahead,
             stripe: lane.writer.then_some(0),
             origin,
         };
@@ -351,6 +356,20 @@ fn committer_loop(
     }
 }
 
+/// What a batch fetches with its first read: the hot keys, then the rows its bodies said they
+/// read, each once. One statement for the batch instead of one round trip per body, most of
+/// them while the batch holds the writer lock.
+fn reads_ahead<'r>(hot: &'r [(T, Value)], bodies: impl Iterator<Item = &'r Reads>) -> Keys {
+    let mut seen = std::collections::HashSet::new();
+    let mut ahead = Keys::new();
+    for (t, k) in hot.iter().chain(bodies.flatten()) {
+        if seen.insert((*t as usize, k.as_slice())) {
+            ahead.push((*t, k.clone()));
+        }
+    }
+    ahead
+}
+
 /// Where a transaction's connection comes from.
 enum Conn<'a> {
     /// A pooled one, waited on from the calling thread.
@@ -364,7 +383,7 @@ enum Conn<'a> {
 struct Setup<'a> {
     begin: &'static str,
     /// Rows fetched with its first read.
-    hot: &'a [(T, Value)],
+    ahead: &'a [(T, Value)],
     /// Which row of each counter it moves (`None`: one picked at random, each attempt).
     stripe: Option<u8>,
     /// This process, named in its notifications so that it can skip them.
@@ -512,7 +531,7 @@ impl<'c> PgTx<'c> {
             log: RefCell::default(),
             writes: RefCell::default(),
             read: RefCell::default(),
-            ahead: RefCell::new(setup.hot.to_vec()),
+            ahead: RefCell::new(setup.ahead.to_vec()),
             stripe,
             origin: setup.origin,
             failed: RefCell::default(),
@@ -1070,7 +1089,7 @@ impl Backend for PgBackend {
     fn transact(&self, body: &Body<'_>) -> Result<(), Failed> {
         let setup = Setup {
             begin: BEGIN,
-            hot: &[],
+            ahead: &[],
             stripe: None,
             origin: &self.origin,
         };
@@ -1082,13 +1101,18 @@ impl Backend for PgBackend {
     /// A durable commit joins the next batch of the durable lane; one that need not be durable
     /// (a claim) the next batch of the other lane, which answers without waiting for the WAL
     /// flush and runs alongside.
-    fn commit(&self, body: Box<Body<'static>>, durable: bool) -> Pending<Result<(), Failed>> {
+    fn commit(
+        &self,
+        reads: Reads,
+        body: Box<Body<'static>>,
+        durable: bool,
+    ) -> Pending<Result<(), Failed>> {
         let lane = match durable {
             true => &self.committer,
             false => &self.claimer,
         };
         let (done, answer) = tokio::sync::oneshot::channel();
-        let queued = lane.send(Queued { body, done });
+        let queued = lane.send(Queued { reads, body, done });
         Box::pin(async move {
             if queued.is_err() {
                 return Err(Failed::Storage(StoreError::Failed(

@@ -23,8 +23,8 @@ use sled::{
 };
 
 use super::{
-    Abort, Backend, Body, Entries, FIRST_SEQ, Failed, Fault, NEXT_SEQ, Pending, Stats, Store,
-    StoreError, T, TABLE_NAMES, Txn, Value, codec,
+    Abort, Backend, Body, Entries, FIRST_SEQ, Failed, Fault, NEXT_SEQ, Pending, Reads, Stats,
+    Store, StoreError, T, TABLE_NAMES, Txn, Value, codec,
 };
 
 /// Opening the database failed.
@@ -260,7 +260,13 @@ impl Backend for SledBackend {
             })
     }
 
-    fn commit(&self, body: Box<Body<'static>>, durable: bool) -> Pending<Result<(), Failed>> {
+    /// Reads are the process's own memory and disk: `reads` need no fetching ahead.
+    fn commit(
+        &self,
+        _reads: Reads,
+        body: Box<Body<'static>>,
+        durable: bool,
+    ) -> Pending<Result<(), Failed>> {
         let batches = self.batches.clone();
         Box::pin(async move {
             let body = move |tx: &SledTx<'_>| to_sled(body(tx));

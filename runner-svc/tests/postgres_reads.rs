@@ -1,0 +1,96 @@
+//! On PostgreSQL, a batch of durable commits reads the rows its bodies named when they were
+//! queued (`Store::commit_reading`) with one statement, before its first body runs, instead of
+//! one round trip per body while the batch holds the event log's writer lock.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use arbor_runner_svc::store::{Abort, T};
+use arbor_testkit::PgCluster;
+
+/// Calls of the store's row reads (of several keys, and of one) since the last reset.
+fn row_reads(cluster: &PgCluster, url: &str) -> u64 {
+    let calls = cluster
+        .psql(
+            url,
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements \
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND (query LIKE 'SELECT u.i, r.v FROM unnest%' \
+                  OR query LIKE 'SELECT v FROM runner_kv WHERE t = $1 AND k = $2%')",
+        )
+        .unwrap();
+    calls.trim().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_reads_the_rows_its_bodies_named_in_one_statement() {
+    const BODIES: usize = 24;
+    let cluster = PgCluster::start_with(&["shared_preload_libraries=pg_stat_statements"]);
+    let url = cluster.fresh_database("batch_reads");
+    cluster
+        .psql(&url, "CREATE EXTENSION pg_stat_statements")
+        .unwrap();
+    let store = common::open_postgres(&url);
+    store
+        .transact(|t| {
+            for i in 0..BODIES {
+                t.tree(T::Runs).insert(format!("run-{i}"), b"record")?;
+            }
+            Ok::<_, Abort<()>>(())
+        })
+        .unwrap();
+    cluster
+        .psql(&url, "SELECT pg_stat_statements_reset()")
+        .unwrap();
+
+    // A commit that holds the durable lane, while BODIES commits queue behind it; each reads
+    // its run and its checkpoint, and writes the checkpoint.
+    let (batches, bodies) = (store.stats().batches, store.stats().bodies);
+    let held = store.commit(|_| {
+        std::thread::sleep(Duration::from_millis(300));
+        Ok::<_, Abort<()>>(())
+    });
+    let queued = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let each = (0..BODIES).map(|i| {
+            let run = format!("run-{i}").into_bytes();
+            let reads = vec![(T::Runs, run.clone()), (T::Checkpoints, run.clone())];
+            store.commit_reading(reads.clone(), move |t| {
+                t.prefetch_reads(&reads)?;
+                let record = t.tree(T::Runs).get(&run)?;
+                assert_eq!(record.as_deref(), Some(&b"record"[..]));
+                assert_eq!(t.tree(T::Checkpoints).get(&run)?, None);
+                t.tree(T::Checkpoints).insert(&run, b"checkpoint")?;
+                Ok::<_, Abort<()>>(())
+            })
+        });
+        futures_util::future::join_all(each).await
+    };
+    let (held, queued) = tokio::join!(held, queued);
+    held.unwrap();
+    for done in queued {
+        done.unwrap();
+    }
+
+    let stats = store.stats();
+    assert_eq!(
+        (stats.batches - batches, stats.bodies - bodies),
+        (2, 1 + BODIES as u64),
+        "the commits queued behind the held lane did not share a transaction"
+    );
+    assert_eq!(
+        row_reads(&cluster, &url),
+        1,
+        "{BODIES} bodies that named their rows took more than one read"
+    );
+    for i in 0..BODIES {
+        let run = format!("run-{i}");
+        assert_eq!(
+            store.tree(T::Checkpoints).get(&run).unwrap().as_deref(),
+            Some(&b"checkpoint"[..])
+        );
+    }
+}
