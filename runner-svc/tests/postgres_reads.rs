@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use arbor_runner_svc::store::{Abort, T};
 use arbor_testkit::PgCluster;
 
@@ -49,28 +47,26 @@ async fn a_batch_reads_the_rows_its_bodies_named_in_one_statement() {
     // A commit that holds the durable lane, while BODIES commits queue behind it; each reads
     // its run and its checkpoint, and writes the checkpoint.
     let (batches, bodies) = (store.stats().batches, store.stats().bodies);
-    let held = store.commit(|_| {
-        std::thread::sleep(Duration::from_millis(300));
-        Ok::<_, Abort<()>>(())
-    });
-    let queued = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let queued = common::with_lane_held(&store, async {
         let each = (0..BODIES).map(|i| {
             let run = format!("run-{i}").into_bytes();
             let reads = vec![(T::Runs, run.clone()), (T::Checkpoints, run.clone())];
             store.commit_reading(reads.clone(), move |t| {
                 t.prefetch_reads(&reads)?;
-                let record = t.tree(T::Runs).get(&run)?;
-                assert_eq!(record.as_deref(), Some(&b"record"[..]));
-                assert_eq!(t.tree(T::Checkpoints).get(&run)?, None);
+                let seen = (
+                    t.tree(T::Runs).get(&run)?,
+                    t.tree(T::Checkpoints).get(&run)?,
+                );
+                if seen != (Some(b"record".to_vec()), None) {
+                    return Err(Abort::Domain(format!("read {seen:?}")));
+                }
                 t.tree(T::Checkpoints).insert(&run, b"checkpoint")?;
-                Ok::<_, Abort<()>>(())
+                Ok(())
             })
         });
         futures_util::future::join_all(each).await
-    };
-    let (held, queued) = tokio::join!(held, queued);
-    held.unwrap();
+    })
+    .await;
     for done in queued {
         done.unwrap();
     }

@@ -5,12 +5,9 @@
 
 mod common;
 
-use std::{
-    sync::{Arc, Barrier},
-    time::Duration,
-};
+use std::sync::{Arc, Barrier};
 
-use arbor_runner_svc::store::{Abort, Store, T, TxError};
+use arbor_runner_svc::store::{Abort, T, TxError};
 
 /// Sixteen callers write one new key at once with different values: exactly one writes, every
 /// other one is handed the winner's value, and the winner's value is what stays.
@@ -117,22 +114,6 @@ fn a_read_of_several_keys_answers_each_in_the_order_asked() {
     assert_eq!(store.get_many(&[]).unwrap(), Vec::<Option<Vec<u8>>>::new());
 }
 
-/// Holds the durable commit lane for a moment, so that the commits queued meanwhile go into the
-/// next batch together.
-async fn with_lane_held<F: std::future::Future>(store: &Store, queued: F) -> F::Output {
-    let held = store.commit(|_| {
-        std::thread::sleep(Duration::from_millis(300));
-        Ok::<_, Abort<()>>(())
-    });
-    let queued = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        queued.await
-    };
-    let (held, out) = tokio::join!(held, queued);
-    held.unwrap();
-    out
-}
-
 /// Commits queued together share one transaction, and a store whose reads are round trips reads
 /// the rows they name (`commit_reading`) together, before any of them runs: yet each body reads
 /// what the bodies before it in the transaction wrote, deleted, or (one that aborted) left alone.
@@ -168,7 +149,7 @@ async fn a_body_reads_what_the_bodies_before_it_in_its_batch_left() {
         })
     };
     let batches = store.stats().batches;
-    let seen = with_lane_held(&store, async {
+    let seen = common::with_lane_held(&store, async {
         tokio::join!(
             write(b"changed", Some(b"after"), false),
             write(b"deleted", None, false),

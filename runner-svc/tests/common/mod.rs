@@ -270,3 +270,22 @@ impl arbor_runner_svc::engine::Tool for Hold {
         Ok(serde_json::json!("released"))
     }
 }
+
+/// Holds the durable commit lane for a moment, so that the commits queued meanwhile go into the
+/// next batch together.
+pub async fn with_lane_held<F: std::future::Future>(
+    store: &arbor_runner_svc::store::Store,
+    queued: F,
+) -> F::Output {
+    let held = store.commit(|_| {
+        std::thread::sleep(Duration::from_millis(300));
+        Ok::<_, arbor_runner_svc::store::Abort<()>>(())
+    });
+    let queued = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        queued.await
+    };
+    let (held, out) = tokio::join!(held, queued);
+    held.unwrap();
+    out
+}
