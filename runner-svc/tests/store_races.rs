@@ -144,7 +144,6 @@ async fn a_body_reads_what_the_bodies_before_it_in_its_batch_left() {
     };
     let read = |key: &'static [u8]| {
         store.commit_reading(reads(key), move |t| {
-            t.prefetch_reads(&[(T::Runs, key.to_vec())])?;
             Ok::<_, Abort<&str>>(t.tree(T::Runs).get(key)?)
         })
     };

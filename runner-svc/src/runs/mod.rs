@@ -270,7 +270,7 @@ impl Runner {
         &self,
         body: impl Fn(&Tx<'_>) -> TxResult<(R, Vec<Event>), RunnerError> + Send + 'static,
     ) -> Result<R, RunnerError> {
-        self.commit_then(Vec::new(), body, |r| (r, false)).await
+        self.commit_reading(Vec::new(), body).await
     }
 
     /// [`commit`](Self::commit) of a body that reads `reads` first (see

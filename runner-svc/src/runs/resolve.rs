@@ -87,8 +87,7 @@ impl Runner {
             reads.push((T::Active, run_key));
         }
         let resolved = self
-            .commit_queuing(hand_off, reads.clone(), move |tx| {
-                tx.prefetch_reads(&reads)?;
+            .commit_queuing(hand_off, reads, move |tx| {
                 let run = records::must_get_run(tx, &input.run_id)?;
                 let Some(ck) = records::get_checkpoint(tx, &input.run_id)? else {
                     return abort(not_found(&input));

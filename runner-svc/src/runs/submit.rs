@@ -152,8 +152,7 @@ impl Runner {
             reads.push((T::Active, thread_id.clone().into_bytes()));
         }
         let submitted = self
-            .commit_queuing(hand_off, reads.clone(), move |tx| {
-                tx.prefetch_reads(&reads)?;
+            .commit_queuing(hand_off, reads, move |tx| {
                 let existing = records::get_run(tx, &run_id)?;
                 if let Some(conflict) =
                     restore_conflict(input.restore_policy, &run_id, existing.as_ref())

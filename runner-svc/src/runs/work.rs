@@ -334,8 +334,7 @@ impl Runner {
         if !job.dedupe_key.is_empty() {
             reads.push((T::Dedupe, job.dedupe_key.clone().into_bytes()));
         }
-        self.commit_reading(reads.clone(), move |tx| {
-            tx.prefetch_reads(&reads)?;
+        self.commit_reading(reads, move |tx| {
             lift(mtx::check_fence(tx, &job.job_id, &token))?;
             let Some(mut run) = records::get_run(tx, &job.run_id)? else {
                 return abort(RunnerError::RunNotFound(job.run_id.clone()));

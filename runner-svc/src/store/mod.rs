@@ -185,12 +185,6 @@ pub trait Txn {
 pub type Tx<'a> = dyn Txn + 'a;
 
 impl<'a> dyn Txn + 'a {
-    /// [`Txn::prefetch`] of owned keys (a body's [`Reads`]).
-    pub fn prefetch_reads(&self, reads: &[(T, Value)]) -> Result<(), Fault> {
-        let keys: Vec<(T, &[u8])> = reads.iter().map(|(t, k)| (*t, k.as_slice())).collect();
-        self.prefetch(&keys)
-    }
-
     /// One table of the transaction.
     pub fn tree(&self, t: T) -> TxTable<'_, 'a> {
         TxTable { tx: self, t }
@@ -525,7 +519,7 @@ impl Store {
         E: Send + 'static,
         F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
     {
-        self.batched(Vec::new(), body, true).await
+        self.commit_reading(Vec::new(), body).await
     }
 
     /// [`commit`](Self::commit) of a body that reads `reads`: on a store whose reads are round
