@@ -633,3 +633,98 @@ async fn a_batch_of_consumptions_is_one_commit_or_nothing() {
         );
     }
 }
+
+/// On PostgreSQL a move that writes two audit entries (a request the policy decides as it is
+/// stored: REQUESTED and DECIDED; a consumption: ACKED and PRUNED) writes them with the record
+/// in one statement, numbered in order, each entry holding its own id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_audit_entries_of_one_move_are_written_with_the_record_in_one_statement() {
+    let cluster = PgCluster::start_with(&["shared_preload_libraries=pg_stat_statements"]);
+    let url = cluster.fresh_database("audits");
+    cluster
+        .psql(&url, "CREATE EXTENSION pg_stat_statements")
+        .unwrap();
+    let store = Postgres::open(&url).await;
+    // Another run's trail first, so that ids and ranks differ.
+    store
+        .put_request(tool("other", "run-o"), None)
+        .await
+        .unwrap();
+    let audit_writes = || -> u64 {
+        cluster
+            .psql(
+                &url,
+                "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = \
+                 (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND query LIKE '%INSERT INTO approval_audit%'",
+            )
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    cluster
+        .psql(&url, "SELECT pg_stat_statements_reset()")
+        .unwrap();
+
+    let puts = store
+        .put_and_decide_requests(vec![(tool("a", "run-a"), None, String::new())], |_| {
+            Some(NewDecision {
+                source: DecisionSource::Policy,
+                rule: "ledger-ok".into(),
+                ..NewDecision::person(DecisionKind::Approve, "policy:ledger-ok")
+            })
+        })
+        .await
+        .unwrap();
+    assert!(puts[0].decided);
+    assert_eq!(
+        audit_writes(),
+        1,
+        "the record and both entries in one statement"
+    );
+
+    let held = puts[0].approval.decision.clone().unwrap().decision_id;
+    store.ack_and_prune("a", &held).await.unwrap();
+    assert_eq!(
+        audit_writes(),
+        2,
+        "a consumption's two entries in one statement"
+    );
+
+    let trail = store
+        .audit(&AuditQuery::Request("a".into()), 10, None)
+        .unwrap()
+        .items;
+    let actions: Vec<AuditAction> = trail.iter().map(|e| e.action).collect();
+    assert_eq!(
+        actions,
+        [
+            AuditAction::Requested,
+            AuditAction::Decided,
+            AuditAction::Acked,
+            AuditAction::Pruned
+        ]
+    );
+    let ids: Vec<u64> = trail.iter().map(|e| e.id).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids {ids:?}");
+    let rows = cluster
+        .psql(
+            &url,
+            "SELECT string_agg(id::text || ':' || (entry->>'id') || ':' || action, ',' ORDER BY id) \
+             FROM approval_audit WHERE request_id = 'a'",
+        )
+        .unwrap();
+    let expected: Vec<String> = trail
+        .iter()
+        .map(|e| {
+            format!(
+                "{0}:{0}:{1}",
+                e.id,
+                format!("{:?}", e.action).to_uppercase()
+            )
+        })
+        .collect();
+    assert_eq!(rows.trim(), expected.join(","));
+    assert!(trail.iter().all(|e| e.time_ms > 0 && e.run_id == "run-a"));
+}

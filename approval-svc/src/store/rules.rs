@@ -33,6 +33,16 @@ pub(super) trait Records {
 
     /// Appends an audit entry, assigning its id and time.
     fn audit(&self, entry: AuditEntry) -> Result<AuditEntry, Self::Fail>;
+
+    /// Appends audit entries of one approval, in order, as [`audit`](Self::audit) each would
+    /// (their ids ascending in that order). A backend whose statements cost a round trip each
+    /// writes them in one.
+    fn audit_all(&self, entries: [AuditEntry; 2]) -> Result<(), Self::Fail> {
+        for entry in entries {
+            self.audit(entry)?;
+        }
+        Ok(())
+    }
 }
 
 type Outcome<R, T> = Result<T, <R as Records>::Fail>;
@@ -136,8 +146,7 @@ pub(super) fn put_deciding<R: Records>(
     // Stored once: this is its first version (watchers are told it was CREATED).
     n.version = approval.version;
     tx.save(None, &n)?;
-    tx.audit(requested)?;
-    tx.audit(entry)?;
+    tx.audit_all([requested, entry])?;
     Ok(Put {
         approval: n,
         created: true,
@@ -331,8 +340,7 @@ pub(super) fn consume<R: Records>(
         pruned: (pruned, pruned_entry),
     } = consumption;
     tx.save(Some(a), &pruned)?;
-    tx.audit(acked_entry)?;
-    tx.audit(pruned_entry)?;
+    tx.audit_all([acked_entry, pruned_entry])?;
     Ok((acked, pruned))
 }
 

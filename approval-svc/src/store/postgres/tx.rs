@@ -1,10 +1,11 @@
 //! One state change as one SQL transaction: the approval's row is read `FOR UPDATE`, so two
 //! transactions on the same approval (on any replica) take turns and the second sees what the
 //! first committed; the record, its indexed columns and its audit entry are written by the
-//! same transaction, in one statement when the audit entry follows the record's write (as the
+//! same transaction, in one statement when the audit entries follow the record's write (as the
 //! rules write them); `arbor_approvals` is notified right after the commit.
 
 use std::{
+    borrow::Cow,
     cell::RefCell,
     collections::{HashMap, VecDeque},
     future::Future,
@@ -241,6 +242,36 @@ const AUDIT_ID: &str = "l AS (SELECT pg_advisory_xact_lock(1635083380, hashtext(
 const AUDIT_INSERT: &str = "INSERT INTO approval_audit (id, request_id, run_id, time_ms, action, \
      entry) SELECT n.id, $1, $2, $3, $4, jsonb_set($5::text::jsonb, '{id}', to_jsonb(n.id)) \
      FROM n RETURNING id";
+/// [`AUDIT_ID`] for several entries of the run `$2`, as many as the request ids `$1`: `n` holds
+/// their ids, ascending, each with its rank `i` (the order the ids were taken in is not the
+/// order of the rows that took them, so they are ranked by value).
+const AUDITS_ID: &str = "l AS (SELECT pg_advisory_xact_lock(1635083380, hashtext($2))), \
+     n AS (SELECT id, row_number() OVER (ORDER BY id) AS i FROM \
+     (SELECT nextval('approval_audit_ids') AS id FROM l, \
+     generate_series(1, cardinality($1::text[]))) ids)";
+/// Writes the audit entries of the run `$2` (their request ids `$1`, times `$3`, actions `$4`
+/// and entries `$5`, in order) numbered by `n`, the `i`th entry with the `i`th id.
+const AUDITS_INSERT: &str = "INSERT INTO approval_audit (id, request_id, run_id, time_ms, \
+     action, entry) SELECT n.id, e.request_id, $2, e.time_ms, e.action, \
+     jsonb_set(e.entry::jsonb, '{id}', to_jsonb(n.id)) \
+     FROM unnest($1::text[], $3::bigint[], $4::text[], $5::text[]) \
+     WITH ORDINALITY AS e(request_id, time_ms, action, entry, i) JOIN n ON n.i = e.i";
+
+/// The audit entry `$1`..`$5` alone, or several of one run.
+#[derive(Clone, Copy)]
+enum Audits {
+    One,
+    Several,
+}
+
+impl Audits {
+    fn sql(self) -> (&'static str, &'static str) {
+        match self {
+            Self::One => (AUDIT_ID, AUDIT_INSERT),
+            Self::Several => (AUDITS_ID, AUDITS_INSERT),
+        }
+    }
+}
 
 /// A record write: the row, with the columns the service looks it up by.
 struct Save {
@@ -298,23 +329,26 @@ impl Save {
         }
     }
 
-    /// It and the audit entry `audit` in one statement: the audit's parameters are `$1`..`$5`,
+    /// It and the audit entries `audit` in one statement: the audit's parameters are `$1`..`$5`,
     /// the write's follow from `$6`.
     fn with<'a>(
         &'a self,
+        audits: Audits,
         audit: &[&'a (dyn tokio_postgres::types::ToSql + Sync); 5],
     ) -> (
         &'static str,
         Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)>,
     ) {
-        static INSERT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        static UPDATE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        let (cell, write) = match self.insert {
-            true => (&INSERT, Self::INSERT),
-            false => (&UPDATE, Self::UPDATE),
+        static SQL: [std::sync::OnceLock<String>; 4] = [const { std::sync::OnceLock::new() }; 4];
+        let (write, cell) = match self.insert {
+            true => (Self::INSERT, 0),
+            false => (Self::UPDATE, 1),
         };
-        let sql = cell
-            .get_or_init(|| format!("WITH s AS ({}), {AUDIT_ID} {AUDIT_INSERT}", shift(write, 5)));
+        let cell = cell + 2 * audits as usize;
+        let sql = SQL[cell].get_or_init(|| {
+            let (numbering, insert) = audits.sql();
+            format!("WITH s AS ({}), {numbering} {insert}", shift(write, 5))
+        });
         let (_, params) = self.alone();
         (sql, audit.iter().copied().chain(params).collect())
     }
@@ -406,7 +440,7 @@ impl Records for PgTx<'_> {
     fn audit(&self, mut entry: AuditEntry) -> Result<AuditEntry, Fail> {
         entry.time_ms = self.now;
         let json = encode(&entry)?;
-        let action = format!("{:?}", entry.action).to_uppercase();
+        let action = action_of(&entry);
         let audit: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
             &entry.request_id,
             &entry.run_id,
@@ -414,20 +448,64 @@ impl Records for PgTx<'_> {
             &action,
             &json,
         ];
-        let save = self.unsent.borrow_mut().take();
         // One round trip: the id comes from the sequence and is written into the entry too.
-        let row = match &save {
-            None => self.run(
-                self.client
-                    .prepared_query_one(&format!("WITH {AUDIT_ID} {AUDIT_INSERT}"), &audit),
-            )?,
-            Some(save) => {
-                let (sql, params) = save.with(&audit);
-                self.run(self.client.prepared_query_one(sql, &params))?
-            }
-        };
+        let save = self.unsent.borrow_mut().take();
+        let (sql, params) = audit_statement(save.as_ref(), Audits::One, &audit);
+        let row = self.run(self.client.prepared_query_one(&sql, &params))?;
         entry.id = row.get::<_, i64>(0) as u64;
         Ok(entry)
+    }
+
+    /// Both entries, with the record write before them if one is waiting, in one statement.
+    fn audit_all(&self, entries: [AuditEntry; 2]) -> Result<(), Fail> {
+        let run_id = entries[0].run_id.clone();
+        if entries.iter().any(|e| e.run_id != run_id) {
+            for entry in entries {
+                self.audit(entry)?;
+            }
+            return Ok(());
+        }
+        let (mut request_ids, mut jsons, mut actions) = (Vec::new(), Vec::new(), Vec::new());
+        for mut entry in entries {
+            entry.time_ms = self.now;
+            jsons.push(encode(&entry)?);
+            actions.push(action_of(&entry));
+            request_ids.push(entry.request_id);
+        }
+        let times = vec![clamp(self.now); request_ids.len()];
+        let audit: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+            [&request_ids, &run_id, &times, &actions, &jsons];
+        let save = self.unsent.borrow_mut().take();
+        let (sql, params) = audit_statement(save.as_ref(), Audits::Several, &audit);
+        self.run(self.client.prepared_execute(&sql, &params))?;
+        Ok(())
+    }
+}
+
+/// How an audit entry names its action in its row.
+fn action_of(entry: &AuditEntry) -> String {
+    format!("{:?}", entry.action).to_uppercase()
+}
+
+/// The statement that writes the audit entries `audit`, with the record write `save` before
+/// them if one is waiting, and its parameters.
+fn audit_statement<'a>(
+    save: Option<&'a Save>,
+    audits: Audits,
+    audit: &[&'a (dyn tokio_postgres::types::ToSql + Sync); 5],
+) -> (
+    Cow<'static, str>,
+    Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)>,
+) {
+    match save {
+        None => {
+            let (numbering, insert) = audits.sql();
+            (format!("WITH {numbering} {insert}").into(), audit.to_vec())
+        }
+        Some(save) => {
+            let (sql, params) = save.with(audits, audit);
+            (sql.into(), params)
+        }
     }
 }
 
