@@ -636,10 +636,14 @@ async fn a_batch_of_consumptions_is_one_commit_or_nothing() {
 
 /// On PostgreSQL a move that writes two audit entries (a request the policy decides as it is
 /// stored: REQUESTED and DECIDED; a consumption: ACKED and PRUNED) writes them with the record
-/// in one statement, numbered in order, each entry holding its own id.
+/// in one statement, numbered in order, each entry holding its own id; and the statement is
+/// not planned again at every call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_audit_entries_of_one_move_are_written_with_the_record_in_one_statement() {
-    let cluster = PgCluster::start_with(&["shared_preload_libraries=pg_stat_statements"]);
+    let cluster = PgCluster::start_with(&[
+        "shared_preload_libraries=pg_stat_statements",
+        "pg_stat_statements.track_planning=on",
+    ]);
     let url = cluster.fresh_database("audits");
     cluster
         .psql(&url, "CREATE EXTENSION pg_stat_statements")
@@ -650,44 +654,51 @@ async fn two_audit_entries_of_one_move_are_written_with_the_record_in_one_statem
         .put_request(tool("other", "run-o"), None)
         .await
         .unwrap();
-    let audit_writes = || -> u64 {
-        cluster
+    // (calls, plans) of the statements that write audit entries.
+    let audit_writes = || -> (u64, u64) {
+        let out = cluster
             .psql(
                 &url,
-                "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = \
+                "SELECT coalesce(sum(calls), 0) || ' ' || coalesce(sum(plans), 0) \
+                 FROM pg_stat_statements WHERE dbid = \
                  (SELECT oid FROM pg_database WHERE datname = current_database()) \
                  AND query LIKE '%INSERT INTO approval_audit%'",
             )
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
+            .unwrap();
+        let mut n = out.split_whitespace().map(|n| n.parse().unwrap());
+        (n.next().unwrap(), n.next().unwrap())
+    };
+    let by_policy = |id: &str| {
+        let id = id.to_string();
+        let store = &store;
+        async move {
+            let puts = store
+                .put_and_decide_requests(vec![(tool(&id, "run-a"), None, String::new())], |_| {
+                    Some(NewDecision {
+                        source: DecisionSource::Policy,
+                        rule: "ledger-ok".into(),
+                        ..NewDecision::person(DecisionKind::Approve, "policy:ledger-ok")
+                    })
+                })
+                .await
+                .unwrap();
+            assert!(puts[0].decided);
+            puts[0].approval.decision.clone().unwrap().decision_id
+        }
     };
     cluster
         .psql(&url, "SELECT pg_stat_statements_reset()")
         .unwrap();
 
-    let puts = store
-        .put_and_decide_requests(vec![(tool("a", "run-a"), None, String::new())], |_| {
-            Some(NewDecision {
-                source: DecisionSource::Policy,
-                rule: "ledger-ok".into(),
-                ..NewDecision::person(DecisionKind::Approve, "policy:ledger-ok")
-            })
-        })
-        .await
-        .unwrap();
-    assert!(puts[0].decided);
+    let held = by_policy("a").await;
     assert_eq!(
-        audit_writes(),
+        audit_writes().0,
         1,
         "the record and both entries in one statement"
     );
-
-    let held = puts[0].approval.decision.clone().unwrap().decision_id;
     store.ack_and_prune("a", &held).await.unwrap();
     assert_eq!(
-        audit_writes(),
+        audit_writes().0,
         2,
         "a consumption's two entries in one statement"
     );
@@ -727,4 +738,18 @@ async fn two_audit_entries_of_one_move_are_written_with_the_record_in_one_statem
         .collect();
     assert_eq!(rows.trim(), expected.join(","));
     assert!(trail.iter().all(|e| e.time_ms > 0 && e.run_id == "run-a"));
+
+    // PostgreSQL plans a prepared statement for its first five calls, then keeps a generic plan
+    // unless it looks costlier: twenty more moves must not plan twenty more times.
+    let before = audit_writes();
+    for i in 0..20 {
+        by_policy(&format!("more-{i}")).await;
+    }
+    let (calls, plans) = audit_writes();
+    assert_eq!(calls - before.0, 20);
+    assert!(
+        plans - before.1 <= 6,
+        "{} plans for 20 calls",
+        plans - before.1
+    );
 }

@@ -114,6 +114,62 @@ fn a_read_of_several_keys_answers_each_in_the_order_asked() {
     assert_eq!(store.get_many(&[]).unwrap(), Vec::<Option<Vec<u8>>>::new());
 }
 
+/// Reading keys together with the entries under a prefix answers what reading them apart
+/// would: each key's value in the order asked, and every entry under the prefix (not those of
+/// a key that merely starts alike, not a deleted one), in key order.
+#[test]
+fn keys_read_with_a_prefix_answer_as_read_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open_store(dir.path());
+    store
+        .transact(|t| {
+            t.tree(T::Runs).insert(b"run-1", b"record")?;
+            // Written out of key order; "run-10" starts like "run-1" but is another run.
+            for key in [
+                &b"run-1\0r3"[..],
+                b"run-1\0r1",
+                b"run-10\0r1",
+                b"run-1\0r2",
+                b"run-0\0r9",
+            ] {
+                t.tree(T::Inbox).insert(key, [b"decision ", key].concat())?;
+            }
+            Ok::<_, arbor_runner_svc::store::Abort<()>>(())
+        })
+        .unwrap();
+    store
+        .transact(|t| {
+            t.tree(T::Inbox).remove(b"run-1\0r2")?;
+            Ok::<_, arbor_runner_svc::store::Abort<()>>(())
+        })
+        .unwrap();
+    let keys: [(T, &[u8]); 3] = [
+        (T::Checkpoints, b"run-1"),
+        (T::Runs, b"run-1"),
+        (T::Runs, b"run-2"),
+    ];
+    let (values, entries) = store
+        .get_many_and_prefix(&keys, T::Inbox, b"run-1\0")
+        .unwrap();
+    assert_eq!(values, vec![None, Some(b"record".to_vec()), None]);
+    let entry = |k: &[u8]| (k.to_vec(), [b"decision ", k].concat());
+    assert_eq!(entries, vec![entry(b"run-1\0r1"), entry(b"run-1\0r3")]);
+    assert_eq!(values, store.get_many(&keys).unwrap());
+    let apart: Vec<_> = store
+        .tree(T::Inbox)
+        .scan_prefix(b"run-1\0")
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(entries, apart);
+    // Nothing under the prefix, no keys.
+    assert_eq!(
+        store
+            .get_many_and_prefix(&[], T::Inbox, b"run-3\0")
+            .unwrap(),
+        (Vec::new(), Vec::new())
+    );
+}
+
 /// Commits queued together share one transaction, and a store whose reads are round trips reads
 /// the rows they name (`commit_reading`) together, before any of them runs: yet each body reads
 /// what the bodies before it in the transaction wrote, deleted, or (one that aborted) left alone.

@@ -130,12 +130,14 @@ impl Runner {
     fn prepare(&self, claim: &Claim) -> Result<Prepared, RunnerError> {
         let job = &claim.job;
         let now = arbor_shared::time::now_ms();
-        // The run and its checkpoint, read together (one round trip on PostgreSQL).
+        // The run, its checkpoint and its inbox, read together (one statement on PostgreSQL).
         let key = job.run_id.as_bytes();
-        let mut read = self
-            .store
-            .get_many(&[(T::Runs, key), (T::Checkpoints, key)])?
-            .into_iter();
+        let (read, inbox) = self.store.get_many_and_prefix(
+            &[(T::Runs, key), (T::Checkpoints, key)],
+            T::Inbox,
+            &codec::prefix(&job.run_id),
+        )?;
+        let mut read = read.into_iter();
         let (run, ck_bytes) = (read.next().flatten(), read.next().flatten());
         let Some(run) = run else {
             return Ok(Prepared::Nothing(RunStatus::Cancelled));
@@ -163,7 +165,10 @@ impl Runner {
         // A run that has not started has no suspension to decide yet, and a cancel takes no
         // decision: neither has an inbox to read.
         let decisions = match run.started && job.kind != JobKind::Cancel {
-            true => self.inbox_of(&run.run_id)?,
+            true => inbox
+                .iter()
+                .map(|(_, bytes)| codec::decode::<Decision>("decision", bytes))
+                .collect::<Result<_, _>>()?,
             false => Vec::new(),
         };
 
@@ -281,16 +286,6 @@ impl Runner {
             replaced,
             now,
         })
-    }
-
-    /// Decisions delivered to a run and not yet taken into its checkpoint.
-    fn inbox_of(&self, run_id: &str) -> Result<Vec<Decision>, RunnerError> {
-        let mut out = Vec::new();
-        for entry in self.store.tree(T::Inbox).scan_prefix(codec::prefix(run_id)) {
-            let (_, bytes) = entry?;
-            out.push(codec::decode("decision", &bytes)?);
-        }
-        Ok(out)
     }
 
     async fn commit_step(

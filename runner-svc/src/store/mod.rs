@@ -157,6 +157,10 @@ pub type TxResult<R, E> = Result<R, Abort<E>>;
 /// Keys of rows (each with its table) that a transaction body will read, known before it runs.
 pub type Reads = Vec<(T, Value)>;
 
+/// What [`Backend::get_many_and_prefix`] reads: the keys' values (`None`: absent), in the order
+/// given, and the prefix's entries (key, value), in key order.
+pub type ManyAndPrefix = (Vec<Option<Value>>, Vec<(Value, Value)>);
+
 /// Reads and writes inside one transaction. A read sees the transaction's own writes.
 pub trait Txn {
     fn get(&self, t: T, key: &[u8]) -> Result<Option<Value>, Fault>;
@@ -279,6 +283,17 @@ pub trait Backend: Send + Sync + 'static {
     /// backend whose reads are round trips reads them in one.
     fn get_many(&self, keys: &[(T, &[u8])]) -> Result<Vec<Option<Value>>, StoreError> {
         keys.iter().map(|(t, k)| self.get(*t, k)).collect()
+    }
+    /// [`get_many`](Self::get_many) of `keys`, and the entries of `t` whose key starts with
+    /// `prefix`, in key order: a backend whose reads are round trips reads both in one.
+    fn get_many_and_prefix(
+        &self,
+        keys: &[(T, &[u8])],
+        t: T,
+        prefix: &[u8],
+    ) -> Result<ManyAndPrefix, StoreError> {
+        let entries = self.scan(t, prefix, &[]).collect::<Result<_, _>>()?;
+        Ok((self.get_many(keys)?, entries))
     }
     /// Entries whose key starts with `prefix` and is not below `from`, in key order.
     fn scan(&self, t: T, prefix: &[u8], from: &[u8]) -> Entries<'static>;
@@ -483,6 +498,16 @@ impl Store {
     /// See [`Backend::get_many`].
     pub fn get_many(&self, keys: &[(T, &[u8])]) -> Result<Vec<Option<Value>>, StoreError> {
         self.0.get_many(keys)
+    }
+
+    /// See [`Backend::get_many_and_prefix`].
+    pub fn get_many_and_prefix(
+        &self,
+        keys: &[(T, &[u8])],
+        t: T,
+        prefix: &[u8],
+    ) -> Result<ManyAndPrefix, StoreError> {
+        self.0.get_many_and_prefix(keys, t, prefix)
     }
 
     /// One table, for reads outside a transaction.

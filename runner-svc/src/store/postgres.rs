@@ -58,8 +58,8 @@ use arbor_shared::postgres::{
 };
 
 use super::{
-    Abort, Backend, Body, Change, Entries, Failed, Fault, Pending, Reads, Stats, Store, StoreError,
-    T, TABLES, Txn, Value,
+    Abort, Backend, Body, Change, Entries, Failed, Fault, ManyAndPrefix, Pending, Reads, Stats,
+    Store, StoreError, T, TABLES, Txn, Value,
 };
 
 /// The runner's schema, oldest migration first. Never edit a released migration.
@@ -945,6 +945,15 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
+/// The keys `$2` of the tables `$1` read as [`read_many`] reads them (numbered from 1, with no
+/// key), and every entry of table `$3` from `$4` up to `$5` (excluded), numbered 0, in one
+/// statement and one snapshot.
+const READ_MANY_AND_RANGE: &str = "SELECT u.i, NULL::bytea, r.v \
+     FROM unnest($1::smallint[], $2::bytea[]) WITH ORDINALITY AS u(t, k, i) \
+     CROSS JOIN LATERAL \
+     (SELECT v FROM runner_kv WHERE runner_kv.t = u.t AND runner_kv.k = u.k LIMIT 1) r \
+     UNION ALL SELECT 0, k, v FROM runner_kv WHERE t = $3 AND k >= $4 AND k < $5";
+
 /// One page of the keys of table `$1` from `$2` up to `$3` (excluded), `$4` rows at most.
 pub const SCAN_RANGE: &str =
     "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 AND k < $3 ORDER BY k LIMIT $4";
@@ -1019,6 +1028,41 @@ impl Backend for PgBackend {
     fn get_many(&self, keys: &[(T, &[u8])]) -> Result<Vec<Option<Value>>, StoreError> {
         let client = self.db.client_blocking()?;
         Ok(wait(read_many(&client, keys.iter().copied()))?)
+    }
+
+    fn get_many_and_prefix(
+        &self,
+        keys: &[(T, &[u8])],
+        t: T,
+        prefix: &[u8],
+    ) -> Result<ManyAndPrefix, StoreError> {
+        let Some(end) = prefix_end(prefix) else {
+            let entries = self.scan(t, prefix, &[]).collect::<Result<_, _>>()?;
+            return Ok((self.get_many(keys)?, entries));
+        };
+        let client = self.db.client_blocking()?;
+        let (tables, keys): (Vec<i16>, Vec<&[u8]>) =
+            keys.iter().map(|(t, k)| (*t as i16, *k)).unzip();
+        let rows = wait(client.prepared_query(
+            READ_MANY_AND_RANGE,
+            &[&tables, &keys, &(t as i16), &prefix, &end],
+        ))
+        .map_err(DbError::from)?;
+        let mut values = vec![None; keys.len()];
+        let mut entries = Vec::new();
+        for row in rows {
+            let (i, v): (i64, Value) = (row.get(0), row.get(2));
+            match usize::try_from(i - 1).ok() {
+                Some(i) => {
+                    if let Some(slot) = values.get_mut(i) {
+                        *slot = Some(v);
+                    }
+                }
+                None => entries.push((row.get::<_, Value>(1), v)),
+            }
+        }
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Ok((values, entries))
     }
 
     fn scan(&self, t: T, prefix: &[u8], from: &[u8]) -> Entries<'static> {

@@ -242,33 +242,41 @@ const AUDIT_ID: &str = "l AS (SELECT pg_advisory_xact_lock(1635083380, hashtext(
 const AUDIT_INSERT: &str = "INSERT INTO approval_audit (id, request_id, run_id, time_ms, action, \
      entry) SELECT n.id, $1, $2, $3, $4, jsonb_set($5::text::jsonb, '{id}', to_jsonb(n.id)) \
      FROM n RETURNING id";
-/// [`AUDIT_ID`] for several entries of the run `$2`, as many as the request ids `$1`: `n` holds
-/// their ids, ascending, each with its rank `i` (the order the ids were taken in is not the
-/// order of the rows that took them, so they are ranked by value).
+/// [`AUDIT_ID`] for two entries of the request `$1` of the run `$2`: `n` holds their ids with
+/// their rank `i`, ascending (the order the ids were taken in is not the order of the rows
+/// that took them, so they are ranked by value). Its shape is fixed, with no array, so that
+/// PostgreSQL settles on a generic plan instead of planning it at every call.
 const AUDITS_ID: &str = "l AS (SELECT pg_advisory_xact_lock(1635083380, hashtext($2))), \
-     n AS (SELECT id, row_number() OVER (ORDER BY id) AS i FROM \
-     (SELECT nextval('approval_audit_ids') AS id FROM l, \
-     generate_series(1, cardinality($1::text[]))) ids)";
-/// Writes the audit entries of the run `$2` (their request ids `$1`, times `$3`, actions `$4`
-/// and entries `$5`, in order) numbered by `n`, the `i`th entry with the `i`th id.
+     ids AS (SELECT nextval('approval_audit_ids') AS id FROM l, generate_series(1, 2)), \
+     n AS (SELECT id, row_number() OVER (ORDER BY id) AS i FROM ids)";
+/// Writes the two audit entries (time `$3`; actions `$4`, `$6` and entries `$5`, `$7`, in
+/// order) numbered by `n`, the first with the lower id.
 const AUDITS_INSERT: &str = "INSERT INTO approval_audit (id, request_id, run_id, time_ms, \
-     action, entry) SELECT n.id, e.request_id, $2, e.time_ms, e.action, \
+     action, entry) SELECT n.id, $1, $2, $3, e.action, \
      jsonb_set(e.entry::jsonb, '{id}', to_jsonb(n.id)) \
-     FROM unnest($1::text[], $3::bigint[], $4::text[], $5::text[]) \
-     WITH ORDINALITY AS e(request_id, time_ms, action, entry, i) JOIN n ON n.i = e.i";
+     FROM n JOIN (VALUES (1, $4::text, $5::text), (2, $6::text, $7::text)) \
+     AS e(i, action, entry) ON e.i = n.i";
 
-/// The audit entry `$1`..`$5` alone, or several of one run.
+/// The audit entry `$1`..`$5` alone, or two of one request (`$1`..`$7`).
 #[derive(Clone, Copy)]
 enum Audits {
     One,
-    Several,
+    Two,
 }
 
 impl Audits {
     fn sql(self) -> (&'static str, &'static str) {
         match self {
             Self::One => (AUDIT_ID, AUDIT_INSERT),
-            Self::Several => (AUDITS_ID, AUDITS_INSERT),
+            Self::Two => (AUDITS_ID, AUDITS_INSERT),
+        }
+    }
+
+    /// How many parameters the audit part takes, ahead of the record write's.
+    fn params(self) -> usize {
+        match self {
+            Self::One => 5,
+            Self::Two => 7,
         }
     }
 }
@@ -329,12 +337,12 @@ impl Save {
         }
     }
 
-    /// It and the audit entries `audit` in one statement: the audit's parameters are `$1`..`$5`,
-    /// the write's follow from `$6`.
+    /// It and the audit entries `audit` in one statement: the audit's parameters come first,
+    /// the write's follow.
     fn with<'a>(
         &'a self,
         audits: Audits,
-        audit: &[&'a (dyn tokio_postgres::types::ToSql + Sync); 5],
+        audit: &[&'a (dyn tokio_postgres::types::ToSql + Sync)],
     ) -> (
         &'static str,
         Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)>,
@@ -347,7 +355,10 @@ impl Save {
         let cell = cell + 2 * audits as usize;
         let sql = SQL[cell].get_or_init(|| {
             let (numbering, insert) = audits.sql();
-            format!("WITH s AS ({}), {numbering} {insert}", shift(write, 5))
+            format!(
+                "WITH s AS ({}), {numbering} {insert}",
+                shift(write, audits.params())
+            )
         });
         let (_, params) = self.alone();
         (sql, audit.iter().copied().chain(params).collect())
@@ -458,25 +469,30 @@ impl Records for PgTx<'_> {
 
     /// Both entries, with the record write before them if one is waiting, in one statement.
     fn audit_all(&self, entries: [AuditEntry; 2]) -> Result<(), Fail> {
-        let run_id = entries[0].run_id.clone();
-        if entries.iter().any(|e| e.run_id != run_id) {
-            for entry in entries {
-                self.audit(entry)?;
-            }
+        let [first, second] = entries;
+        if (&first.request_id, &first.run_id) != (&second.request_id, &second.run_id) {
+            self.audit(first)?;
+            self.audit(second)?;
             return Ok(());
         }
-        let (mut request_ids, mut jsons, mut actions) = (Vec::new(), Vec::new(), Vec::new());
-        for mut entry in entries {
+        let mut written = [first, second];
+        for entry in &mut written {
             entry.time_ms = self.now;
-            jsons.push(encode(&entry)?);
-            actions.push(action_of(&entry));
-            request_ids.push(entry.request_id);
         }
-        let times = vec![clamp(self.now); request_ids.len()];
-        let audit: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-            [&request_ids, &run_id, &times, &actions, &jsons];
+        let [first, second] = &written;
+        let (json1, json2) = (encode(first)?, encode(second)?);
+        let (action1, action2) = (action_of(first), action_of(second));
+        let audit: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
+            &first.request_id,
+            &first.run_id,
+            &clamp(self.now),
+            &action1,
+            &json1,
+            &action2,
+            &json2,
+        ];
         let save = self.unsent.borrow_mut().take();
-        let (sql, params) = audit_statement(save.as_ref(), Audits::Several, &audit);
+        let (sql, params) = audit_statement(save.as_ref(), Audits::Two, &audit);
         self.run(self.client.prepared_execute(&sql, &params))?;
         Ok(())
     }
@@ -492,7 +508,7 @@ fn action_of(entry: &AuditEntry) -> String {
 fn audit_statement<'a>(
     save: Option<&'a Save>,
     audits: Audits,
-    audit: &[&'a (dyn tokio_postgres::types::ToSql + Sync); 5],
+    audit: &[&'a (dyn tokio_postgres::types::ToSql + Sync)],
 ) -> (
     Cow<'static, str>,
     Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)>,
