@@ -114,6 +114,43 @@ fn a_read_of_several_keys_answers_each_in_the_order_asked() {
     assert_eq!(store.get_many(&[]).unwrap(), Vec::<Option<Vec<u8>>>::new());
 }
 
+/// A scan told how many entries its caller wants answers the same entries, in the same order,
+/// whatever the number: fewer or more than there are, or than a page holds.
+#[test]
+fn a_scan_told_how_many_are_wanted_answers_the_same_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open_store(dir.path());
+    store
+        .transact(|t| {
+            for i in (0..700u32).rev() {
+                t.tree(T::Ledger).insert(i.to_be_bytes(), i.to_le_bytes())?;
+            }
+            Ok::<_, arbor_runner_svc::store::Abort<()>>(())
+        })
+        .unwrap();
+    let ledger = store.tree(T::Ledger);
+    let collect = |entries: arbor_runner_svc::store::Entries<'static>| -> Vec<_> {
+        entries.collect::<Result<_, _>>().unwrap()
+    };
+    let every = collect(ledger.iter());
+    assert_eq!(every.len(), 700);
+    assert_eq!(collect(ledger.all()), every);
+    let from = 5u32.to_be_bytes();
+    for wanted in [0, 1, 16, 17, 695, 696, 10_000] {
+        assert_eq!(
+            collect(ledger.range_from_wanting(from, wanted)),
+            every[5..],
+            "wanted {wanted}"
+        );
+        let taken: Vec<_> = ledger
+            .range_from_wanting(from, wanted)
+            .take(wanted)
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(taken, every[5..(5 + wanted).min(700)], "wanted {wanted}");
+    }
+}
+
 /// Reading keys together with the entries under a prefix answers what reading them apart
 /// would: each key's value in the order asked, and every entry under the prefix (not those of
 /// a key that merely starts alike, not a deleted one), in key order.

@@ -228,11 +228,13 @@ impl EventLog {
         if after >= upto {
             return Ok(out);
         }
+        // Seqs have no gaps: the events wanted are the next `wanted` entries.
+        let wanted = usize::try_from(upto - after).map_or(limit, |n| n.min(limit));
         let entries = self
             .store
             .tree(T::Events)
-            .range_from(codec::u64_key(after + 1));
-        for entry in entries.take(limit) {
+            .range_from_wanting(codec::u64_key(after + 1), wanted);
+        for entry in entries.take(wanted) {
             let (key, bytes) = entry?;
             if codec::read_u64(&key) > upto {
                 break;

@@ -888,7 +888,7 @@ impl Mailbox {
     fn reap_abandoned(&self) -> Result<Vec<Reaped>, MailboxError> {
         let now = self.now();
         let mut reaped = Vec::new();
-        for entry in self.store.tree(T::Active).iter() {
+        for entry in self.store.tree(T::Active).all() {
             let (_, job_id) = entry?;
             let job_id = String::from_utf8_lossy(&job_id).into_owned();
             let Some(job) = self.get(&job_id)? else {
@@ -1000,7 +1000,7 @@ impl Mailbox {
                     None => busy.insert(
                         self.store
                             .tree(T::Active)
-                            .iter()
+                            .all()
                             .keys()
                             .collect::<Result<_, _>>()?,
                     ),

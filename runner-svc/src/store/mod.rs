@@ -297,6 +297,12 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Entries whose key starts with `prefix` and is not below `from`, in key order.
     fn scan(&self, t: T, prefix: &[u8], from: &[u8]) -> Entries<'static>;
+    /// [`scan`](Self::scan), for a caller that will take about `wanted` entries: a backend that
+    /// reads in pages reads that many with its first (instead of a few, then more).
+    fn scan_wanting(&self, t: T, prefix: &[u8], from: &[u8], wanted: usize) -> Entries<'static> {
+        let _ = wanted;
+        self.scan(t, prefix, from)
+    }
     /// The entry with the highest key that starts with `prefix`.
     fn last(&self, t: T, prefix: &[u8]) -> Result<Option<(Value, Value)>, StoreError>;
     /// The counter under `key` as [`Txn::add`] moved it (0 when never moved).
@@ -415,6 +421,11 @@ impl Table<'_> {
         self.backend.scan(self.t, &[], &[])
     }
 
+    /// Every entry, for a caller that takes them all (see [`Backend::scan_wanting`]).
+    pub fn all(&self) -> Entries<'static> {
+        self.backend.scan_wanting(self.t, &[], &[], usize::MAX)
+    }
+
     pub fn scan_prefix(&self, prefix: impl AsRef<[u8]>) -> Entries<'static> {
         self.backend.scan(self.t, prefix.as_ref(), &[])
     }
@@ -422,6 +433,13 @@ impl Table<'_> {
     /// Entries from `from` on.
     pub fn range_from(&self, from: impl AsRef<[u8]>) -> Entries<'static> {
         self.backend.scan(self.t, &[], from.as_ref())
+    }
+
+    /// Entries from `from` on, for a caller that will take about `wanted` of them (see
+    /// [`Backend::scan_wanting`]).
+    pub fn range_from_wanting(&self, from: impl AsRef<[u8]>, wanted: usize) -> Entries<'static> {
+        self.backend
+            .scan_wanting(self.t, &[], from.as_ref(), wanted)
     }
 
     /// Entries with keys above `key` (every entry when `key` is empty).

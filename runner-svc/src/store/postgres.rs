@@ -1066,6 +1066,10 @@ impl Backend for PgBackend {
     }
 
     fn scan(&self, t: T, prefix: &[u8], from: &[u8]) -> Entries<'static> {
+        self.scan_wanting(t, prefix, from, FIRST_PAGE as usize)
+    }
+
+    fn scan_wanting(&self, t: T, prefix: &[u8], from: &[u8], wanted: usize) -> Entries<'static> {
         let start = if from > prefix { from } else { prefix }.to_vec();
         Entries::new(Scan {
             db: self.db.clone(),
@@ -1073,7 +1077,9 @@ impl Backend for PgBackend {
             from: start,
             end: prefix_end(prefix),
             page: VecDeque::new(),
-            size: FIRST_PAGE,
+            size: i64::try_from(wanted)
+                .unwrap_or(SCAN_PAGE)
+                .clamp(1, SCAN_PAGE),
             done: false,
         })
     }
