@@ -191,11 +191,12 @@ fn queued_jobs_are_announced_only_when_no_worker_of_the_replica_is_idle() {
         })
         .unwrap();
     };
-    let until_mark = || -> Vec<Change> {
+    let until_mark = |n: u64| -> Vec<Change> {
         let mut before = Vec::new();
         loop {
             match heard.recv_timeout(Duration::from_secs(10)) {
-                Ok(Change::Events) => return before,
+                // The notification names the mark's seq: the other replica need not read it.
+                Ok(Change::Appended(seq)) if seq == n => return before,
                 Ok(change) => before.push(change),
                 Err(e) => panic!("the other replica never heard of the mark: {e}"),
             }
@@ -207,7 +208,7 @@ fn queued_jobs_are_announced_only_when_no_worker_of_the_replica_is_idle() {
         n += 1;
         mark(n);
         match heard.recv_timeout(Duration::from_secs(5)) {
-            Ok(Change::Events) => break,
+            Ok(Change::Appended(seq)) if seq == n => break,
             Ok(_) => {}
             Err(_) => assert!(n < 6, "the other replica never listened"),
         }
@@ -217,7 +218,7 @@ fn queued_jobs_are_announced_only_when_no_worker_of_the_replica_is_idle() {
     queue(&["taken-here"]);
     mark(100);
     assert_eq!(
-        until_mark(),
+        until_mark(100),
         vec![],
         "a job an idle worker here takes is not announced"
     );
@@ -226,7 +227,7 @@ fn queued_jobs_are_announced_only_when_no_worker_of_the_replica_is_idle() {
     queue(&["busy-here"]);
     mark(101);
     assert_eq!(
-        until_mark(),
+        until_mark(101),
         vec![Change::Work],
         "a job no worker here is free for is announced"
     );
@@ -236,7 +237,7 @@ fn queued_jobs_are_announced_only_when_no_worker_of_the_replica_is_idle() {
     queue(&["pair-1", "pair-2"]);
     mark(102);
     assert_eq!(
-        until_mark(),
+        until_mark(102),
         vec![Change::Work],
         "more jobs than idle workers here"
     );

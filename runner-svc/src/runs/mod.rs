@@ -15,7 +15,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
 };
 
@@ -137,6 +137,9 @@ impl Runner {
     fn follow_other_replicas(self: &Arc<Self>) {
         let hint = Arc::new(Notify::new());
         let (wake, woken) = (hint.clone(), hint);
+        // The highest seq the notifications said is durable, and whether one said nothing.
+        let said = Arc::new((AtomicU64::new(0), AtomicBool::new(false)));
+        let heard = said.clone();
         let work_for = Arc::downgrade(self);
         self.store.subscribe(move |change| {
             if matches!(change, Change::Work | Change::All)
@@ -146,8 +149,16 @@ impl Runner {
                 runner.wake_workers();
                 runner.task_changes.notify_waiters();
             }
-            if matches!(change, Change::Events | Change::All) {
-                wake.notify_one();
+            match change {
+                Change::Appended(seq) => {
+                    heard.0.fetch_max(seq, Ordering::SeqCst);
+                    wake.notify_one();
+                }
+                Change::Events | Change::All => {
+                    heard.1.store(true, Ordering::SeqCst);
+                    wake.notify_one();
+                }
+                Change::Work => {}
             }
         });
         let runner = Arc::downgrade(self);
@@ -165,7 +176,12 @@ impl Runner {
                     runner.wake_workers();
                     runner.task_changes.notify_waiters();
                 }
-                match runner.events.last_seq() {
+                // A notification that named its seq spares the read of the log's head.
+                let head = match polled || said.1.swap(false, Ordering::SeqCst) {
+                    true => runner.events.last_seq(),
+                    false => Ok(said.0.load(Ordering::SeqCst)),
+                };
+                match head {
                     Ok(last) if last > runner.events.durable_seq() => {
                         runner.events.publish(last);
                         runner.changes.send_modify(|n| *n += 1);

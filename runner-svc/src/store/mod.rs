@@ -379,6 +379,8 @@ pub trait Backend: Send + Sync + 'static {
 pub enum Change {
     /// Events were appended.
     Events,
+    /// Events were appended, and every event up to this seq is committed and durable.
+    Appended(u64),
     /// Jobs were queued.
     Work,
     /// Unknown (the notification channel was lost for a while): look at everything.

@@ -508,6 +508,8 @@ struct PgTx<'c> {
     stripe: u8,
     /// The payload of the notifications it sends (see `Setup::origin`).
     origin: &'c Origin,
+    /// Whether its commit answers once durable (not a claim's).
+    durable: bool,
     /// A failure a read or write hit (the SQL transaction is then aborted).
     failed: RefCell<Option<DbError>>,
     begin: LazyBegin,
@@ -534,6 +536,7 @@ impl<'c> PgTx<'c> {
             ahead: RefCell::new(setup.ahead.to_vec()),
             stripe,
             origin: setup.origin,
+            durable: setup.begin != ASYNC_BEGIN,
             failed: RefCell::default(),
             begin: LazyBegin::new(setup.begin),
         }
@@ -614,8 +617,13 @@ impl<'c> PgTx<'c> {
         let mut deleted: Vec<(i16, Value)> = Vec::new();
         // Jobs queued (or re-queued) and whether a task worker's stream may have work.
         let (mut events, mut queued, mut task_work) = (false, 0, false);
+        // The last event appended (0: none).
+        let mut appended = 0;
         for ((t, k), w) in writes {
-            events |= t == T::Events as usize;
+            if t == T::Events as usize {
+                events = true;
+                appended = appended.max(super::codec::read_u64(&k));
+            }
             let v = match w {
                 Write::Set(v) => v,
                 Write::Add(d) => {
@@ -651,11 +659,18 @@ impl<'c> PgTx<'c> {
         // commit until its WAL flush is done, which would put every notifying commit of every
         // replica in one line, and stop their flushes from being shared. A statement after
         // a failed COMMIT does not run.
+        // The events' notification says up to which seq they go when the commit is durable
+        // (see `subscribe`).
         let mut finish = String::from("COMMIT");
-        for (notify, channel) in [(events, EVENTS_CHANNEL), (work, WORK_CHANNEL)] {
-            if notify {
-                finish.push_str(&format!(";NOTIFY {channel}, '{}'", self.origin.name));
+        if events {
+            let name = &self.origin.name;
+            match self.durable {
+                true => finish.push_str(&format!(";NOTIFY {EVENTS_CHANNEL}, '{name} {appended}'")),
+                false => finish.push_str(&format!(";NOTIFY {EVENTS_CHANNEL}, '{name}'")),
             }
+        }
+        if work {
+            finish.push_str(&format!(";NOTIFY {WORK_CHANNEL}, '{}'", self.origin.name));
         }
         // One round trip: BEGIN (if no read sent it), the deletes, the upserts and COMMIT go
         // out together. When a statement fails the transaction is aborted, and the COMMIT
@@ -1254,17 +1269,23 @@ impl Backend for PgBackend {
     }
 
     /// This process's own notifications are skipped: whatever it commits, it wakes its own
-    /// streams and workers for in-process.
+    /// streams and workers for in-process. A notification of events names the last seq its
+    /// batch appended: appenders take turns on the writer lock and each notifies after its
+    /// commit is durable, so every event up to that seq is committed and durable by then.
     fn subscribe(&self, wake: Arc<dyn Fn(Change) + Send + Sync>) {
         let origin = self.origin.name.clone();
         let listened = self
             .db
             .listen(&[EVENTS_CHANNEL, WORK_CHANNEL], move |channel, payload| {
-                if payload == origin {
+                let (from, seq) = payload.split_once(' ').unwrap_or((payload, ""));
+                if from == origin {
                     return;
                 }
                 wake(match channel {
-                    EVENTS_CHANNEL => Change::Events,
+                    EVENTS_CHANNEL => match seq.parse() {
+                        Ok(seq) if seq > 0 => Change::Appended(seq),
+                        _ => Change::Events,
+                    },
                     WORK_CHANNEL => Change::Work,
                     _ => Change::All,
                 })
