@@ -163,7 +163,7 @@ impl Runner {
         // Its active suspensions, for the state counts when the next checkpoint replaces it.
         let replaced = counts::active(&ck);
         // A run that has not started has no suspension to decide yet, and a cancel takes no
-        // decision: neither has an inbox to read.
+        // decision: neither takes what its inbox holds.
         let decisions = match run.started && job.kind != JobKind::Cancel {
             true => inbox
                 .iter()

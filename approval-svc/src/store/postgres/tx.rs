@@ -469,19 +469,15 @@ impl Records for PgTx<'_> {
 
     /// Both entries, with the record write before them if one is waiting, in one statement.
     fn audit_all(&self, entries: [AuditEntry; 2]) -> Result<(), Fail> {
-        let [first, second] = entries;
+        let [mut first, mut second] = entries;
         if (&first.request_id, &first.run_id) != (&second.request_id, &second.run_id) {
             self.audit(first)?;
             self.audit(second)?;
             return Ok(());
         }
-        let mut written = [first, second];
-        for entry in &mut written {
-            entry.time_ms = self.now;
-        }
-        let [first, second] = &written;
-        let (json1, json2) = (encode(first)?, encode(second)?);
-        let (action1, action2) = (action_of(first), action_of(second));
+        (first.time_ms, second.time_ms) = (self.now, self.now);
+        let (json1, json2) = (encode(&first)?, encode(&second)?);
+        let (action1, action2) = (action_of(&first), action_of(&second));
         let audit: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
             &first.request_id,
             &first.run_id,
