@@ -157,6 +157,17 @@ pub type TxResult<R, E> = Result<R, Abort<E>>;
 /// Keys of rows (each with its table) that a transaction body will read, known before it runs.
 pub type Reads = Vec<(T, Value)>;
 
+/// [`Backend::get_many_and_prefix`] as a read of the keys and a scan of the prefix.
+fn read_apart(
+    backend: &(impl Backend + ?Sized),
+    keys: &[(T, &[u8])],
+    t: T,
+    prefix: &[u8],
+) -> Result<ManyAndPrefix, StoreError> {
+    let entries = backend.scan(t, prefix, &[]).collect::<Result<_, _>>()?;
+    Ok((backend.get_many(keys)?, entries))
+}
+
 /// What [`Backend::get_many_and_prefix`] reads: the keys' values (`None`: absent), in the order
 /// given, and the prefix's entries (key, value), in key order.
 pub type ManyAndPrefix = (Vec<Option<Value>>, Vec<(Value, Value)>);
@@ -292,8 +303,7 @@ pub trait Backend: Send + Sync + 'static {
         t: T,
         prefix: &[u8],
     ) -> Result<ManyAndPrefix, StoreError> {
-        let entries = self.scan(t, prefix, &[]).collect::<Result<_, _>>()?;
-        Ok((self.get_many(keys)?, entries))
+        read_apart(self, keys, t, prefix)
     }
     /// Entries whose key starts with `prefix` and is not below `from`, in key order.
     fn scan(&self, t: T, prefix: &[u8], from: &[u8]) -> Entries<'static>;

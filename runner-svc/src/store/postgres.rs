@@ -1052,8 +1052,7 @@ impl Backend for PgBackend {
         prefix: &[u8],
     ) -> Result<ManyAndPrefix, StoreError> {
         let Some(end) = prefix_end(prefix) else {
-            let entries = self.scan(t, prefix, &[]).collect::<Result<_, _>>()?;
-            return Ok((self.get_many(keys)?, entries));
+            return super::read_apart(self, keys, t, prefix);
         };
         let client = self.db.client_blocking()?;
         let (tables, keys): (Vec<i16>, Vec<&[u8]>) =
