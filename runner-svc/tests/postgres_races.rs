@@ -242,3 +242,54 @@ fn queued_jobs_are_announced_only_when_no_worker_of_the_replica_is_idle() {
         "more jobs than idle workers here"
     );
 }
+
+/// Notifications go to the whole database, and runners in several schemas of one database each
+/// have an event log of their own: a replica trusts the seq a notification names only when it
+/// names its own log; another log's notification only makes it look at its own log's head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_of_events_names_its_log() {
+    let cluster = arbor_testkit::PgCluster::shared();
+    let url = cluster.fresh_database("two_logs");
+    for schema in ["one", "two"] {
+        cluster
+            .psql(&url, &format!("CREATE SCHEMA {schema}"))
+            .unwrap();
+    }
+    let in_schema =
+        |schema: &str| common::open_postgres(&format!("{url}?options=-c%20search_path%3D{schema}"));
+    let (writer, reader, stranger) = (in_schema("one"), in_schema("one"), in_schema("two"));
+    let listen = |store: &arbor_runner_svc::store::Store| {
+        let (heard_tx, heard) = mpsc::channel::<Change>();
+        let heard_tx = Mutex::new(heard_tx);
+        store.subscribe(move |change| {
+            let _ = heard_tx.lock().unwrap().send(change);
+        });
+        heard
+    };
+    let (same_log, other_log) = (listen(&reader), listen(&stranger));
+    // Until the reader listens, appends (durable batches) go unheard.
+    let mut n = 0u64;
+    let first = loop {
+        n += 1;
+        writer
+            .commit(move |t| {
+                t.tree(T::Events).insert(n.to_be_bytes(), b"mark")?;
+                Ok::<_, arbor_runner_svc::store::Abort<()>>(())
+            })
+            .await
+            .unwrap();
+        match same_log.recv_timeout(Duration::from_secs(5)) {
+            Ok(change) => break change,
+            Err(_) => assert!(n < 6, "the reader never listened"),
+        }
+    };
+    assert_eq!(first, Change::Appended(n), "the reader's own log");
+    loop {
+        match other_log.recv_timeout(Duration::from_secs(10)) {
+            Ok(Change::Events) => break,
+            Ok(Change::Appended(seq)) => panic!("a seq of another log was trusted: {seq}"),
+            Ok(_) => {}
+            Err(e) => panic!("the other schema's runner never heard: {e}"),
+        }
+    }
+}

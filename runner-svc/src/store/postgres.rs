@@ -141,8 +141,18 @@ impl Store {
     /// 30 s for an unreachable database; refuses a schema newer than this binary's.
     pub async fn open_postgres(url: &str) -> Result<Self, DbError> {
         let db = Database::open(url, "arbor-runner", SCHEMA, SESSION, OPEN_PATIENCE).await?;
+        // The log's table, as this connection's `search_path` finds it: the event log that a
+        // notification of events names (several runners' schemas may share one database, and
+        // notifications go to the whole database).
+        let log: u32 = db
+            .client()
+            .await?
+            .query_one("SELECT 'runner_kv'::regclass::oid", &[])
+            .await
+            .map_err(DbError::from)?
+            .get(0);
         let reachable = db.reachability(Duration::from_millis(500));
-        let backend = Arc::new(PgBackend::new(db, reachable));
+        let backend = Arc::new(PgBackend::new(db, reachable, log));
         backend.measure_skew();
         let skew_of = Arc::downgrade(&backend);
         std::thread::Builder::new()
@@ -182,6 +192,8 @@ struct Queued {
 struct Origin {
     /// Hex digits only: it goes into SQL text.
     name: String,
+    /// The event log it appends to: the oid of its `runner_kv` table.
+    log: u32,
     /// Its idle workers (see [`Backend::idle_workers`]); unset: none.
     idle: OnceLock<Arc<AtomicUsize>>,
 }
@@ -217,11 +229,12 @@ struct PgBackend {
 }
 
 impl PgBackend {
-    fn new(db: Database, reachable: tokio::sync::watch::Receiver<bool>) -> Self {
+    fn new(db: Database, reachable: tokio::sync::watch::Receiver<bool>, log: u32) -> Self {
         let counts = Arc::new(Counts::default());
         let hot: Arc<OnceLock<Keys>> = Arc::default();
         let origin = Arc::new(Origin {
             name: format!("{:016x}", fastrand::u64(..)),
+            log,
             idle: OnceLock::new(),
         });
         let lane = |lane: Lane| {
@@ -663,9 +676,11 @@ impl<'c> PgTx<'c> {
         // (see `subscribe`).
         let mut finish = String::from("COMMIT");
         if events {
-            let name = &self.origin.name;
+            let (name, log) = (&self.origin.name, self.origin.log);
             match self.durable {
-                true => finish.push_str(&format!(";NOTIFY {EVENTS_CHANNEL}, '{name} {appended}'")),
+                true => finish.push_str(&format!(
+                    ";NOTIFY {EVENTS_CHANNEL}, '{name} {log} {appended}'"
+                )),
                 false => finish.push_str(&format!(";NOTIFY {EVENTS_CHANNEL}, '{name}'")),
             }
         }
@@ -1268,21 +1283,23 @@ impl Backend for PgBackend {
     }
 
     /// This process's own notifications are skipped: whatever it commits, it wakes its own
-    /// streams and workers for in-process. A notification of events names the last seq its
-    /// batch appended: appenders take turns on the writer lock and each notifies after its
-    /// commit is durable, so every event up to that seq is committed and durable by then.
+    /// streams and workers for in-process. A durable batch's notification of events names its
+    /// event log and the last seq it appended: appenders to one log take turns on the writer
+    /// lock and each notifies after its commit is durable, so every event of that log up to
+    /// that seq is committed and durable by then. A notification of another log (a runner in
+    /// another schema of the database) only wakes: the stream looks at its own log's head.
     fn subscribe(&self, wake: Arc<dyn Fn(Change) + Send + Sync>) {
-        let origin = self.origin.name.clone();
+        let (origin, log) = (self.origin.name.clone(), self.origin.log.to_string());
         let listened = self
             .db
             .listen(&[EVENTS_CHANNEL, WORK_CHANNEL], move |channel, payload| {
-                let (from, seq) = payload.split_once(' ').unwrap_or((payload, ""));
-                if from == origin {
+                let mut parts = payload.split(' ');
+                if parts.next() == Some(origin.as_str()) {
                     return;
                 }
                 wake(match channel {
-                    EVENTS_CHANNEL => match seq.parse() {
-                        Ok(seq) if seq > 0 => Change::Appended(seq),
+                    EVENTS_CHANNEL => match (parts.next(), parts.next().map(str::parse)) {
+                        (Some(of), Some(Ok(seq))) if of == log && seq > 0 => Change::Appended(seq),
                         _ => Change::Events,
                     },
                     WORK_CHANNEL => Change::Work,
