@@ -71,6 +71,11 @@ impl Tool for LedgerTool {
 
     fn call(&self, call: &ToolCall) -> Result<Json, ToolError> {
         let key = call.idempotency_key.as_bytes();
+        let storage = |e: StoreError| ToolError::Storage(e.to_string());
+        if let Some(existing) = self.store.tree(T::Ledger).get(key).map_err(storage)? {
+            return serde_json::from_slice(&existing)
+                .map_err(|e| ToolError::Storage(e.to_string()));
+        }
         let entry = call
             .args
             .get("entry")
@@ -86,14 +91,10 @@ impl Tool for LedgerTool {
             "entry": entry,
         });
         let bytes = serde_json::to_vec(&receipt).map_err(|e| ToolError::Storage(e.to_string()))?;
-        // A key that holds a receipt (a call made again, or two callers racing on one key)
-        // keeps it, and it is answered: the first receipt wins. Its number is not used again
-        // (`seq` orders records; it does not count them).
+        // The first receipt wins if two callers race on one key.
         match self.insert_new(key, bytes).map_err(ToolError::Storage)? {
             None => Ok(receipt),
-            Some(first) => {
-                serde_json::from_slice(&first).map_err(|e| ToolError::Storage(e.to_string()))
-            }
+            Some(first) => Ok(serde_json::from_slice(&first).unwrap_or(Json::Null)),
         }
     }
 }
