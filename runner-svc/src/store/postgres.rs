@@ -935,20 +935,31 @@ async fn read_many<'k>(
     let (tables, keys): (Vec<i16>, Vec<&[u8]>) =
         keys.into_iter().map(|(t, k)| (t as i16, k)).unzip();
     let statement = client
-        .prepare_cached(
-            "SELECT u.i, r.v FROM unnest($1::smallint[], $2::bytea[]) WITH ORDINALITY AS u(t, k, i) \
-             CROSS JOIN LATERAL \
-             (SELECT v FROM runner_kv WHERE runner_kv.t = u.t AND runner_kv.k = u.k LIMIT 1) r",
-        )
+        .prepare_cached(concat!("SELECT u.i, r.v ", keys_looked_up!()))
         .await?;
     let mut values = vec![None; keys.len()];
     for row in client.query(&statement, &[&tables, &keys]).await? {
-        let (i, v): (i64, Value) = (row.get(0), row.get(1));
-        if let Some(slot) = usize::try_from(i - 1).ok().and_then(|i| values.get_mut(i)) {
-            *slot = Some(v);
-        }
+        place(&mut values, row.get(0), row.get(1));
     }
     Ok(values)
+}
+
+/// The lookups of [`read_many`]: the keys `$2` of the tables `$1`, each numbered `u.i` from 1,
+/// with its value `r.v` (a key that is absent has no row).
+macro_rules! keys_looked_up {
+    () => {
+        "FROM unnest($1::smallint[], $2::bytea[]) WITH ORDINALITY AS u(t, k, i) \
+         CROSS JOIN LATERAL \
+         (SELECT v FROM runner_kv WHERE runner_kv.t = u.t AND runner_kv.k = u.k LIMIT 1) r"
+    };
+}
+use keys_looked_up;
+
+/// Puts the value of the key numbered `i` (from 1) in its place among `values`.
+fn place(values: &mut [Option<Value>], i: i64, v: Value) {
+    if let Some(slot) = usize::try_from(i - 1).ok().and_then(|i| values.get_mut(i)) {
+        *slot = Some(v);
+    }
 }
 
 /// Keys grouped by table, tables in the order they first appear.
@@ -978,11 +989,11 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 /// The keys `$2` of the tables `$1` read as [`read_many`] reads them (numbered from 1, with no
 /// key), and every entry of table `$3` from `$4` up to `$5` (excluded), numbered 0, in one
 /// statement and one snapshot.
-const READ_MANY_AND_RANGE: &str = "SELECT u.i, NULL::bytea, r.v \
-     FROM unnest($1::smallint[], $2::bytea[]) WITH ORDINALITY AS u(t, k, i) \
-     CROSS JOIN LATERAL \
-     (SELECT v FROM runner_kv WHERE runner_kv.t = u.t AND runner_kv.k = u.k LIMIT 1) r \
-     UNION ALL SELECT 0, k, v FROM runner_kv WHERE t = $3 AND k >= $4 AND k < $5";
+const READ_MANY_AND_RANGE: &str = concat!(
+    "SELECT u.i, NULL::bytea, r.v ",
+    keys_looked_up!(),
+    " UNION ALL SELECT 0, k, v FROM runner_kv WHERE t = $3 AND k >= $4 AND k < $5"
+);
 
 /// One page of the keys of table `$1` from `$2` up to `$3` (excluded), `$4` rows at most.
 pub const SCAN_RANGE: &str =
@@ -1081,13 +1092,10 @@ impl Backend for PgBackend {
         let mut entries = Vec::new();
         for row in rows {
             let (i, v): (i64, Value) = (row.get(0), row.get(2));
-            match usize::try_from(i - 1).ok() {
-                Some(i) => {
-                    if let Some(slot) = values.get_mut(i) {
-                        *slot = Some(v);
-                    }
-                }
-                None => entries.push((row.get::<_, Value>(1), v)),
+            if i == 0 {
+                entries.push((row.get::<_, Value>(1), v));
+            } else {
+                place(&mut values, i, v);
             }
         }
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
