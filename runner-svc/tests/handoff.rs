@@ -27,6 +27,11 @@ const GATED: &str = r#"{"id": "gated", "version": 1, "root": {"type": "sequence"
   {"type": "approval", "name": "ok", "title": "Go on?", "child": {"type": "set", "name": "s", "key": "x", "value": 1}}
 ]}}"#;
 const HELD: &str = r#"{"id": "held", "version": 1, "root": {"type": "tool", "name": "work", "tool": "hold", "args": {}}}"#;
+const WAITS: &str = r#"{"id": "waits", "version": 1, "root": {"type": "sequence", "name": "main", "children": [
+  {"type": "wait", "name": "a-while", "ms": 400}, {"type": "set", "name": "s", "key": "x", "value": 1}
+]}}"#;
+/// How long an idle worker that knows of no delayed job sleeps before it looks at the queue.
+const IDLE: Duration = Duration::from_secs(5);
 const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "name": "s", "key": "x", "value": 1}}"#;
 
 fn submit(tree: &str, thread: &str) -> SubmitInput {
@@ -132,12 +137,56 @@ async fn a_job_whose_thread_is_busy_stays_queued_until_the_thread_is_free() {
         RunStatus::Queued
     );
 
+    // The thread's next job runs once the thread is free, not after an idle worker's sleep
+    // ends (5 s): a look saw it waiting, so the worker that finishes the thread's job looks.
+    let released = std::time::Instant::now();
     release_tx.send(()).unwrap();
     common::wait_status(&runner, &held.run_id, RunStatus::Succeeded).await;
     common::wait_status(&runner, &next.run.run_id, RunStatus::Succeeded).await;
+    assert!(
+        released.elapsed() < IDLE / 2,
+        "the thread's next job waited {:?} after the thread was free",
+        released.elapsed()
+    );
     let job = runner.mailbox().get(&next.job_id).unwrap().unwrap();
     assert_eq!(job.attempt_count, 1);
     assert_eq!(runner.jobs_handed_off(), 1);
+    stop.cancel();
+}
+
+/// A step that sets a timer wakes a worker to learn when it is due (the worker that ran the step
+/// does not look at the queue after every job), and a worker that knows of a timer runs it when
+/// due even when a job it was handed meanwhile kept it busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timer_set_by_a_step_runs_when_due_after_its_worker_ran_something_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let runner = common::open_runner(dir.path(), |_| {}).await;
+    runner.register_tree(WAITS, TreeFormat::Json).await.unwrap();
+    runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
+    let stop = CancellationToken::new();
+    let _workers = worker::spawn(runner.clone(), 1, stop.clone());
+    wait_idle(&runner, 1).await;
+
+    let submitted = std::time::Instant::now();
+    let waits = runner.submit(submit("waits", "t-1")).await.unwrap().run;
+    eventually("the run to wait for its timer", WAIT, || async {
+        let run = runner.get_run(&waits.run_id).unwrap().run;
+        (run.step >= 1 && runner.idle_workers() == 1).then_some(())
+    })
+    .await;
+    // The one worker is handed another run while the timer is pending.
+    let quick = runner.submit(submit("quick", "t-2")).await.unwrap().run;
+    common::wait_status(&runner, &quick.run_id, RunStatus::Succeeded).await;
+    common::wait_status(&runner, &waits.run_id, RunStatus::Succeeded).await;
+    let took = submitted.elapsed();
+    assert!(
+        took >= Duration::from_millis(400),
+        "the timer ran early: {took:?}"
+    );
+    assert!(
+        took < IDLE / 2,
+        "the timer of 400 ms ran after {took:?}: no worker knew when it was due"
+    );
     stop.cancel();
 }
 

@@ -5,6 +5,7 @@
 //! Time: `available_at` and backoff are wall-clock milliseconds because they must survive a
 //! restart; lease expiry is judged on the server's monotonic clock only (never a client's clock).
 
+mod backlog;
 mod clock;
 pub mod state;
 mod store;

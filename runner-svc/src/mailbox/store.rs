@@ -13,6 +13,7 @@ use arbor_shared::domain::{JobKind, JobStatus};
 use super::{
     Claim, Clock, EnqueueRequest, Enqueued, Job, JobFilter, MailboxConfig, MailboxError,
     MailboxInterrupt, MailboxStore, Reaped, RetryCause,
+    backlog::{Backlog, Look},
     state::{JobEvent, transition},
 };
 use crate::{
@@ -241,8 +242,8 @@ pub mod tx {
     pub enum ClaimMiss {
         /// Someone else claimed or changed it first.
         Lost,
-        /// Its thread already has a claimed job.
-        ThreadBusy,
+        /// Its thread already has a claimed job (this one).
+        ThreadBusy(Vec<u8>),
         /// Its generation is older than the thread's: superseded instead.
         Superseded(Box<Job>),
     }
@@ -271,8 +272,8 @@ pub mod tx {
             put_job(tx, &job)?;
             return Ok(Err(ClaimMiss::Superseded(Box::new(job))));
         }
-        if tx.get(T::Active, job.mailbox_id.as_bytes())?.is_some() {
-            return Ok(Err(ClaimMiss::ThreadBusy));
+        if let Some(holder) = tx.get(T::Active, job.mailbox_id.as_bytes())? {
+            return Ok(Err(ClaimMiss::ThreadBusy(holder)));
         }
         tx.tree(T::Queue).remove(queue_key(&job))?;
         move_to(tx, &mut job, JobEvent::Claim, now_ms)?;
@@ -295,6 +296,8 @@ pub mod tx {
         pub job: Option<Job>,
         /// Claimed, and another job looked claimable too (another worker should look).
         pub more: bool,
+        /// Jobs passed over because their thread was busy: (thread, the claimed job's id).
+        pub busy: Vec<(Vec<u8>, Vec<u8>)>,
     }
 
     /// Queue entries a claim takes hold of at once.
@@ -316,12 +319,14 @@ pub mod tx {
     ) -> TxResult<Claimed, MailboxError> {
         let due = |value: &[u8]| queued_head(value).is_some_and(|(at, _, _)| at <= now_ms);
         let mut rest = candidates;
+        let mut busy = Vec::new();
         loop {
             let held = tx.tree(T::Queue).lock_first(rest, CLAIM_PAGE)?;
             let Some((last, _)) = held.last() else {
                 return Ok(Claimed {
                     job: None,
                     more: false,
+                    busy,
                 });
             };
             let after = rest
@@ -343,12 +348,17 @@ pub mod tx {
                     (T::Mailboxes, mailbox),
                     (T::Active, mailbox),
                 ])?;
-                if let Ok(job) = claim(tx, job_id, worker_id, token, now_ms, lease)? {
-                    let more = held[i + 1..].iter().any(|(_, v)| due(v)) || !rest.is_empty();
-                    return Ok(Claimed {
-                        job: Some(job),
-                        more,
-                    });
+                match claim(tx, job_id, worker_id, token, now_ms, lease)? {
+                    Ok(job) => {
+                        let more = held[i + 1..].iter().any(|(_, v)| due(v)) || !rest.is_empty();
+                        return Ok(Claimed {
+                            job: Some(job),
+                            more,
+                            busy,
+                        });
+                    }
+                    Err(ClaimMiss::ThreadBusy(holder)) => busy.push((mailbox.to_vec(), holder)),
+                    Err(_) => {}
                 }
             }
         }
@@ -577,6 +587,14 @@ impl Leases {
         }
     }
 
+    /// Whether this process tracks a lease on `job_id` (a claim of one of its workers).
+    fn holds(&self, job_id: &[u8]) -> bool {
+        let Ok(job_id) = std::str::from_utf8(job_id) else {
+            return false;
+        };
+        self.held.lock().is_ok_and(|held| held.contains_key(job_id))
+    }
+
     /// Whether `token` holds an unexpired lease on `job_id`.
     fn valid(&self, job_id: &str, token: &str) -> bool {
         let now = self.clock.mono();
@@ -611,6 +629,7 @@ pub struct Mailbox {
     clock: Arc<dyn Clock>,
     cfg: MailboxConfig,
     leases: Leases,
+    backlog: Backlog,
 }
 
 impl Mailbox {
@@ -633,6 +652,7 @@ impl Mailbox {
             clock,
             cfg,
             leases,
+            backlog: Backlog::default(),
         };
         let mut recovered = Vec::new();
         for entry in mailbox.store.tree(T::Active).iter() {
@@ -718,6 +738,18 @@ impl Mailbox {
 
     fn now(&self) -> u64 {
         self.clock.wall_ms()
+    }
+
+    /// Notes that a worker of this process finished its claim of `job` (the commit that acked
+    /// it is done); whether the worker should look at the queue before it waits (see
+    /// [`Backlog`]).
+    pub fn finished(&self, job: &Job) -> bool {
+        self.backlog.finished(job.mailbox_id.as_bytes(), self.now())
+    }
+
+    /// When the earliest delayed job the last look saw becomes due.
+    pub fn next_due(&self) -> Option<u64> {
+        self.backlog.next_due()
     }
 }
 
@@ -920,16 +952,17 @@ impl Mailbox {
         worker_id: &str,
     ) -> Result<(Option<Claim>, Option<u64>), MailboxError> {
         let now = self.now();
-        let (candidates, next) = self.claim_candidates(now)?;
+        let look = self.backlog.look();
+        let (candidates, next, busy) = self.claim_candidates(now)?;
         if candidates.is_empty() {
-            return Ok((None, next));
+            return Ok((None, self.noted(look, busy, next, now)));
         }
         let token = self.claim_token(worker_id)?;
         let lease = self.cfg.lease;
         let claimed = self
             .store
             .transact(|t| tx::claim_any(t, &candidates, worker_id, &token, now, lease))?;
-        Ok(self.claimed(claimed, token, now, next))
+        Ok(self.claimed(look, busy, claimed, token, now, next))
     }
 
     /// [`claim_or_next`](Self::claim_or_next) for the worker pool: the same claim transaction,
@@ -942,9 +975,10 @@ impl Mailbox {
         worker_id: &str,
     ) -> Result<(Option<Claim>, Option<u64>), MailboxError> {
         let now = self.now();
-        let (candidates, next) = self.claim_candidates(now)?;
+        let look = self.backlog.look();
+        let (candidates, next, busy) = self.claim_candidates(now)?;
         if candidates.is_empty() {
-            return Ok((None, next));
+            return Ok((None, self.noted(look, busy, next, now)));
         }
         let token = self.claim_token(worker_id)?;
         let lease = self.cfg.lease;
@@ -953,7 +987,7 @@ impl Mailbox {
             .store
             .apply(move |t| tx::claim_any(t, &candidates, &worker, &token_in, now, lease))
             .await?;
-        Ok(self.claimed(claimed, token, now, next))
+        Ok(self.claimed(look, busy, claimed, token, now, next))
     }
 
     /// What a claim transaction's outcome means to the worker: the claim, with its lease
@@ -963,17 +997,48 @@ impl Mailbox {
     /// that took the candidates pass the wake-up on if they saw more.)
     fn claimed(
         &self,
+        look: Look<'_>,
+        mut busy: Vec<(Vec<u8>, Vec<u8>)>,
         claimed: tx::Claimed,
         token: String,
         now: u64,
         next: Option<u64>,
     ) -> (Option<Claim>, Option<u64>) {
+        busy.extend(claimed.busy);
         match claimed.job {
             Some(job) => {
                 self.leases.track(&job.job_id, &token);
-                (Some(Claim { job, token }), claimed.more.then_some(now))
+                let next = self.noted(look, busy, next, now);
+                (
+                    Some(Claim { job, token }),
+                    claimed.more.then_some(now).or(next.filter(|&at| at <= now)),
+                )
             }
-            None => (None, next),
+            None => (None, self.noted(look, busy, next, now)),
+        }
+    }
+
+    /// Notes what a look could not claim (see [`Backlog`]): due jobs behind a busy thread and
+    /// when the next delayed job is due. A thread busy with a job of this process is looked at
+    /// again when that job is done; one busy with another replica's is that replica's to look
+    /// at, which a notification tells. Answers when the looking worker should look again.
+    fn noted(
+        &self,
+        look: Look<'_>,
+        busy: Vec<(Vec<u8>, Vec<u8>)>,
+        next: Option<u64>,
+        now: u64,
+    ) -> Option<u64> {
+        let (ours, theirs): (Vec<_>, Vec<_>) = busy
+            .into_iter()
+            .partition(|(_, holder)| self.leases.holds(holder));
+        if !theirs.is_empty() {
+            self.store.announce_work();
+        }
+        let ours = ours.into_iter().map(|(thread, _)| thread).collect();
+        match look.found(ours, next) {
+            true => Some(now),
+            false => next,
         }
     }
 
@@ -982,12 +1047,19 @@ impl Mailbox {
     /// cannot be claimed now is skipped, so the transaction per claim is spent on a job that
     /// will be won. When the scan stops early at the limit, "next" is now, so a worker that
     /// loses every race looks again.
-    fn claim_candidates(&self, now: u64) -> Result<(Vec<Vec<u8>>, Option<u64>), MailboxError> {
+    #[allow(clippy::type_complexity)]
+    fn claim_candidates(
+        &self,
+        now: u64,
+    ) -> Result<(Vec<Vec<u8>>, Option<u64>, Vec<(Vec<u8>, Vec<u8>)>), MailboxError> {
         const MAX_CANDIDATES: usize = 16;
         let mut candidates = Vec::new();
         let mut next: Option<u64> = None;
-        // The threads with a claimed job: one entry per busy worker at most, read once per scan.
-        let mut busy: Option<std::collections::HashSet<Vec<u8>>> = None;
+        // The threads with a claimed job (and its id): one entry per busy worker at most, read
+        // once per scan.
+        let mut busy: Option<HashMap<Vec<u8>, Vec<u8>>> = None;
+        // Due jobs passed over because their thread is busy: (thread, the claimed job's id).
+        let mut behind = Vec::new();
         for entry in self.store.tree(T::Queue).iter() {
             let (key, value) = entry?;
             if let Some((available_at, generation, mailbox_id)) = tx::queued_head(&value) {
@@ -997,26 +1069,25 @@ impl Mailbox {
                 }
                 let busy = match &mut busy {
                     Some(busy) => busy,
-                    None => busy.insert(
-                        self.store
-                            .tree(T::Active)
-                            .all()
-                            .keys()
-                            .collect::<Result<_, _>>()?,
-                    ),
+                    None => {
+                        busy.insert(self.store.tree(T::Active).all().collect::<Result<_, _>>()?)
+                    }
                 };
                 // A job of an older generation is a candidate even on a busy thread: the claim
                 // transaction supersedes it.
-                if busy.contains(mailbox_id) && generation >= self.generation_of(mailbox_id)? {
+                if let Some(holder) = busy.get(mailbox_id)
+                    && generation >= self.generation_of(mailbox_id)?
+                {
+                    behind.push((mailbox_id.to_vec(), holder.clone()));
                     continue;
                 }
             }
             candidates.push(key);
             if candidates.len() == MAX_CANDIDATES {
-                return Ok((candidates, Some(now)));
+                return Ok((candidates, Some(now), behind));
             }
         }
-        Ok((candidates, next))
+        Ok((candidates, next, behind))
     }
 
     /// A thread's generation (0 until its first interrupt).

@@ -402,9 +402,9 @@ impl Runner {
             Ok(((), appended))
         })
         .await?;
-        // This worker claims again right away, which picks up the thread's next job; another
-        // worker is only needed for a timer that is already due.
-        if next_wake.is_some_and(|at| at <= now) {
+        // A worker claims a timer that is due, or looks to learn when it will be: the worker
+        // that finishes this job looks again only when the mailbox knows of something to find.
+        if next_wake.is_some() {
             self.wake_workers();
         }
         if touches_tasks {

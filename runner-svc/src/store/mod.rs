@@ -382,6 +382,9 @@ pub trait Backend: Send + Sync + 'static {
     fn idle_workers(&self, idle: Arc<std::sync::atomic::AtomicUsize>) {
         drop(idle);
     }
+    /// Tells the other processes sharing the store to look at the queue (what a commit that
+    /// queues work for them does); nothing for a store no other process shares.
+    fn announce_work(&self) {}
 }
 
 /// What another process changed (a hint: whoever is woken reads the store).
@@ -681,6 +684,11 @@ impl Store {
     /// See [`Backend::idle_workers`].
     pub fn idle_workers(&self, idle: Arc<std::sync::atomic::AtomicUsize>) {
         self.0.idle_workers(idle)
+    }
+
+    /// See [`Backend::announce_work`].
+    pub fn announce_work(&self) {
+        self.0.announce_work()
     }
 }
 

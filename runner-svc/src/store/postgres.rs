@@ -1290,6 +1290,18 @@ impl Backend for PgBackend {
         let _ = self.origin.idle.set(idle);
     }
 
+    /// One round trip, only when a look found a job waiting for a thread that another replica's
+    /// worker holds: that replica looks at once rather than at its next poll.
+    fn announce_work(&self) {
+        let announced = self.db.client_blocking().and_then(|client| {
+            let notify = format!("NOTIFY {WORK_CHANNEL}, '{}'", self.origin.name);
+            Ok(wait(client.batch_execute(&notify))?)
+        });
+        if let Err(e) = announced {
+            tracing::debug!("work not announced to the other replicas: {e}");
+        }
+    }
+
     /// This process's own notifications are skipped: whatever it commits, it wakes its own
     /// streams and workers for in-process. A durable batch's notification of events names its
     /// event log and the last seq it appended: appenders to one log take turns on the writer

@@ -68,21 +68,26 @@ pub fn spawn(runner: Arc<Runner>, workers: usize, shutdown: CancellationToken) -
 
 /// Claims and processes jobs until shutdown. Idle workers sleep until woken by a new job or
 /// until the next delayed job becomes available — never a busy loop — or until a transaction
-/// queuing a job hands it to them already claimed (see `runs::handoff`).
+/// queuing a job hands it to them already claimed (see `runs::handoff`). A worker that
+/// finishes a job waits the same way, after a look at the queue only when the mailbox knows
+/// that look may find something (see `mailbox::backlog`).
 pub async fn worker_loop(
     runner: Arc<Runner>,
     worker_id: String,
     in_flight: Arc<InFlight>,
     shutdown: CancellationToken,
 ) {
+    // Whether to look at the queue after it: a job of its thread waits, or a delayed job is due.
     let process = |claim: Claim| {
         let (runner, in_flight) = (runner.clone(), in_flight.clone());
         async move {
             in_flight.start(&claim);
             runner.process(&claim).await;
             in_flight.finish(&claim);
+            runner.mailbox().finished(&claim.job)
         }
     };
+    let mut look = true;
     loop {
         if shutdown.is_cancelled() {
             return;
@@ -91,21 +96,26 @@ pub async fn worker_loop(
         tokio::pin!(woken);
         // Register interest before looking, so a wake-up between the look and the wait is kept.
         woken.as_mut().enable();
-        let next = match runner.mailbox().claim_next(&worker_id).await {
-            Ok((Some(claim), more)) => {
-                // Workers are woken one at a time: pass the wake-up on while work remains.
-                if more.is_some() {
-                    runner.wake_workers();
+        let next = match look {
+            true => match runner.mailbox().claim_next(&worker_id).await {
+                Ok((Some(claim), more)) => {
+                    // Workers are woken one at a time: pass the wake-up on while work remains.
+                    if more.is_some() {
+                        runner.wake_workers();
+                    }
+                    look = process(claim).await;
+                    continue;
                 }
-                process(claim).await;
-                continue;
-            }
-            Ok((None, next)) => next,
-            Err(e) => {
-                tracing::error!(worker = %worker_id, "claim failed: {e}");
-                None
-            }
+                Ok((None, next)) => next,
+                Err(e) => {
+                    tracing::error!(worker = %worker_id, "claim failed: {e}");
+                    None
+                }
+            },
+            false => runner.mailbox().next_due(),
         };
+        // Whatever ends the wait, the worker looks next (unless handed a job).
+        look = true;
         let idle = match next {
             Some(at) => {
                 Duration::from_millis(at.saturating_sub(arbor_shared::time::now_ms()).max(1))
@@ -116,7 +126,7 @@ pub async fn worker_loop(
         tokio::select! {
             claim = &mut handed => {
                 if let Ok(claim) = claim {
-                    process(claim).await;
+                    look = process(claim).await;
                 }
                 continue;
             }
@@ -131,7 +141,7 @@ pub async fn worker_loop(
         if !runner.stop_waiting(&worker_id)
             && let Ok(claim) = handed.await
         {
-            process(claim).await;
+            look = process(claim).await;
         }
     }
 }
