@@ -92,57 +92,64 @@ pub async fn worker_loop(
         if shutdown.is_cancelled() {
             return;
         }
-        let woken = runner.work_available();
-        tokio::pin!(woken);
-        // Register interest before looking, so a wake-up between the look and the wait is kept.
-        woken.as_mut().enable();
-        let next = match look {
-            true => match runner.mailbox().claim_next(&worker_id).await {
-                Ok((Some(claim), more)) => {
-                    // Workers are woken one at a time: pass the wake-up on while work remains.
-                    if more.is_some() {
-                        runner.wake_workers();
-                    }
-                    look = process(claim).await;
-                    continue;
-                }
-                Ok((None, next)) => next,
-                Err(e) => {
-                    tracing::error!(worker = %worker_id, "claim failed: {e}");
-                    None
-                }
-            },
-            false => runner.mailbox().next_due(),
+        let Some(claim) = next_claim(&runner, &worker_id, look, &shutdown).await else {
+            // Woken, or its sleep ended: it looks next.
+            look = true;
+            continue;
         };
-        // Whatever ends the wait, the worker looks next (unless handed a job).
-        look = true;
-        let idle = match next {
-            Some(at) => {
-                Duration::from_millis(at.saturating_sub(arbor_shared::time::now_ms()).max(1))
-            }
-            None => Duration::from_secs(5),
-        };
-        let mut handed = runner.wait_for_work(&worker_id);
-        tokio::select! {
-            claim = &mut handed => {
-                if let Ok(claim) = claim {
-                    look = process(claim).await;
+        look = process(claim).await;
+    }
+}
+
+/// The worker's next claim: from a look at the queue (when `look`), or handed over while it
+/// waits; `None` when woken or its sleep ended without one, and at shutdown. Its wake-up
+/// registration ends here, before the claim is processed: a busy worker's registration would
+/// take a wake-up meant for an idle one and hold it until its job was done.
+async fn next_claim(
+    runner: &Runner,
+    worker_id: &str,
+    look: bool,
+    shutdown: &CancellationToken,
+) -> Option<Claim> {
+    let woken = runner.work_available();
+    tokio::pin!(woken);
+    // Register interest before looking, so a wake-up between the look and the wait is kept.
+    woken.as_mut().enable();
+    let next = match look {
+        true => match runner.mailbox().claim_next(worker_id).await {
+            Ok((Some(claim), more)) => {
+                // Workers are woken one at a time: pass the wake-up on while work remains.
+                if more.is_some() {
+                    runner.wake_workers();
                 }
-                continue;
+                return Some(claim);
             }
-            _ = &mut woken => {}
-            _ = tokio::time::sleep(idle) => {}
-            _ = shutdown.cancelled() => {
-                // A job being handed over now stays claimed until its lease runs out.
-                runner.stop_waiting(&worker_id);
-                return;
+            Ok((None, next)) => next,
+            Err(e) => {
+                tracing::error!(worker = %worker_id, "claim failed: {e}");
+                None
             }
+        },
+        false => runner.mailbox().next_due(),
+    };
+    let idle = match next {
+        Some(at) => Duration::from_millis(at.saturating_sub(arbor_shared::time::now_ms()).max(1)),
+        None => Duration::from_secs(5),
+    };
+    let mut handed = runner.wait_for_work(worker_id);
+    tokio::select! {
+        claim = &mut handed => return claim.ok(),
+        _ = &mut woken => {}
+        _ = tokio::time::sleep(idle) => {}
+        _ = shutdown.cancelled() => {
+            // A job being handed over now stays claimed until its lease runs out.
+            runner.stop_waiting(worker_id);
+            return None;
         }
-        if !runner.stop_waiting(&worker_id)
-            && let Ok(claim) = handed.await
-        {
-            look = process(claim).await;
-        }
+    }
+    match runner.stop_waiting(worker_id) {
+        true => None,
+        false => handed.await.ok(),
     }
 }
 
