@@ -284,12 +284,24 @@ async fn a_notification_of_events_names_its_log() {
         }
     };
     assert_eq!(first, Change::Appended(n), "the reader's own log");
+    // The other schema's runner listens on a connection of its own, which may start listening
+    // later than the reader's: appends go on until it hears one.
     loop {
-        match other_log.recv_timeout(Duration::from_secs(10)) {
+        match other_log.recv_timeout(Duration::from_secs(2)) {
             Ok(Change::Events) => break,
             Ok(Change::Appended(seq)) => panic!("a seq of another log was trusted: {seq}"),
             Ok(_) => {}
-            Err(e) => panic!("the other schema's runner never heard: {e}"),
+            Err(e) => {
+                assert!(n < 12, "the other schema's runner never heard: {e}");
+                n += 1;
+                writer
+                    .commit(move |t| {
+                        t.tree(T::Events).insert(n.to_be_bytes(), b"mark")?;
+                        Ok::<_, arbor_runner_svc::store::Abort<()>>(())
+                    })
+                    .await
+                    .unwrap();
+            }
         }
     }
 }
