@@ -16,6 +16,10 @@ use std::{
     },
 };
 
+/// Due jobs a look passed over because their thread's job is claimed: (the thread, the id of
+/// its claimed job).
+pub type PassedOver = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// See the module documentation.
 #[derive(Debug)]
 pub struct Backlog {

@@ -13,7 +13,7 @@ use arbor_shared::domain::{JobKind, JobStatus};
 use super::{
     Claim, Clock, EnqueueRequest, Enqueued, Job, JobFilter, MailboxConfig, MailboxError,
     MailboxInterrupt, MailboxStore, Reaped, RetryCause,
-    backlog::{Backlog, Look},
+    backlog::{Backlog, Look, PassedOver},
     state::{JobEvent, transition},
 };
 use crate::{
@@ -296,8 +296,8 @@ pub mod tx {
         pub job: Option<Job>,
         /// Claimed, and another job looked claimable too (another worker should look).
         pub more: bool,
-        /// Jobs passed over because their thread was busy: (thread, the claimed job's id).
-        pub busy: Vec<(Vec<u8>, Vec<u8>)>,
+        /// Jobs passed over because their thread was busy.
+        pub busy: PassedOver,
     }
 
     /// Queue entries a claim takes hold of at once.
@@ -620,6 +620,15 @@ impl Leases {
         expired.sort_by(|a, b| a.0.cmp(&b.0));
         expired
     }
+}
+
+/// What a look at the queue found (see `Mailbox::claim_candidates`).
+struct Candidates {
+    /// Queue keys of jobs a claim may win now, in claim order.
+    keys: Vec<Vec<u8>>,
+    /// When the next delayed job becomes available ("now": look again).
+    next: Option<u64>,
+    passed_over: PassedOver,
 }
 
 /// The durable mailbox. Leases are tracked here on the monotonic clock; the token in the store is the
@@ -953,7 +962,11 @@ impl Mailbox {
     ) -> Result<(Option<Claim>, Option<u64>), MailboxError> {
         let now = self.now();
         let look = self.backlog.look();
-        let (candidates, next, busy) = self.claim_candidates(now)?;
+        let Candidates {
+            keys: candidates,
+            next,
+            passed_over: busy,
+        } = self.claim_candidates(now)?;
         if candidates.is_empty() {
             return Ok((None, self.noted(look, busy, next, now)));
         }
@@ -976,7 +989,11 @@ impl Mailbox {
     ) -> Result<(Option<Claim>, Option<u64>), MailboxError> {
         let now = self.now();
         let look = self.backlog.look();
-        let (candidates, next, busy) = self.claim_candidates(now)?;
+        let Candidates {
+            keys: candidates,
+            next,
+            passed_over: busy,
+        } = self.claim_candidates(now)?;
         if candidates.is_empty() {
             return Ok((None, self.noted(look, busy, next, now)));
         }
@@ -998,7 +1015,7 @@ impl Mailbox {
     fn claimed(
         &self,
         look: Look<'_>,
-        mut busy: Vec<(Vec<u8>, Vec<u8>)>,
+        mut busy: PassedOver,
         claimed: tx::Claimed,
         token: String,
         now: u64,
@@ -1022,13 +1039,7 @@ impl Mailbox {
     /// when the next delayed job is due. A thread busy with a job of this process is looked at
     /// again when that job is done; one busy with another replica's is that replica's to look
     /// at, which a notification tells. Answers when the looking worker should look again.
-    fn noted(
-        &self,
-        look: Look<'_>,
-        busy: Vec<(Vec<u8>, Vec<u8>)>,
-        next: Option<u64>,
-        now: u64,
-    ) -> Option<u64> {
+    fn noted(&self, look: Look<'_>, busy: PassedOver, next: Option<u64>, now: u64) -> Option<u64> {
         let (ours, theirs): (Vec<_>, Vec<_>) = busy
             .into_iter()
             .partition(|(_, holder)| self.leases.holds(holder));
@@ -1046,20 +1057,16 @@ impl Mailbox {
     /// when the next delayed job becomes available. A cheap look outside any transaction: what
     /// cannot be claimed now is skipped, so the transaction per claim is spent on a job that
     /// will be won. When the scan stops early at the limit, "next" is now, so a worker that
-    /// loses every race looks again.
-    #[allow(clippy::type_complexity)]
-    fn claim_candidates(
-        &self,
-        now: u64,
-    ) -> Result<(Vec<Vec<u8>>, Option<u64>, Vec<(Vec<u8>, Vec<u8>)>), MailboxError> {
+    /// loses every race looks again. Also the due jobs it passed over because their thread's
+    /// job is claimed.
+    fn claim_candidates(&self, now: u64) -> Result<Candidates, MailboxError> {
         const MAX_CANDIDATES: usize = 16;
         let mut candidates = Vec::new();
         let mut next: Option<u64> = None;
         // The threads with a claimed job (and its id): one entry per busy worker at most, read
         // once per scan.
         let mut busy: Option<HashMap<Vec<u8>, Vec<u8>>> = None;
-        // Due jobs passed over because their thread is busy: (thread, the claimed job's id).
-        let mut behind = Vec::new();
+        let mut behind = PassedOver::new();
         for entry in self.store.tree(T::Queue).iter() {
             let (key, value) = entry?;
             if let Some((available_at, generation, mailbox_id)) = tx::queued_head(&value) {
@@ -1084,10 +1091,18 @@ impl Mailbox {
             }
             candidates.push(key);
             if candidates.len() == MAX_CANDIDATES {
-                return Ok((candidates, Some(now), behind));
+                return Ok(Candidates {
+                    keys: candidates,
+                    next: Some(now),
+                    passed_over: behind,
+                });
             }
         }
-        Ok((candidates, next, behind))
+        Ok(Candidates {
+            keys: candidates,
+            next,
+            passed_over: behind,
+        })
     }
 
     /// A thread's generation (0 until its first interrupt).

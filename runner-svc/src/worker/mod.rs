@@ -113,8 +113,9 @@ async fn next_claim(
 ) -> Option<Claim> {
     let woken = runner.work_available();
     tokio::pin!(woken);
-    // Register interest before looking, so a wake-up between the look and the wait is kept.
-    woken.as_mut().enable();
+    // Register interest before looking, so a wake-up between the look and the wait is kept. A
+    // wake-up already waiting is taken here, and asks for a look.
+    let look = woken.as_mut().enable() || look;
     let next = match look {
         true => match runner.mailbox().claim_next(worker_id).await {
             Ok((Some(claim), more)) => {
@@ -137,19 +138,26 @@ async fn next_claim(
         None => Duration::from_secs(5),
     };
     let mut handed = runner.wait_for_work(worker_id);
-    tokio::select! {
+    let woken = tokio::select! {
         claim = &mut handed => return claim.ok(),
-        _ = &mut woken => {}
-        _ = tokio::time::sleep(idle) => {}
+        _ = &mut woken => true,
+        _ = tokio::time::sleep(idle) => false,
         _ = shutdown.cancelled() => {
             // A job being handed over now stays claimed until its lease runs out.
             runner.stop_waiting(worker_id);
             return None;
         }
-    }
+    };
     match runner.stop_waiting(worker_id) {
         true => None,
-        false => handed.await.ok(),
+        false => {
+            // Woken to look at the queue just as a job was handed to it: the look is another
+            // worker's to make.
+            if woken {
+                runner.wake_workers();
+            }
+            handed.await.ok()
+        }
     }
 }
 
