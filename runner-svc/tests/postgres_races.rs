@@ -267,17 +267,18 @@ async fn a_notification_of_events_names_its_log() {
         heard
     };
     let (same_log, other_log) = (listen(&reader), listen(&stranger));
-    // Until the reader listens, appends (durable batches) go unheard.
+    // An append of event `n` (a durable batch).
+    let append = |n: u64| {
+        writer.commit(move |t| {
+            t.tree(T::Events).insert(n.to_be_bytes(), b"mark")?;
+            Ok::<_, arbor_runner_svc::store::Abort<()>>(())
+        })
+    };
+    // Until the reader listens, appends go unheard.
     let mut n = 0u64;
     let first = loop {
         n += 1;
-        writer
-            .commit(move |t| {
-                t.tree(T::Events).insert(n.to_be_bytes(), b"mark")?;
-                Ok::<_, arbor_runner_svc::store::Abort<()>>(())
-            })
-            .await
-            .unwrap();
+        append(n).await.unwrap();
         match same_log.recv_timeout(Duration::from_secs(5)) {
             Ok(change) => break change,
             Err(_) => assert!(n < 6, "the reader never listened"),
@@ -294,13 +295,7 @@ async fn a_notification_of_events_names_its_log() {
             Err(e) => {
                 assert!(n < 12, "the other schema's runner never heard: {e}");
                 n += 1;
-                writer
-                    .commit(move |t| {
-                        t.tree(T::Events).insert(n.to_be_bytes(), b"mark")?;
-                        Ok::<_, arbor_runner_svc::store::Abort<()>>(())
-                    })
-                    .await
-                    .unwrap();
+                append(n).await.unwrap();
             }
         }
     }

@@ -631,6 +631,13 @@ struct Candidates {
     passed_over: PassedOver,
 }
 
+/// A claim under way: its look at the queue, what that found, and its token.
+struct Begun<'b> {
+    look: Look<'b>,
+    token: String,
+    found: Candidates,
+}
+
 /// The durable mailbox. Leases are tracked here on the monotonic clock; the token in the store is the
 /// fencing authority.
 pub struct Mailbox {
@@ -961,21 +968,15 @@ impl Mailbox {
         worker_id: &str,
     ) -> Result<(Option<Claim>, Option<u64>), MailboxError> {
         let now = self.now();
-        let look = self.backlog.look();
-        let Candidates {
-            keys: candidates,
-            next,
-            passed_over: busy,
-        } = self.claim_candidates(now)?;
-        if candidates.is_empty() {
-            return Ok((None, self.noted(look, busy, next, now)));
-        }
-        let token = self.claim_token(worker_id)?;
-        let lease = self.cfg.lease;
+        let begun = match self.begin_claim(worker_id, now)? {
+            Ok(begun) => begun,
+            Err(next) => return Ok((None, next)),
+        };
+        let (candidates, token, lease) = (&begun.found.keys, &begun.token, self.cfg.lease);
         let claimed = self
             .store
-            .transact(|t| tx::claim_any(t, &candidates, worker_id, &token, now, lease))?;
-        Ok(self.claimed(look, busy, claimed, token, now, next))
+            .transact(|t| tx::claim_any(t, candidates, worker_id, token, now, lease))?;
+        Ok(self.claimed(begun, claimed, now))
     }
 
     /// [`claim_or_next`](Self::claim_or_next) for the worker pool: the same claim transaction,
@@ -988,23 +989,17 @@ impl Mailbox {
         worker_id: &str,
     ) -> Result<(Option<Claim>, Option<u64>), MailboxError> {
         let now = self.now();
-        let look = self.backlog.look();
-        let Candidates {
-            keys: candidates,
-            next,
-            passed_over: busy,
-        } = self.claim_candidates(now)?;
-        if candidates.is_empty() {
-            return Ok((None, self.noted(look, busy, next, now)));
-        }
-        let token = self.claim_token(worker_id)?;
-        let lease = self.cfg.lease;
-        let (worker, token_in) = (worker_id.to_string(), token.clone());
+        let mut begun = match self.begin_claim(worker_id, now)? {
+            Ok(begun) => begun,
+            Err(next) => return Ok((None, next)),
+        };
+        let candidates = std::mem::take(&mut begun.found.keys);
+        let (worker, token, lease) = (worker_id.to_string(), begun.token.clone(), self.cfg.lease);
         let claimed = self
             .store
-            .apply(move |t| tx::claim_any(t, &candidates, &worker, &token_in, now, lease))
+            .apply(move |t| tx::claim_any(t, &candidates, &worker, &token, now, lease))
             .await?;
-        Ok(self.claimed(look, busy, claimed, token, now, next))
+        Ok(self.claimed(begun, claimed, now))
     }
 
     /// What a claim transaction's outcome means to the worker: the claim, with its lease
@@ -1014,13 +1009,12 @@ impl Mailbox {
     /// that took the candidates pass the wake-up on if they saw more.)
     fn claimed(
         &self,
-        look: Look<'_>,
-        mut busy: PassedOver,
+        begun: Begun<'_>,
         claimed: tx::Claimed,
-        token: String,
         now: u64,
-        next: Option<u64>,
     ) -> (Option<Claim>, Option<u64>) {
+        let Begun { look, token, found } = begun;
+        let (next, mut busy) = (found.next, found.passed_over);
         busy.extend(claimed.busy);
         match claimed.job {
             Some(job) => {
@@ -1033,6 +1027,22 @@ impl Mailbox {
             }
             None => (None, self.noted(look, busy, next, now)),
         }
+    }
+
+    /// The start of a claim: a look at the queue, and the claim's token; `Err` with when to
+    /// look again when the look found nothing to claim.
+    fn begin_claim(
+        &self,
+        worker_id: &str,
+        now: u64,
+    ) -> Result<Result<Begun<'_>, Option<u64>>, MailboxError> {
+        let look = self.backlog.look();
+        let found = self.claim_candidates(now)?;
+        if found.keys.is_empty() {
+            return Ok(Err(self.noted(look, found.passed_over, found.next, now)));
+        }
+        let token = self.claim_token(worker_id)?;
+        Ok(Ok(Begun { look, token, found }))
     }
 
     /// Notes what a look could not claim (see [`Backlog`]): due jobs behind a busy thread and
