@@ -6,6 +6,8 @@
 //!  [--appends N] [--append-concurrency K] [--task-latency N] [--tasks N] [--task-repeat M]
 //!  [--only cycle,langgraph,parked,fanout,pg-append,tasks]`
 //!
+//! `--help` lists every flag with its default; an unknown flag or value is refused.
+//!
 //! - `--store` (cycle, tasks): the stores to run on, a list; default `sled`. `postgres`
 //!   starts one private PostgreSQL server for the whole run (`fsync=on`) and gives every
 //!   configuration a fresh database.
@@ -32,47 +34,111 @@
 use std::sync::Arc;
 
 use arbor_tests::bench::{self, cluster::Store, cycle::Decider};
+use clap::{Parser, ValueEnum};
+
+/// Arbor's end-to-end benchmark: the full approval cycle on sled and PostgreSQL, against
+/// LangGraph, with parked runs, event fan-out, the event log's append rate and task workers
+/// (BENCHMARKS.md).
+#[derive(Parser)]
+#[command(name = "arbor-bench")]
+struct Args {
+    /// The sections to run.
+    #[arg(long, value_enum, value_delimiter = ',',
+          default_values_t = [Section::Cycle, Section::Langgraph, Section::Parked, Section::Fanout])]
+    only: Vec<Section>,
+    /// Approval cycles per configuration (cycle, langgraph, tasks).
+    #[arg(long, default_value_t = 10_000)]
+    cycles: usize,
+    /// Runs in flight (cycle, langgraph).
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 64])]
+    concurrency: Vec<usize>,
+    /// The stores to run on (cycle, tasks).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [StoreName::Sled])]
+    store: Vec<StoreName>,
+    /// Replicas of each service (cycle; default 1 — pg-append; default 1,2).
+    #[arg(long, value_delimiter = ',')]
+    runners: Option<Vec<usize>>,
+    /// Times to measure every configuration, round after round (cycle).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: u64,
+    /// Print each PostgreSQL configuration's statements per cycle (cycle).
+    #[arg(long)]
+    pg_stats: bool,
+    /// Parked runs (parked).
+    #[arg(long, default_value_t = 100_000)]
+    parked: usize,
+    /// Subscribers (fanout).
+    #[arg(long, default_value_t = 100)]
+    fanout: usize,
+    /// Cycles (fanout).
+    #[arg(long, default_value_t = 2_000)]
+    fanout_cycles: usize,
+    /// Cycles started per second (fanout).
+    #[arg(long, default_value_t = 100)]
+    fanout_rate: usize,
+    /// One-node runs (pg-append).
+    #[arg(long, default_value_t = 3_000)]
+    appends: usize,
+    /// Clients (pg-append).
+    #[arg(long, default_value_t = 64)]
+    append_concurrency: usize,
+    /// Tasks one at a time through a Python worker (tasks).
+    #[arg(long, default_value_t = 2_000)]
+    task_latency: usize,
+    /// Tasks at 64 in flight through a Rust worker (tasks).
+    #[arg(long, default_value_t = 20_000)]
+    tasks: usize,
+    /// Tasks per run (tasks).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    task_repeat: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Section {
+    Cycle,
+    Langgraph,
+    Parked,
+    Fanout,
+    PgAppend,
+    Tasks,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StoreName {
+    Sled,
+    Postgres,
+}
+
+impl std::fmt::Display for Section {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.to_possible_value() {
+            Some(v) => f.write_str(v.get_name()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Display for StoreName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.to_possible_value() {
+            Some(v) => f.write_str(v.get_name()),
+            None => Ok(()),
+        }
+    }
+}
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let number =
-        |flag: &str, default: usize| value(flag).and_then(|v| v.parse().ok()).unwrap_or(default);
-    let only: Vec<String> = value("--only")
-        .map(|v| v.split(',').map(str::to_string).collect())
-        .unwrap_or_else(|| {
-            ["cycle", "langgraph", "parked", "fanout"]
-                .map(String::from)
-                .to_vec()
-        });
-    let wants = |s: &str| only.iter().any(|o| o == s);
-    let cycles = number("--cycles", 10_000);
-    let list = |flag: &str, default: &[usize]| -> Vec<usize> {
-        value(flag)
-            .map(|v| v.split(',').filter_map(|k| k.parse().ok()).collect())
-            .unwrap_or_else(|| default.to_vec())
-    };
-    let concurrency = list("--concurrency", &[1, 64]);
-    let store_names: Vec<String> = value("--store")
-        .map(|v| v.split(',').map(str::to_string).collect())
-        .unwrap_or_else(|| vec!["sled".into()]);
-    if let Some(bad) = store_names
-        .iter()
-        .find(|s| !matches!(s.as_str(), "sled" | "postgres"))
-    {
-        eprintln!("--store: unknown store {bad:?} (sled, postgres)");
-        std::process::exit(2);
-    }
+    let args = Args::parse();
+    let wants = |s: Section| args.only.contains(&s);
+    let cycles = args.cycles;
+    let concurrency = args.concurrency.clone();
+    let store_names = args.store.clone();
     // One PostgreSQL server for the whole run, started only when something needs it.
-    let needs_pg = wants("pg-append")
-        || ((wants("cycle") || wants("tasks")) && store_names.iter().any(|s| s == "postgres"));
-    let pg_stats = args.iter().any(|a| a == "--pg-stats");
+    let needs_pg = wants(Section::PgAppend)
+        || ((wants(Section::Cycle) || wants(Section::Tasks))
+            && store_names.contains(&StoreName::Postgres));
+    let pg_stats = args.pg_stats;
     bench::PG_STATS.store(pg_stats, std::sync::atomic::Ordering::Relaxed);
     let pg = needs_pg.then(|| {
         eprintln!("starting PostgreSQL …");
@@ -87,22 +153,22 @@ async fn main() {
     });
     let stores: Vec<Store> = store_names
         .iter()
-        .map(|s| match (s.as_str(), &pg) {
-            ("postgres", Some(pg)) => Store::Postgres(pg.clone()),
+        .map(|s| match (s, &pg) {
+            (StoreName::Postgres, Some(pg)) => Store::Postgres(pg.clone()),
             _ => Store::Sled,
         })
         .collect();
 
     bench::print_machine();
     let mut rows = Vec::new();
-    if wants("cycle") {
+    if wants(Section::Cycle) {
         let opts = bench::Options {
             cycles,
             concurrency: concurrency.clone(),
             deciders: vec![Decider::Policy, Decider::Person],
             stores: stores.clone(),
-            replicas: list("--runners", &[1]),
-            rounds: number("--rounds", 1).max(1),
+            replicas: args.runners.clone().unwrap_or_else(|| vec![1]),
+            rounds: args.rounds as usize,
         };
         let (rounds, skipped) = bench::cycles(&opts).await;
         let ratios = bench::cycle_ratios(&rounds);
@@ -125,17 +191,17 @@ async fn main() {
             }
         }
     }
-    if wants("tasks") {
+    if wants(Section::Tasks) {
         let opts = bench::tasks::TaskOptions {
-            latency_tasks: number("--task-latency", 2_000),
-            throughput_tasks: number("--tasks", 20_000),
-            repeat: number("--task-repeat", 20).max(1),
+            latency_tasks: args.task_latency,
+            throughput_tasks: args.tasks,
+            repeat: args.task_repeat as usize,
             cycles,
         };
         let tasks = bench::tasks::run(&stores, &opts, &rows).await;
         bench::tasks::print(&tasks, opts.repeat);
     }
-    if wants("langgraph") {
+    if wants(Section::Langgraph) {
         let mut lg = Vec::new();
         for k in &concurrency {
             eprintln!("langgraph: K={k} N={cycles} …");
@@ -165,28 +231,23 @@ async fn main() {
             }
         }
     }
-    if wants("parked") {
-        let n = number("--parked", 100_000);
+    if wants(Section::Parked) {
+        let n = args.parked;
         eprintln!("parked: {n} runs …");
         bench::print_parked(&bench::parked::run(n).await);
     }
-    if wants("fanout") {
-        let s = number("--fanout", 100);
-        let n = number("--fanout-cycles", 2_000);
-        let rate = number("--fanout-rate", 100);
+    if wants(Section::Fanout) {
+        let (s, n, rate) = (args.fanout, args.fanout_cycles, args.fanout_rate);
         eprintln!("fan-out: {s} subscribers, {n} cycles at {rate}/s …");
         bench::print_fanout(&bench::fanout::run(s, n, rate).await);
     }
-    if wants("pg-append")
+    if wants(Section::PgAppend)
         && let Some(pg) = &pg
     {
         let store = Store::Postgres(pg.clone());
-        let (n, k) = (
-            number("--appends", 3_000),
-            number("--append-concurrency", 64),
-        );
+        let (n, k) = (args.appends, args.append_concurrency);
         let mut appends = Vec::new();
-        for r in list("--runners", &[1, 2]) {
+        for r in args.runners.clone().unwrap_or_else(|| vec![1, 2]) {
             eprintln!("pg-append: R={r} K={k} N={n} …");
             let row = bench::pg_append::run(&store, r, n, k).await;
             eprintln!(
