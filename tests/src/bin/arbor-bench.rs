@@ -44,7 +44,7 @@ use clap::{Parser, ValueEnum};
 struct Args {
     /// The sections to run.
     #[arg(long, value_enum, value_delimiter = ',',
-          default_values_t = [Section::Cycle, Section::Langgraph, Section::Parked, Section::Fanout])]
+          default_values = ["cycle", "langgraph", "parked", "fanout"])]
     only: Vec<Section>,
     /// Approval cycles per configuration (cycle, langgraph, tasks).
     #[arg(long, default_value_t = 10_000)]
@@ -53,7 +53,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_values_t = [1, 64])]
     concurrency: Vec<usize>,
     /// The stores to run on (cycle, tasks).
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [StoreName::Sled])]
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "sled")]
     store: Vec<StoreName>,
     /// Replicas of each service (cycle; default 1 — pg-append; default 1,2).
     #[arg(long, value_delimiter = ',')]
@@ -107,24 +107,6 @@ enum Section {
 enum StoreName {
     Sled,
     Postgres,
-}
-
-impl std::fmt::Display for Section {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.to_possible_value() {
-            Some(v) => f.write_str(v.get_name()),
-            None => Ok(()),
-        }
-    }
-}
-
-impl std::fmt::Display for StoreName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.to_possible_value() {
-            Some(v) => f.write_str(v.get_name()),
-            None => Ok(()),
-        }
-    }
 }
 
 #[tokio::main]

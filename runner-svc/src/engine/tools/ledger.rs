@@ -72,9 +72,12 @@ impl Tool for LedgerTool {
     fn call(&self, call: &ToolCall) -> Result<Json, ToolError> {
         let key = call.idempotency_key.as_bytes();
         let storage = |e: StoreError| ToolError::Storage(e.to_string());
+        // A stored receipt is answered as it is; one that does not decode is an error.
+        let stored = |bytes: &[u8]| {
+            serde_json::from_slice(bytes).map_err(|e| ToolError::Storage(e.to_string()))
+        };
         if let Some(existing) = self.store.tree(T::Ledger).get(key).map_err(storage)? {
-            return serde_json::from_slice(&existing)
-                .map_err(|e| ToolError::Storage(e.to_string()));
+            return stored(&existing);
         }
         let entry = call
             .args
@@ -94,7 +97,7 @@ impl Tool for LedgerTool {
         // The first receipt wins if two callers race on one key.
         match self.insert_new(key, bytes).map_err(ToolError::Storage)? {
             None => Ok(receipt),
-            Some(first) => Ok(serde_json::from_slice(&first).unwrap_or(Json::Null)),
+            Some(first) => stored(&first),
         }
     }
 }
