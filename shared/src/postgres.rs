@@ -223,9 +223,7 @@ impl Database {
         self.handle()?.spawn(async move {
             let _ = answer.send(fut.await);
         });
-        answered
-            .recv()
-            .map_err(|_| DbError::Failed("database task stopped".into()))?
+        in_place(|| answered.recv()).map_err(|_| DbError::Failed("database task stopped".into()))?
     }
 
     /// A pooled connection. Its queries may be awaited on any runtime, or blocked on with
@@ -238,8 +236,12 @@ impl Database {
     /// [`client`](Self::client), blocking (see [`wait`]). A connection the pool has to make is
     /// made on the pool's runtime (entered here).
     pub fn client_blocking(&self) -> Result<Object, DbError> {
-        let _on_pool_runtime = self.handle()?.enter();
-        Ok(wait(self.pool.get())?)
+        let pool_runtime = self.handle()?;
+        // Whether the caller's thread may block is asked before the pool's runtime is entered.
+        in_place(|| {
+            let _on_pool_runtime = pool_runtime.enter();
+            Ok(block_on(self.pool.get())?)
+        })
     }
 
     /// A connection of the calling thread's own (see [`Dedicated`]).
@@ -459,13 +461,33 @@ impl Prepared for ClientWrapper {
 /// Blocks the calling thread on a future that needs no runtime of its own (a query of a
 /// pooled connection: its I/O runs on the pool's runtime).
 ///
-/// The future runs outside tokio's cooperative budget. Called from a task, it would otherwise
-/// spend that task's budget, and once the budget is spent a tokio resource it polls (the
-/// semaphore of the pool's statement cache, on a statement's first use on a connection) answers
-/// "not yet" and defers its wake-up until the task yields, which a task blocked here never
-/// does: the thread would wait for ever.
+/// On a worker thread of a multi-threaded runtime (a gRPC handler, a stream) the wait is
+/// announced to tokio first (`block_in_place`): the thread's other tasks go to another thread,
+/// so a query that waits for the database stops nothing else — health checks, streams and
+/// other RPCs are served however many reads wait. Elsewhere (a blocking-pool thread, a thread
+/// of its own, a single-threaded runtime) it simply blocks.
 pub fn wait<F: Future>(fut: F) -> F::Output {
+    in_place(|| block_on(fut))
+}
+
+/// The future, outside tokio's cooperative budget, on the calling thread. Called from a task,
+/// it would otherwise spend that task's budget, and once the budget is spent a tokio resource
+/// it polls (the semaphore of the pool's statement cache, on a statement's first use on a
+/// connection) answers "not yet" and defers its wake-up until the task yields, which a task
+/// blocked here never does: the thread would wait for ever.
+fn block_on<F: Future>(fut: F) -> F::Output {
     futures_executor::block_on(tokio::task::unconstrained(fut))
+}
+
+/// Runs `blocking`, which blocks the calling thread, announced to tokio when the thread is a
+/// worker of a multi-threaded runtime (see [`wait`]). A single-threaded runtime has no other
+/// thread to hand its tasks to (and `block_in_place` refuses it): there it just runs.
+fn in_place<T>(blocking: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(blocking),
+        _ => blocking(),
+    }
 }
 
 async fn listen_once(

@@ -141,7 +141,7 @@ impl RunnerService for RunnerGrpc {
         let may_exist = !input.run_id.is_empty();
         let submitted = self.runner.submit(input).await?;
         tracing::info!(run_id = %submitted.run.run_id, deduplicated = submitted.deduplicated,
-            trace_id = %self.runner.events().run_trace_id(&submitted.run.run_id), "run submitted");
+            trace_id = %submitted.trace_id, "run submitted");
         // A new run is exactly its record and its input: no need to read the checkpoint back.
         let view = if submitted.deduplicated || may_exist {
             self.view(&submitted.run.run_id).await?

@@ -57,6 +57,8 @@ pub struct Submitted {
     pub run: RunRecord,
     pub job_id: String,
     pub deduplicated: bool,
+    /// The trace id of the run's trace context (`""` when it has none), for the caller's log.
+    pub trace_id: String,
 }
 
 /// A priority that outranks every user priority, for cancel jobs.
@@ -183,10 +185,14 @@ impl Runner {
                 ))?;
                 if enq.deduplicated {
                     let run = records::must_get_run(tx, &enq.job.run_id)?;
+                    let trace_id = events::run_trace(tx, &run.run_id)?
+                        .map(|c| c.trace_id())
+                        .unwrap_or_default();
                     let submitted = Submitted {
                         run,
                         job_id: enq.job.job_id,
                         deduplicated: true,
+                        trace_id,
                     };
                     return Ok(((submitted, None), Vec::new()));
                 }
@@ -242,6 +248,7 @@ impl Runner {
                     run,
                     job_id: enq.job.job_id,
                     deduplicated: false,
+                    trace_id: trace.trace_id(),
                 };
                 Ok(((submitted, claimed), appended))
             })
