@@ -18,8 +18,8 @@ use std::{
 };
 
 use arbor_runner_svc::{
-    mailbox::{EnqueueRequest, Mailbox, MailboxConfig, SystemClock, tx as mtx},
-    store::{Change, T, TxError},
+    mailbox::{EnqueueRequest, Mailbox, MailboxConfig, MailboxStore, SystemClock, tx as mtx},
+    store::{Change, Store, T, TxError},
 };
 
 /// While one transaction holds the first candidate, another takes the second at once, and both
@@ -150,6 +150,66 @@ fn a_wake_up_never_folds_into_a_job_a_concurrent_claim_took() {
     });
 }
 
+/// What one replica (`there`) hears of another's (`here`) commits, in commit order: a mark (an
+/// appended event, announced whatever else happens) committed by `here` bounds what was heard
+/// before it.
+struct Ears {
+    heard: mpsc::Receiver<Change>,
+    marks: u64,
+}
+
+impl Ears {
+    /// `there` listening; answers once it hears `here`'s marks.
+    fn listen(here: &Store, there: &Store) -> Ears {
+        let (heard_tx, heard) = mpsc::channel::<Change>();
+        let heard_tx = Mutex::new(heard_tx);
+        there.subscribe(move |change| {
+            let _ = heard_tx.lock().unwrap().send(change);
+        });
+        let mut ears = Ears { heard, marks: 0 };
+        // Until the other replica listens, marks go unheard.
+        loop {
+            let n = ears.mark(here);
+            match ears.heard.recv_timeout(Duration::from_secs(5)) {
+                Ok(Change::Appended(seq)) if seq == n => return ears,
+                Ok(_) => {}
+                Err(_) => assert!(n < 6, "the other replica never listened"),
+            }
+        }
+    }
+
+    /// Commits the next mark on `here`; answers its number.
+    fn mark(&mut self, here: &Store) -> u64 {
+        self.marks += 1;
+        let n = self.marks;
+        here.transact(|t| {
+            t.tree(T::Events).insert(n.to_be_bytes(), b"mark")?;
+            Ok::<_, arbor_runner_svc::store::Abort<()>>(())
+        })
+        .unwrap();
+        n
+    }
+
+    /// What was heard before the mark `n`.
+    fn until_mark(&self, n: u64) -> Vec<Change> {
+        let mut before = Vec::new();
+        loop {
+            match self.heard.recv_timeout(Duration::from_secs(10)) {
+                // The notification names the mark's seq: the other replica need not read it.
+                Ok(Change::Appended(seq)) if seq == n => return before,
+                Ok(change) => before.push(change),
+                Err(e) => panic!("the other replica never heard of the mark: {e}"),
+            }
+        }
+    }
+
+    /// Commits a mark on `here` and answers what was heard before it.
+    fn heard_before_mark(&mut self, here: &Store) -> Vec<Change> {
+        let n = self.mark(here);
+        self.until_mark(n)
+    }
+}
+
 /// Jobs a replica queued while it had a worker idle for each are its own workers' to take:
 /// the other replicas are not told (each of theirs would look, and all but one find the job
 /// taken). Jobs queued while every worker there is busy are announced, so that another
@@ -161,11 +221,6 @@ fn queued_jobs_are_announced_only_when_no_worker_of_the_replica_is_idle() {
     let (here, there) = (common::open_postgres(&url), common::open_postgres(&url));
     let idle = Arc::new(AtomicUsize::new(0));
     here.idle_workers(idle.clone());
-    let (heard_tx, heard) = mpsc::channel::<Change>();
-    let heard_tx = Mutex::new(heard_tx);
-    there.subscribe(move |change| {
-        let _ = heard_tx.lock().unwrap().send(change);
-    });
     // Jobs `ids`, each of a thread and run of its own, queued in one transaction.
     let queue = |ids: &[&str]| {
         here.transact(|t| {
@@ -182,52 +237,20 @@ fn queued_jobs_are_announced_only_when_no_worker_of_the_replica_is_idle() {
         })
         .unwrap();
     };
-    // An appended event is announced whatever the workers do: it marks a point in the order
-    // in which the other replica hears of commits (that of the commits).
-    let mark = |n: u64| {
-        here.transact(|t| {
-            t.tree(T::Events).insert(n.to_be_bytes(), b"mark")?;
-            Ok::<_, arbor_runner_svc::store::Abort<()>>(())
-        })
-        .unwrap();
-    };
-    let until_mark = |n: u64| -> Vec<Change> {
-        let mut before = Vec::new();
-        loop {
-            match heard.recv_timeout(Duration::from_secs(10)) {
-                // The notification names the mark's seq: the other replica need not read it.
-                Ok(Change::Appended(seq)) if seq == n => return before,
-                Ok(change) => before.push(change),
-                Err(e) => panic!("the other replica never heard of the mark: {e}"),
-            }
-        }
-    };
-    // Until the other replica listens, marks go unheard.
-    let mut n = 0;
-    loop {
-        n += 1;
-        mark(n);
-        match heard.recv_timeout(Duration::from_secs(5)) {
-            Ok(Change::Appended(seq)) if seq == n => break,
-            Ok(_) => {}
-            Err(_) => assert!(n < 6, "the other replica never listened"),
-        }
-    }
+    let mut ears = Ears::listen(&here, &there);
 
     idle.store(1, Ordering::SeqCst);
     queue(&["taken-here"]);
-    mark(100);
     assert_eq!(
-        until_mark(100),
+        ears.heard_before_mark(&here),
         vec![],
         "a job an idle worker here takes is not announced"
     );
 
     idle.store(0, Ordering::SeqCst);
     queue(&["busy-here"]);
-    mark(101);
     assert_eq!(
-        until_mark(101),
+        ears.heard_before_mark(&here),
         vec![Change::Work],
         "a job no worker here is free for is announced"
     );
@@ -235,11 +258,75 @@ fn queued_jobs_are_announced_only_when_no_worker_of_the_replica_is_idle() {
     // Two jobs in one transaction and one idle worker: the second needs another replica.
     idle.store(1, Ordering::SeqCst);
     queue(&["pair-1", "pair-2"]);
-    mark(102);
     assert_eq!(
-        until_mark(102),
+        ears.heard_before_mark(&here),
         vec![Change::Work],
         "more jobs than idle workers here"
+    );
+}
+
+/// A look at the queue that passes over a due job because its thread's job is claimed leaves it
+/// to whoever holds that claim: when a worker of this replica holds it, that worker looks once
+/// it is done (nothing is announced); when another replica's does, that replica is told, so
+/// that its own look notes the job for the worker that finishes the thread's job. Without the
+/// announcement the job would wait for the next regular look, which nothing bounds but the
+/// idle workers' poll.
+#[test]
+fn a_job_passed_over_for_another_replica_s_claim_is_announced_to_it() {
+    let cluster = arbor_testkit::PgCluster::shared();
+    let url = cluster.fresh_database("passed_over");
+    let (here, there) = (common::open_postgres(&url), common::open_postgres(&url));
+    // Jobs queued here are taken by an idle worker here: queuing announces nothing.
+    here.idle_workers(Arc::new(AtomicUsize::new(1)));
+    let open = |store: &Store| {
+        let clock = Arc::new(SystemClock::default());
+        Mailbox::open(store.clone(), clock, MailboxConfig::default())
+            .unwrap()
+            .0
+    };
+    let (mailbox_here, mailbox_there) = (open(&here), open(&there));
+    let job = |id: &str, thread: &str| EnqueueRequest {
+        job_id: id.into(),
+        mailbox_id: thread.into(),
+        run_id: format!("run-{id}"),
+        ..Default::default()
+    };
+    let mut ears = Ears::listen(&here, &there);
+
+    // Its own worker holds the thread's first job: the look notes the second for that worker.
+    mailbox_here.enqueue(job("ours-1", "t-ours")).unwrap();
+    let ours = mailbox_here.claim("worker-here").unwrap().expect("a claim");
+    assert_eq!(ours.job.job_id, "ours-1");
+    mailbox_here.enqueue(job("ours-2", "t-ours")).unwrap();
+    assert!(mailbox_here.claim("worker-here").unwrap().is_none());
+    assert_eq!(
+        ears.heard_before_mark(&here),
+        vec![],
+        "a job passed over for this replica's own claim is not announced"
+    );
+    assert!(
+        mailbox_here.finished(&ours.job),
+        "the worker that finishes the thread's job looks at the queue"
+    );
+
+    // The other replica's worker holds the thread's first job; here, the second is passed over.
+    mailbox_here.enqueue(job("theirs-1", "t-theirs")).unwrap();
+    let held = mailbox_there
+        .claim("worker-there")
+        .unwrap()
+        .expect("a claim");
+    assert_eq!(held.job.job_id, "theirs-1");
+    mailbox_here.enqueue(job("theirs-2", "t-theirs")).unwrap();
+    assert_eq!(
+        ears.heard_before_mark(&here),
+        vec![],
+        "queued, not announced"
+    );
+    assert!(mailbox_here.claim("worker-here").unwrap().is_none());
+    assert_eq!(
+        ears.heard_before_mark(&here),
+        vec![Change::Work],
+        "a job passed over for another replica's claim is announced"
     );
 }
 
