@@ -3,9 +3,13 @@
 //! made a change durable this publishes it to watchers and wakes the task that acts next, so a
 //! policy decision travels exactly the same path as a person's.
 
-use std::sync::{Arc, PoisonError};
+use std::{
+    panic::AssertUnwindSafe,
+    sync::{Arc, PoisonError},
+};
 
 use arbor_shared::{auth::Principal, domain::ApprovalRequest};
+use futures_util::FutureExt;
 use tokio::sync::{Notify, broadcast, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -33,7 +37,9 @@ pub struct Approvals<S> {
     missed: Arc<watch::Sender<u64>>,
     metrics: Arc<Metrics>,
     /// Delivery attempts waiting to be recorded (see [`record_delivery`](Self::record_delivery)).
-    attempts: Arc<std::sync::Mutex<Attempts>>,
+    attempts: Arc<Queue<Attempt, Option<Approval>>>,
+    /// Decisions waiting to be taken (see [`decide`](Self::decide)).
+    decisions: Arc<Queue<Decision, Resolved>>,
 }
 
 impl<S> Clone for Approvals<S> {
@@ -47,6 +53,7 @@ impl<S> Clone for Approvals<S> {
             missed: self.missed.clone(),
             metrics: self.metrics.clone(),
             attempts: self.attempts.clone(),
+            decisions: self.decisions.clone(),
         }
     }
 }
@@ -62,6 +69,7 @@ impl<S: ApprovalStore> Approvals<S> {
             missed: Arc::new(watch::channel(0).0),
             metrics: Arc::new(Metrics::default()),
             attempts: Arc::default(),
+            decisions: Arc::default(),
         }
     }
 
@@ -246,22 +254,54 @@ impl<S: ApprovalStore> Approvals<S> {
         Ok(approval)
     }
 
-    /// Decides `request_id`, then publishes the decision to watchers and to delivery. Both
-    /// run as a task of their own, so they finish even when the caller goes away meanwhile (a
-    /// client whose RPC is cut or runs out of time drops it): a decision committed and never
-    /// published would wait for the next unrelated wake-up to be delivered. The task keeps the
-    /// caller's span (the approval's trace id).
+    /// Decides `request_id`, then publishes the decision to watchers and to delivery. The
+    /// decisions asked for while others are being taken are taken together when those are done
+    /// (in one transaction where the store has them), each answering its own outcome. The
+    /// taking and publishing run as a task of their own, so they finish even when the caller
+    /// goes away meanwhile (a client whose RPC is cut or runs out of time drops it): a decision
+    /// committed and never published would wait for the next unrelated wake-up to be
+    /// delivered. What is logged about a decision is logged in its caller's span (the
+    /// approval's trace id).
     pub async fn decide(&self, request_id: &str, decision: NewDecision) -> Result<Resolved> {
-        let (this, request_id) = (self.clone(), request_id.to_string());
-        to_the_end("the decision", async move {
-            let resolved = this.store.resolve_request(&request_id, decision).await?;
-            if !resolved.duplicate {
-                this.observe_decision(&resolved.approval);
-                this.publish(&resolved.approval);
+        let this = self.clone();
+        let item = (request_id.to_string(), decision, tracing::Span::current());
+        self.decisions
+            .push(item, move |batch| {
+                let this = this.clone();
+                async move { this.take_decisions(batch).await }
+            })
+            .await
+    }
+
+    /// Takes a batch of decisions and publishes those taken.
+    async fn take_decisions(&self, batch: Vec<Decision>) -> Vec<Result<Resolved>> {
+        let decisions = batch
+            .iter()
+            .map(|(id, decision, _)| (id.clone(), decision.clone()))
+            .collect();
+        let outcomes = match self.store.resolve_requests(decisions).await {
+            Ok(outcomes) => outcomes,
+            // Each alone, so that one which cannot be taken holds up no other.
+            Err(e) => {
+                tracing::debug!("decisions left to one at a time: {e}");
+                let mut outcomes = Vec::with_capacity(batch.len());
+                for (request_id, decision, span) in &batch {
+                    let taken = self.store.resolve_request(request_id, decision.clone());
+                    outcomes.push(taken.instrument(span.clone()).await);
+                }
+                outcomes
             }
-            Ok(resolved)
-        })
-        .await
+        };
+        for ((_, _, span), outcome) in batch.iter().zip(&outcomes) {
+            if let Ok(resolved) = outcome
+                && !resolved.duplicate
+            {
+                let _entered = span.enter();
+                self.observe_decision(&resolved.approval);
+                self.publish(&resolved.approval);
+            }
+        }
+        outcomes
     }
 
     /// The log span of one approval: its id and the trace id of the run that asked for it, so
@@ -416,7 +456,7 @@ impl<S: ApprovalStore> Approvals<S> {
     }
 
     /// Counts a delivery attempt; an accepted one stops further attempts. The attempts that
-    /// finish while another is being recorded are recorded together, when it is done (in one
+    /// finish while others are being recorded are recorded together when those are done (in one
     /// transaction where the store has them); the writing runs as a task of its own, so it
     /// finishes even when its caller goes away.
     pub async fn record_delivery(
@@ -425,73 +465,42 @@ impl<S: ApprovalStore> Approvals<S> {
         decision_id: &str,
         outcome: DeliveryOutcome,
     ) -> Result<()> {
-        let (done, answer) = oneshot::channel();
-        let first = {
-            let mut queue = self.attempts.lock().unwrap_or_else(PoisonError::into_inner);
-            queue
-                .waiting
-                .push(((request_id.into(), decision_id.into(), outcome), done));
-            !std::mem::replace(&mut queue.writing, true)
-        };
-        if first {
-            let this = self.clone();
-            tokio::spawn(async move { this.record_attempts().await }.in_current_span());
-        }
-        let recorded = answer
-            .await
-            .map_err(|_| Error::Storage("recording the delivery stopped".into()))??;
+        let store = self.store.clone();
+        let item = (request_id.to_string(), decision_id.to_string(), outcome);
+        let recorded = self
+            .attempts
+            .push(item, move |batch| {
+                let store = store.clone();
+                async move { record_attempts(&*store, batch).await }
+            })
+            .await?;
         if let Some(a) = recorded {
             // Without re-waking delivery: a failed attempt is retried on its own backoff.
             let _ = self.changes.send(a);
         }
         Ok(())
     }
+}
 
-    /// Records the queued delivery attempts, batch after batch, until none is left.
-    async fn record_attempts(&self) {
-        /// Should the recording panic, the next attempt starts a new task.
-        struct Unwinding<'a>(&'a std::sync::Mutex<Attempts>);
-        impl Drop for Unwinding<'_> {
-            fn drop(&mut self) {
-                if std::thread::panicking() {
-                    self.0
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .writing = false;
-                }
+/// Records a batch of delivery attempts.
+async fn record_attempts<S: ApprovalStore>(
+    store: &S,
+    attempts: Vec<Attempt>,
+) -> Vec<Result<Option<Approval>>> {
+    match store.record_deliveries(attempts.clone()).await {
+        Ok(recorded) => recorded,
+        // Each alone, so that one which cannot be recorded holds up no other.
+        Err(e) => {
+            tracing::debug!("delivery attempts left to one at a time: {e}");
+            let mut recorded = Vec::with_capacity(attempts.len());
+            for (request_id, decision_id, outcome) in attempts {
+                recorded.push(
+                    store
+                        .record_delivery(&request_id, &decision_id, outcome)
+                        .await,
+                );
             }
-        }
-        let _unwinding = Unwinding(&self.attempts);
-        loop {
-            let batch = {
-                let mut queue = self.attempts.lock().unwrap_or_else(PoisonError::into_inner);
-                if queue.waiting.is_empty() {
-                    queue.writing = false;
-                    return;
-                }
-                std::mem::take(&mut queue.waiting)
-            };
-            let (attempts, answers): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-            match self.store.record_deliveries(attempts.clone()).await {
-                Ok(recorded) => {
-                    for (answer, recorded) in answers.into_iter().zip(recorded) {
-                        let _ = answer.send(recorded);
-                    }
-                }
-                // Each alone, so that one which cannot be recorded holds up no other.
-                Err(e) => {
-                    tracing::debug!("delivery attempts left to one at a time: {e}");
-                    for (answer, (request_id, decision_id, outcome)) in
-                        answers.into_iter().zip(attempts)
-                    {
-                        let recorded = self
-                            .store
-                            .record_delivery(&request_id, &decision_id, outcome)
-                            .await;
-                        let _ = answer.send(recorded);
-                    }
-                }
-            }
+            recorded
         }
     }
 }
@@ -510,17 +519,91 @@ async fn to_the_end<T: Send + 'static>(
         })?
 }
 
-/// A delivery attempt (request id, decision id, outcome) to record, and where its outcome goes.
-type Attempt = (
-    (String, String, DeliveryOutcome),
-    oneshot::Sender<Result<Option<Approval>>>,
-);
+/// A delivery attempt to record: request id, decision id, outcome.
+type Attempt = (String, String, DeliveryOutcome);
 
-/// Delivery attempts waiting to be recorded, and whether a task is recording.
-#[derive(Default)]
-struct Attempts {
-    waiting: Vec<Attempt>,
+/// A decision to take: request id, decision, and the span of the caller who asked for it.
+type Decision = (String, NewDecision, tracing::Span);
+
+/// Work that callers wait on and that one task writes, batch after batch: what is queued while
+/// a batch is being written goes in the next one (a group commit), each item answered alone.
+struct Queue<I, O> {
+    waiting: std::sync::Mutex<Waiting<I, O>>,
+}
+
+type Answer<O> = oneshot::Sender<Result<O>>;
+
+struct Waiting<I, O> {
+    items: Vec<(I, Answer<O>)>,
+    /// A task is writing: it takes whatever is queued before it stops.
     writing: bool,
+}
+
+impl<I, O> Default for Queue<I, O> {
+    fn default() -> Self {
+        Self {
+            waiting: std::sync::Mutex::new(Waiting {
+                items: Vec::new(),
+                writing: false,
+            }),
+        }
+    }
+}
+
+impl<I: Send + 'static, O: Send + 'static> Queue<I, O> {
+    /// Queues `item` and waits for its outcome. When no task is writing, one is started that
+    /// hands batch after batch to `write`, which answers each item's outcome in order; it runs
+    /// on its own (in no caller's span: it writes for them all), so an item is written even
+    /// when its caller goes away. Should `write` panic, its batch is answered with an error
+    /// and the task goes on; only a runtime shutting down ends it before it answers.
+    async fn push<W, F>(self: &Arc<Self>, item: I, write: W) -> Result<O>
+    where
+        W: Fn(Vec<I>) -> F + Send + 'static,
+        F: std::future::Future<Output = Vec<Result<O>>> + Send + 'static,
+    {
+        let (done, answer) = oneshot::channel();
+        let first = {
+            let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+            waiting.items.push((item, done));
+            !std::mem::replace(&mut waiting.writing, true)
+        };
+        if first {
+            let queue = self.clone();
+            tokio::spawn(async move { queue.write_all(write).await });
+        }
+        answer.await.map_err(|_| Error::ShuttingDown)?
+    }
+
+    async fn write_all<W, F>(&self, write: W)
+    where
+        W: Fn(Vec<I>) -> F,
+        F: std::future::Future<Output = Vec<Result<O>>>,
+    {
+        loop {
+            let batch = {
+                let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+                if waiting.items.is_empty() {
+                    waiting.writing = false;
+                    return;
+                }
+                std::mem::take(&mut waiting.items)
+            };
+            let (items, answers): (Vec<I>, Vec<Answer<O>>) = batch.into_iter().unzip();
+            let written = AssertUnwindSafe(write(items)).catch_unwind().await;
+            match written {
+                Ok(outcomes) => {
+                    for (answer, outcome) in answers.into_iter().zip(outcomes) {
+                        let _ = answer.send(outcome);
+                    }
+                }
+                Err(_) => {
+                    for answer in answers {
+                        let _ = answer.send(Err(Error::Storage("the write panicked".into())));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The log span of one approval in the trace `traceparent` names (none: no trace id), for a

@@ -262,6 +262,7 @@ async fn resolve_paths_and_errors() {
         (resolve_req("tool", DecisionKind::Respond), "result"),
         (resolve_req("tool", DecisionKind::Unspecified), "decision"),
         (resolve_req("", DecisionKind::Approve), "request_id"),
+        (resolve_req("to\0ol", DecisionKind::Approve), "request_id"),
         (
             pb::ResolveRequest {
                 args: Some(to_proto_value(&json!(1))),
@@ -385,6 +386,11 @@ async fn bulk_resolve_by_ids_and_by_filter() {
             ..Default::default()
         },
         pb::BulkResolveRequest {
+            decision: DecisionKind::Approve as i32,
+            ..Default::default()
+        },
+        pb::BulkResolveRequest {
+            request_ids: vec!["d".into(), "a\0".into()],
             decision: DecisionKind::Approve as i32,
             ..Default::default()
         },

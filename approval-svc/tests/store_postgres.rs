@@ -595,6 +595,74 @@ async fn delivery_attempts_recorded_together_are_one_commit_or_nothing() {
     }
 }
 
+/// On PostgreSQL the decisions taken together are one commit, and a batch that fails changes
+/// nothing; through `Approvals`, decisions asked for at once share commits, and one that fails
+/// the statement (a request id PostgreSQL cannot hold) is refused alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_taken_together_are_one_commit_or_nothing() {
+    let url = Postgres::place().await;
+    let store = Arc::new(Postgres::open(&url).await);
+    let ids: Vec<String> = (0..26).map(|i| format!("p{i}")).collect();
+    for id in &ids {
+        store.put_request(tool(id, "run-p"), None).await.unwrap();
+    }
+    let approve = |ids: &[String]| {
+        ids.iter()
+            .map(|id| {
+                (
+                    id.clone(),
+                    NewDecision::person(DecisionKind::Approve, "ana"),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = store.fsyncs();
+    let taken = store.resolve_requests(approve(&ids[..3])).await.unwrap();
+    assert!(taken.iter().all(Result::is_ok), "{taken:?}");
+    assert_eq!(store.fsyncs() - before, 1, "one commit for three decisions");
+
+    let mut failing = approve(&ids[3..6]);
+    failing.push((
+        "p\0".into(),
+        NewDecision::person(DecisionKind::Approve, "ana"),
+    ));
+    assert!(store.resolve_requests(failing).await.is_err());
+    for id in &ids[3..6] {
+        assert_eq!(
+            store.get(id).unwrap().unwrap().state,
+            ApprovalState::Pending,
+            "{id} untouched"
+        );
+    }
+
+    let approvals = Approvals::new(store.clone(), Policy::default());
+    let decide_all = |ids: Vec<&'static str>| {
+        futures_util::future::join_all(
+            ids.into_iter()
+                .map(|id| approvals.decide(id, NewDecision::person(DecisionKind::Approve, "ana"))),
+        )
+    };
+    let before = store.fsyncs();
+    let leak = |id: &String| -> &'static str { Box::leak(id.clone().into_boxed_str()) };
+    let answers = decide_all(ids[6..16].iter().map(leak).collect()).await;
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    let commits = store.fsyncs() - before;
+    assert!(commits <= 3, "10 decisions at once took {commits} commits");
+
+    // A batch the database refuses is taken again one at a time: only the bad one fails.
+    let answers = decide_all(ids[16..].iter().map(leak).chain(["p\0"]).collect()).await;
+    let (refused, taken) = answers.split_last().unwrap();
+    assert!(taken.iter().all(Result::is_ok), "{taken:?}");
+    assert!(refused.is_err(), "{refused:?}");
+    for id in &ids[6..] {
+        assert_eq!(
+            store.get(id).unwrap().unwrap().state,
+            ApprovalState::Resolved,
+            "{id}"
+        );
+    }
+}
+
 /// On PostgreSQL the consumptions of a batch are one commit, and a batch that fails changes
 /// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -92,8 +92,11 @@ pub fn bulk_targets<S: ApprovalStore>(
             }
             let mut ids = Vec::with_capacity(r.request_ids.len());
             for (i, id) in r.request_ids.iter().enumerate() {
-                if id.is_empty() {
-                    return Err(Error::invalid(&format!("request_ids[{i}]"), "empty id"));
+                if id.is_empty() || id.contains('\0') {
+                    return Err(Error::invalid(
+                        &format!("request_ids[{i}]"),
+                        "empty or holding a NUL byte",
+                    ));
                 }
                 if !ids.contains(id) {
                     ids.push(id.clone());

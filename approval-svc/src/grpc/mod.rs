@@ -98,6 +98,11 @@ fn required<'a>(value: &'a str, field: &str) -> Result<&'a str> {
             format!("at most {MAX_ID_BYTES} bytes"),
         ));
     }
+    // No stored id holds one (the runner's events with one are refused), and PostgreSQL's
+    // text cannot.
+    if value.contains('\0') {
+        return Err(Error::invalid(field, "holds a NUL byte"));
+    }
     Ok(value)
 }
 
@@ -180,12 +185,15 @@ impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
             &principal,
         )?;
         let ids = decision::bulk_targets(self.store(), &r)?;
+        // Asked for together, the decisions are taken together (one transaction where the
+        // store has them), each with its own outcome.
+        let outcomes = futures_util::future::join_all(ids.iter().map(|id| {
+            self.approvals
+                .decide_as(&principal, self.auth_enabled, id, decision.clone())
+        }))
+        .await;
         let mut items = Vec::with_capacity(ids.len());
-        for id in ids {
-            let outcome = self
-                .approvals
-                .decide_as(&principal, self.auth_enabled, &id, decision.clone())
-                .await;
+        for (id, outcome) in ids.into_iter().zip(outcomes) {
             items.push(match outcome {
                 Ok(resolved) => pb::BulkResolveItem {
                     request_id: id,

@@ -219,6 +219,25 @@ pub trait ApprovalStore: Send + Sync + 'static {
         decision: NewDecision,
     ) -> impl Future<Output = Result<Resolved>> + Send;
 
+    /// `resolve_request` for each of `decisions` (request id, decision), in order, answering
+    /// each one's outcome in that order. A backend with transactions takes them all in one:
+    /// then one the rules refuse (unknown, already decided, not allowed, …) answers its error
+    /// alone, having written nothing, and any other failure fails the call and changes
+    /// nothing. Two decisions on one approval take turns as two calls would: the first wins.
+    fn resolve_requests(
+        &self,
+        decisions: Vec<(String, NewDecision)>,
+    ) -> impl Future<Output = Result<Vec<Result<Resolved>>>> + Send {
+        async move {
+            Ok(futures_util::future::join_all(decisions.into_iter().map(
+                |(request_id, decision)| async move {
+                    self.resolve_request(&request_id, decision).await
+                },
+            ))
+            .await)
+        }
+    }
+
     /// PENDING → EXPIRED with the request's `on_timeout` decision (source TIMEOUT).
     fn expire(&self, request_id: &str) -> impl Future<Output = Result<Approval>> + Send;
 

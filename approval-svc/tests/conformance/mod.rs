@@ -74,6 +74,7 @@ macro_rules! suite {
             a_batch_of_consumptions_acks_and_prunes_each,
             a_batch_of_requests_is_decided_by_the_policy_as_one_at_a_time,
             delivery_attempts_recorded_together_are_each_booked,
+            a_batch_of_decisions_is_taken_as_one_at_a_time,
         );
     };
     (@cases $backend:ty; $($case:ident),* $(,)?) => {
@@ -1696,4 +1697,123 @@ pub async fn delivery_attempts_recorded_together_are_each_booked<B: Backend>(pla
         );
     }
     assert_eq!(current(&store, "r2").delivery_attempts, 1);
+}
+
+/// Decisions taken together are each taken, or refused, as alone, answered in the order given:
+/// an unknown id is NOT_FOUND, a decision the request does not allow and one by the run's
+/// submitter are refused and change nothing, two different decisions on one approval have one
+/// winner, the same one again is a duplicate. Through `Approvals`, decisions asked for at once
+/// are each answered and published. All of it survives a reopen.
+pub async fn a_batch_of_decisions_is_taken_as_one_at_a_time<B: Backend>(place: &B::Place) {
+    {
+        let store = Arc::new(B::open(place).await);
+        for id in ["d1", "d2", "d3"] {
+            store.put_request(tool(id, "run-1"), None).await.unwrap();
+        }
+        store
+            .put_request(request("gate", "run-1"), None)
+            .await
+            .unwrap();
+        let gate = current(&*store, "gate");
+        let mut edit = NewDecision::person(DecisionKind::Edit, "ana");
+        edit.args = json!({"replicas": 1});
+        let by_submitter = NewDecision {
+            not_by_submitter: true,
+            ..approve("sam")
+        };
+        let outcomes = store
+            .resolve_requests(vec![
+                ("d2".into(), approve("ana").with_reason("fine")),
+                ("nope".into(), approve("ana")),
+                ("d1".into(), NewDecision::person(DecisionKind::Reject, "bo")),
+                ("d2".into(), NewDecision::person(DecisionKind::Reject, "cy")),
+                ("gate".into(), edit),
+                ("d3".into(), by_submitter),
+                ("d1".into(), NewDecision::person(DecisionKind::Reject, "cy")),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(outcomes.len(), 7);
+        let err = outcomes[1].as_ref().unwrap_err();
+        assert_eq!(err.code(), Code::NotFound, "{err:?}");
+        let d1 = outcomes[2].as_ref().unwrap();
+        assert!(!d1.duplicate);
+        assert_eq!(d1.approval.state, ApprovalState::Resolved);
+        assert_eq!(
+            d1.approval.decision.as_ref().unwrap().kind,
+            DecisionKind::Reject
+        );
+        // d2: one of the two wins, the other is refused; what is stored is the winner.
+        let (won, lost) = match (&outcomes[0], &outcomes[3]) {
+            (Ok(won), Err(lost)) | (Err(lost), Ok(won)) => (won, lost),
+            other => panic!("two decisions on d2, one winner expected: {other:?}"),
+        };
+        assert!(matches!(lost, Error::AlreadyDecided { .. }), "{lost:?}");
+        assert_eq!(current(&*store, "d2"), won.approval);
+        let err = outcomes[4].as_ref().unwrap_err();
+        assert!(matches!(err, Error::NotAllowed { .. }), "{err:?}");
+        assert_eq!(current(&*store, "gate"), gate);
+        let err = outcomes[5].as_ref().unwrap_err();
+        assert!(matches!(err, Error::OwnRun { .. }), "{err:?}");
+        assert_eq!(current(&*store, "d3").state, ApprovalState::Pending);
+        let again = outcomes[6].as_ref().unwrap();
+        assert!(again.duplicate, "the same decision again: {again:?}");
+        assert_eq!(again.approval, d1.approval);
+        assert!(store.resolve_requests(Vec::new()).await.unwrap().is_empty());
+
+        // Through the one door: twenty decisions at once, each answered and published once,
+        // and one on an unknown id refused alone.
+        let approvals = Approvals::new(store.clone(), Policy::default());
+        let mut watched = approvals.subscribe();
+        let mut expected = Vec::new();
+        for i in 0..20 {
+            let id = format!("m{i}");
+            store.put_request(tool(&id, "run-2"), None).await.unwrap();
+            expected.push(id);
+        }
+        let asked: Vec<&str> = expected
+            .iter()
+            .map(String::as_str)
+            .chain(["unknown"])
+            .collect();
+        let answers = futures_util::future::join_all(
+            asked.iter().map(|id| approvals.decide(id, approve("ana"))),
+        )
+        .await;
+        for (id, answer) in asked.iter().zip(&answers) {
+            match *id {
+                "unknown" => assert_eq!(answer.as_ref().unwrap_err().code(), Code::NotFound),
+                _ => {
+                    let resolved = answer.as_ref().unwrap();
+                    assert_eq!(resolved.approval.id(), *id);
+                    assert_eq!(resolved.approval.state, ApprovalState::Resolved);
+                }
+            }
+        }
+        let mut shown = Vec::new();
+        while let Ok(a) = watched.try_recv() {
+            assert_eq!(a.state, ApprovalState::Resolved, "{a:?}");
+            shown.push(a.id().to_string());
+        }
+        shown.sort();
+        expected.sort();
+        assert_eq!(shown, expected);
+        store.flush().await.unwrap();
+    }
+    let store = B::open(place).await;
+    for id in (0..20)
+        .map(|i| format!("m{i}"))
+        .chain(["d1".into(), "d2".into()])
+    {
+        assert_eq!(current(&store, &id).state, ApprovalState::Resolved, "{id}");
+        assert_eq!(
+            actions(&store, &id),
+            vec![AuditAction::Requested, AuditAction::Decided],
+            "{id}"
+        );
+    }
+    for id in ["d3", "gate"] {
+        assert_eq!(current(&store, id).state, ApprovalState::Pending, "{id}");
+        assert_eq!(actions(&store, id), vec![AuditAction::Requested], "{id}");
+    }
 }

@@ -372,6 +372,42 @@ impl ApprovalStore for PgStore {
             .await
     }
 
+    /// All in one transaction: one commit (and one WAL flush) for the decisions taken
+    /// together, their approvals locked and read with one statement.
+    async fn resolve_requests(
+        &self,
+        decisions: Vec<(String, NewDecision)>,
+    ) -> Result<Vec<Result<Resolved>>> {
+        if decisions.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Generated once per call, so a transaction run again reuses them.
+        let decision_ids: Vec<String> = decisions
+            .iter()
+            .map(|_| uuid::Uuid::now_v7().to_string())
+            .collect();
+        self.transact(move |tx| {
+            let ids: Vec<&str> = decisions.iter().map(|(id, _)| id.as_str()).collect();
+            tx.lock_ahead(&ids, false)?;
+            let items: Vec<_> = decisions.iter().zip(&decision_ids).collect();
+            in_id_order(
+                &items,
+                |((request_id, _), _)| request_id,
+                |((request_id, decision), decision_id)| match rules::resolve(
+                    tx,
+                    request_id,
+                    decision,
+                    decision_id,
+                ) {
+                    Ok(resolved) => Ok(Ok(resolved)),
+                    Err(Fail::Rule(e)) => Ok(Err(e)),
+                    Err(e) => Err(e),
+                },
+            )
+        })
+        .await
+    }
+
     async fn expire(&self, request_id: &str) -> Result<Approval> {
         let decision_id = uuid::Uuid::now_v7().to_string();
         let request_id = request_id.to_string();
