@@ -296,6 +296,11 @@ impl<S: ApprovalStore> Approvals<S> {
             if let Ok(resolved) = outcome
                 && !resolved.duplicate
             {
+                // A span of `span_to_trace` learns its trace id here, read with the decision.
+                if let Some(traceparent) = &resolved.traceparent {
+                    let trace_id = arbor_shared::trace::trace_id_of(traceparent);
+                    span.record("trace_id", tracing::field::display(trace_id));
+                }
                 let _entered = span.enter();
                 self.observe_decision(&resolved.approval);
                 self.publish(&resolved.approval);
@@ -604,6 +609,12 @@ impl<I: Send + 'static, O: Send + 'static> Queue<I, O> {
             }
         }
     }
+}
+
+/// The log span of one approval about to be decided: [`decide`](Approvals::decide) fills in
+/// the trace id, from the trace it reads with the decision, before it logs anything in it.
+pub fn span_to_trace(request_id: &str) -> tracing::Span {
+    tracing::info_span!("approval", request_id, trace_id = tracing::field::Empty)
 }
 
 /// The log span of one approval in the trace `traceparent` names (none: no trace id), for a

@@ -161,7 +161,7 @@ impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
         let resolved = self
             .approvals
             .decide_as(&principal, self.auth_enabled, id, decision)
-            .instrument(self.approvals.span(id))
+            .instrument(crate::approvals::span_to_trace(id))
             .await?;
         Ok(Response::new(pb::ResolveResponse {
             approval: Some((&resolved.approval).into()),
@@ -190,6 +190,7 @@ impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
         let outcomes = futures_util::future::join_all(ids.iter().map(|id| {
             self.approvals
                 .decide_as(&principal, self.auth_enabled, id, decision.clone())
+                .instrument(crate::approvals::span_to_trace(id))
         }))
         .await;
         let mut items = Vec::with_capacity(ids.len());

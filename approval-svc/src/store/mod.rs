@@ -54,6 +54,9 @@ pub struct Resolved {
     pub approval: Approval,
     /// The same decision had already been taken; nothing changed.
     pub duplicate: bool,
+    /// The W3C `traceparent` stored with the request, as `resolve_requests` answers it (see
+    /// [`trace`](ApprovalStore::trace)); `resolve_request` leaves it out.
+    pub traceparent: Option<String>,
 }
 
 /// How a delivery attempt went.
@@ -223,7 +226,9 @@ pub trait ApprovalStore: Send + Sync + 'static {
     /// each one's outcome in that order. A backend with transactions takes them all in one:
     /// then one the rules refuse (unknown, already decided, not allowed, …) answers its error
     /// alone, having written nothing, and any other failure fails the call and changes
-    /// nothing. Two decisions on one approval take turns as two calls would: the first wins.
+    /// nothing. Two decisions on one approval take turns as two calls would. Each one taken
+    /// answers the request's `traceparent` too; a backend that can read it with the decision
+    /// does.
     fn resolve_requests(
         &self,
         decisions: Vec<(String, NewDecision)>,
@@ -231,7 +236,9 @@ pub trait ApprovalStore: Send + Sync + 'static {
         async move {
             Ok(futures_util::future::join_all(decisions.into_iter().map(
                 |(request_id, decision)| async move {
-                    self.resolve_request(&request_id, decision).await
+                    let mut resolved = self.resolve_request(&request_id, decision).await?;
+                    resolved.traceparent = self.trace(&request_id)?;
+                    Ok(resolved)
                 },
             ))
             .await)

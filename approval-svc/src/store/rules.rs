@@ -182,6 +182,7 @@ pub(super) fn resolve<R: Records>(
             return Ok(Resolved {
                 approval: a,
                 duplicate: true,
+                traceparent: None,
             });
         }
         return Err(Error::AlreadyDecided {
@@ -197,6 +198,7 @@ pub(super) fn resolve<R: Records>(
     Ok(Resolved {
         approval: n,
         duplicate: false,
+        traceparent: None,
     })
 }
 

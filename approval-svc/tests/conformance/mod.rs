@@ -1699,17 +1699,21 @@ pub async fn delivery_attempts_recorded_together_are_each_booked<B: Backend>(pla
     assert_eq!(current(&store, "r2").delivery_attempts, 1);
 }
 
-/// Decisions taken together are each taken, or refused, as alone, answered in the order given:
-/// an unknown id is NOT_FOUND, a decision the request does not allow and one by the run's
+/// Decisions taken together are each taken, or refused, as alone, answered in the order given
+/// (a decision taken with its request's trace): an unknown id is NOT_FOUND, a decision the request does not allow and one by the run's
 /// submitter are refused and change nothing, two different decisions on one approval have one
 /// winner, the same one again is a duplicate. Through `Approvals`, decisions asked for at once
 /// are each answered and published. All of it survives a reopen.
 pub async fn a_batch_of_decisions_is_taken_as_one_at_a_time<B: Backend>(place: &B::Place) {
     {
         let store = Arc::new(B::open(place).await);
-        for id in ["d1", "d2", "d3"] {
+        for id in ["d2", "d3"] {
             store.put_request(tool(id, "run-1"), None).await.unwrap();
         }
+        store
+            .put_traced_request(tool("d1", "run-1"), None, "00-d1-01")
+            .await
+            .unwrap();
         store
             .put_request(request("gate", "run-1"), None)
             .await
@@ -1738,6 +1742,8 @@ pub async fn a_batch_of_decisions_is_taken_as_one_at_a_time<B: Backend>(place: &
         assert_eq!(err.code(), Code::NotFound, "{err:?}");
         let d1 = outcomes[2].as_ref().unwrap();
         assert!(!d1.duplicate);
+        // Each one taken answers its request's trace, when one was stored.
+        assert_eq!(d1.traceparent.as_deref(), Some("00-d1-01"));
         assert_eq!(d1.approval.state, ApprovalState::Resolved);
         assert_eq!(
             d1.approval.decision.as_ref().unwrap().kind,
@@ -1750,6 +1756,7 @@ pub async fn a_batch_of_decisions_is_taken_as_one_at_a_time<B: Backend>(place: &
         };
         assert!(matches!(lost, Error::AlreadyDecided { .. }), "{lost:?}");
         assert_eq!(current(&*store, "d2"), won.approval);
+        assert_eq!(won.traceparent, None);
         let err = outcomes[4].as_ref().unwrap_err();
         assert!(matches!(err, Error::NotAllowed { .. }), "{err:?}");
         assert_eq!(current(&*store, "gate"), gate);

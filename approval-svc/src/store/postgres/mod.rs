@@ -373,7 +373,7 @@ impl ApprovalStore for PgStore {
     }
 
     /// All in one transaction: one commit (and one WAL flush) for the decisions taken
-    /// together, their approvals locked and read with one statement.
+    /// together, their approvals and traces locked and read with one statement.
     async fn resolve_requests(
         &self,
         decisions: Vec<(String, NewDecision)>,
@@ -388,7 +388,7 @@ impl ApprovalStore for PgStore {
             .collect();
         self.transact(move |tx| {
             let ids: Vec<&str> = decisions.iter().map(|(id, _)| id.as_str()).collect();
-            tx.lock_ahead(&ids, false)?;
+            let traces = tx.lock_ahead_traced(&ids)?;
             let items: Vec<_> = decisions.iter().zip(&decision_ids).collect();
             in_id_order(
                 &items,
@@ -399,7 +399,10 @@ impl ApprovalStore for PgStore {
                     decision,
                     decision_id,
                 ) {
-                    Ok(resolved) => Ok(Ok(resolved)),
+                    Ok(resolved) => Ok(Ok(Resolved {
+                        traceparent: traces.get(request_id.as_str()).cloned(),
+                        ..resolved
+                    })),
                     Err(Fail::Rule(e)) => Ok(Err(e)),
                     Err(e) => Err(e),
                 },

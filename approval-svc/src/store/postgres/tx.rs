@@ -177,11 +177,33 @@ impl<'c> PgTx<'c> {
     /// round trip, for the new requests among them (one taken for an id already stored is
     /// skipped, as numbers of a transaction run again are).
     pub fn lock_ahead(&self, ids: &[&str], arrivals: bool) -> Result<(), Fail> {
+        self.read_ahead(ids, arrivals, false).map(drop)
+    }
+
+    /// [`lock_ahead`](Self::lock_ahead) without arrival numbers, reading in the same statement
+    /// the `traceparent` stored with each request (answered by id; an id without one is left
+    /// out).
+    pub fn lock_ahead_traced(&self, ids: &[&str]) -> Result<HashMap<String, String>, Fail> {
+        self.read_ahead(ids, false, true)
+    }
+
+    fn read_ahead(
+        &self,
+        ids: &[&str],
+        arrivals: bool,
+        traced: bool,
+    ) -> Result<HashMap<String, String>, Fail> {
         self.send_unsent()?;
         let (client, n) = (self.client, ids.len() as i64);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
         let (rows, numbers) = self.run(async {
-            let rows = client.prepared_query(LOCK_AHEAD, &params);
+            let rows = client.prepared_query(
+                match traced {
+                    true => LOCK_AHEAD_TRACED,
+                    false => LOCK_AHEAD,
+                },
+                &params,
+            );
             let numbers = async {
                 match arrivals {
                     true => client.prepared_query(ARRIVALS_AHEAD, &[&n]).await,
@@ -194,13 +216,18 @@ impl<'c> PgTx<'c> {
         for id in ids {
             ahead.insert(id.to_string(), None);
         }
+        let mut traces = HashMap::new();
         for row in rows {
-            ahead.insert(row.get(0), Some(decode(row.get(1))?));
+            let id: String = row.get(0);
+            if traced && let Some(traceparent) = row.get::<_, Option<String>>(2) {
+                traces.insert(id.clone(), traceparent);
+            }
+            ahead.insert(id, Some(decode(row.get(1))?));
         }
         self.arrivals
             .borrow_mut()
             .extend(numbers.iter().map(|r| r.get::<_, i64>(0) as u64));
-        Ok(())
+        Ok(traces)
     }
 
     fn changed(&self, request_id: &str) {
@@ -219,6 +246,10 @@ impl<'c> PgTx<'c> {
 /// The approvals of the ids `$1` (those stored), locked in byte order of their ids.
 const LOCK_AHEAD: &str = "SELECT request_id, record::text FROM approval_records \
      WHERE request_id = ANY($1) ORDER BY request_id COLLATE \"C\" FOR UPDATE";
+/// [`LOCK_AHEAD`] with each request's `traceparent` (NULL: none stored).
+const LOCK_AHEAD_TRACED: &str = "SELECT r.request_id, r.record::text, t.traceparent \
+     FROM approval_records r LEFT JOIN approval_traces t ON t.request_id = r.request_id \
+     WHERE r.request_id = ANY($1) ORDER BY r.request_id COLLATE \"C\" FOR UPDATE OF r";
 /// `$1` arrival numbers, in order.
 const ARRIVALS_AHEAD: &str =
     "SELECT nextval('approval_arrivals') FROM generate_series(1, $1::bigint) ORDER BY 1";
