@@ -71,14 +71,10 @@ impl Tool for LedgerTool {
 
     fn call(&self, call: &ToolCall) -> Result<Json, ToolError> {
         let key = call.idempotency_key.as_bytes();
-        let storage = |e: StoreError| ToolError::Storage(e.to_string());
         // A stored receipt is answered as it is; one that does not decode is an error.
         let stored = |bytes: &[u8]| {
             serde_json::from_slice(bytes).map_err(|e| ToolError::Storage(e.to_string()))
         };
-        if let Some(existing) = self.store.tree(T::Ledger).get(key).map_err(storage)? {
-            return stored(&existing);
-        }
         let entry = call
             .args
             .get("entry")
@@ -94,10 +90,21 @@ impl Tool for LedgerTool {
             "entry": entry,
         });
         let bytes = serde_json::to_vec(&receipt).map_err(|e| ToolError::Storage(e.to_string()))?;
-        // The first receipt wins if two callers race on one key.
+        // One write, no read ahead of it: a key that holds a receipt already (a step run
+        // again, two callers racing) keeps it and answers it, and the sequence number taken
+        // here is given back unless a later one was taken meanwhile (then it goes unused:
+        // `seq` orders receipts, it does not count them).
         match self.insert_new(key, bytes).map_err(ToolError::Storage)? {
             None => Ok(receipt),
-            Some(first) => stored(&first),
+            Some(first) => {
+                let _ = self.appended.compare_exchange(
+                    seq,
+                    seq - 1,
+                    std::sync::atomic::Ordering::SeqCst,
+                    std::sync::atomic::Ordering::SeqCst,
+                );
+                stored(&first)
+            }
         }
     }
 }
