@@ -238,6 +238,12 @@ impl PgStore {
     }
 }
 
+/// An id for each of `n` decisions, generated once per call so that a transaction run again
+/// reuses them.
+fn decision_ids(n: usize) -> Vec<String> {
+    (0..n).map(|_| uuid::Uuid::now_v7().to_string()).collect()
+}
+
 /// `each` of `items` taken in the order of their request ids (`id`), its outcomes answered in
 /// the order given; the first failure ends it. A transaction that changes several approvals
 /// locks their rows in this order, as every other does, so no two wait for each other in a
@@ -332,11 +338,7 @@ impl ApprovalStore for PgStore {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        // Generated once per call, so a transaction run again reuses them.
-        let decision_ids: Vec<String> = requests
-            .iter()
-            .map(|_| uuid::Uuid::now_v7().to_string())
-            .collect();
+        let decision_ids = decision_ids(requests.len());
         let ids: Vec<String> = requests
             .iter()
             .map(|(request, _, _)| request.request_id.clone())
@@ -381,11 +383,7 @@ impl ApprovalStore for PgStore {
         if decisions.is_empty() {
             return Ok(Vec::new());
         }
-        // Generated once per call, so a transaction run again reuses them.
-        let decision_ids: Vec<String> = decisions
-            .iter()
-            .map(|_| uuid::Uuid::now_v7().to_string())
-            .collect();
+        let decision_ids = decision_ids(decisions.len());
         self.transact(move |tx| {
             let ids: Vec<&str> = decisions.iter().map(|(id, _)| id.as_str()).collect();
             let traces = tx.lock_ahead_traced(&ids)?;
