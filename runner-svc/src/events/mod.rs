@@ -3,6 +3,11 @@
 //! made them durable. Durable subscribers keep an acked cursor here, and each run's W3C trace
 //! context, which stamps a `traceparent` on every event of the run.
 
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex, PoisonError},
+};
+
 use arbor_shared::{
     domain::{Event, EventDetail, EventKind},
     trace::TraceContext,
@@ -174,11 +179,17 @@ pub fn set_first_seq<E>(tx: &Tx<'_>, seq: u64) -> TxResult<(), E> {
     Ok(())
 }
 
+/// How far back, in seqs from the newest, [`EventLog::remember`] keeps this process's events.
+const RECENT_SEQS: u64 = 1024;
+
 /// Read side of the log plus the durable-seq watermark streams wait on.
 #[derive(Clone)]
 pub struct EventLog {
     store: Store,
     durable: watch::Sender<u64>,
+    /// The events this process committed lately, by seq, as they were stored: streams that
+    /// follow the log's head read them from here instead of the store.
+    recent: Arc<Mutex<BTreeMap<u64, Event>>>,
 }
 
 impl EventLog {
@@ -188,7 +199,40 @@ impl EventLog {
         // before the background check has looked at it.
         let last = last_seq_in(&store)?;
         let (durable, _) = watch::channel(last);
-        Ok(Self { store, durable })
+        Ok(Self {
+            store,
+            durable,
+            recent: Arc::default(),
+        })
+    }
+
+    /// Keeps `events`, which this process has just committed durably, for the streams that
+    /// read them next (call it before publishing them). Only the last [`RECENT_SEQS`] seqs are
+    /// kept; events committed elsewhere (another replica) are never here, so a read that
+    /// wants one goes to the store.
+    pub fn remember(&self, events: Vec<Event>) {
+        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        recent.extend(events.into_iter().map(|e| (e.seq, e)));
+        let oldest_kept = recent
+            .last_key_value()
+            .map_or(0, |(seq, _)| seq.saturating_sub(RECENT_SEQS));
+        while recent
+            .first_key_value()
+            .is_some_and(|(seq, _)| *seq < oldest_kept)
+        {
+            recent.pop_first();
+        }
+    }
+
+    /// The `wanted` events from seq `from` on when all of them are remembered.
+    fn remembered(&self, from: u64, wanted: usize) -> Option<Vec<Event>> {
+        let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        let events: Vec<Event> = recent
+            .range(from..from.saturating_add(wanted as u64))
+            .map(|(_, e)| e.clone())
+            .collect();
+        // Seqs are unique, so as many as wanted in the range are all of them.
+        (events.len() == wanted).then_some(events)
     }
 
     /// Marks events up to `seq` durable (called after the flush that covered their commit).
@@ -230,6 +274,9 @@ impl EventLog {
         }
         // Seqs have no gaps: the events wanted are the next `wanted` entries.
         let wanted = usize::try_from(upto - after).map_or(limit, |n| n.min(limit));
+        if let Some(events) = self.remembered(after + 1, wanted) {
+            return Ok(events);
+        }
         let entries = self
             .store
             .tree(T::Events)
@@ -273,5 +320,81 @@ impl EventLog {
             out.push((name, codec::read_u64(&v)));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::error::RunnerError;
+
+    /// Commits `n` events of run `run` in one transaction and answers them as stored.
+    async fn commit(store: &Store, run: &str, n: usize) -> Vec<Event> {
+        let news: Vec<NewEvent> = (0..n)
+            .map(|i| NewEvent {
+                run_id: run.to_string(),
+                thread_id: format!("thread-{i}"),
+                detail: EventDetail::RunStarted {
+                    tree_id: "tree".into(),
+                    tree_version: 1,
+                    attempt: i as u32,
+                },
+            })
+            .collect();
+        store
+            .commit(move |tx| append::<RunnerError>(tx, &news, 7, ""))
+            .await
+            .unwrap()
+    }
+
+    /// Reads served from what this process remembers answer exactly what the store holds,
+    /// from every cursor and with every limit: with events committed elsewhere (never
+    /// remembered) between remembered ones, remembered out of commit order, and with more
+    /// remembered than are kept.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn remembered_events_read_as_the_store_holds_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), 1 << 20).unwrap();
+        let log = EventLog::open(store.clone()).unwrap();
+        for batch in 0..12 {
+            let events = commit(&store, &format!("run-{batch}"), 1 + batch % 4).await;
+            // Every third batch is another replica's: published, never remembered.
+            if batch % 3 != 1 {
+                log.remember(events);
+            }
+        }
+        let (first, second) = (
+            commit(&store, "run-a", 3).await,
+            commit(&store, "run-b", 2).await,
+        );
+        log.remember(second);
+        log.remember(first);
+        let many = commit(&store, "run-many", RECENT_SEQS as usize + 10).await;
+        let last = many.last().unwrap().seq;
+        log.remember(many);
+        log.publish(last);
+
+        let reference = EventLog::open(store.clone()).unwrap();
+        assert_eq!(reference.durable_seq(), last);
+        let held = log.recent.lock().unwrap().len() as u64;
+        assert!(held <= RECENT_SEQS + 1, "{held} events kept");
+        let cursors = (0..40).chain(last - RECENT_SEQS - 20..=last);
+        for after in cursors {
+            for limit in [1, 2, 3, 7, 512] {
+                assert_eq!(
+                    log.read_after(after, limit).unwrap(),
+                    reference.read_after(after, limit).unwrap(),
+                    "after {after}, limit {limit}"
+                );
+            }
+        }
+        // What is remembered is what is read: the newest events come from memory.
+        assert!(log.remembered(last - 10, 11).is_some());
+        assert!(
+            log.remembered(1, 1).is_none(),
+            "the oldest are only in the store"
+        );
     }
 }

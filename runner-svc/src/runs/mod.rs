@@ -322,8 +322,9 @@ impl Runner {
             async move {
                 let (x, appended) = store.commit_reading(reads, body).await?;
                 let (r, wake) = then(x);
-                if let Some(last) = appended.last() {
-                    events.publish(last.seq);
+                if let Some(last) = appended.last().map(|e| e.seq) {
+                    events.remember(appended);
+                    events.publish(last);
                 }
                 changes.send_modify(|n| *n += 1);
                 if wake {
