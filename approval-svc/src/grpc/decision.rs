@@ -8,7 +8,7 @@ use arbor_shared::{
 };
 use prost_types::Value;
 
-use super::{BULK_STATES, MAX_PAGE_SIZE};
+use super::{BULK_STATES, MAX_PAGE_SIZE, required};
 use crate::{
     convert::filter_from_pb,
     error::{Error, Result},
@@ -92,12 +92,7 @@ pub fn bulk_targets<S: ApprovalStore>(
             }
             let mut ids = Vec::with_capacity(r.request_ids.len());
             for (i, id) in r.request_ids.iter().enumerate() {
-                if id.is_empty() || id.contains('\0') {
-                    return Err(Error::invalid(
-                        &format!("request_ids[{i}]"),
-                        "empty or holding a NUL byte",
-                    ));
-                }
+                required(id, &format!("request_ids[{i}]"))?;
                 if !ids.contains(id) {
                     ids.push(id.clone());
                 }
