@@ -52,18 +52,29 @@ pub const DEFAULT_WORKERS: usize = 32;
 pub fn spawn(runner: Arc<Runner>, workers: usize, shutdown: CancellationToken) -> JoinSet<()> {
     let mut set = JoinSet::new();
     let in_flight = Arc::new(InFlight::default());
+    let process = process_identity();
     for i in 0..workers.max(1) {
         let runner = runner.clone();
         let shutdown = shutdown.clone();
         let in_flight = in_flight.clone();
-        set.spawn(
-            async move { worker_loop(runner, format!("worker-{i}"), in_flight, shutdown).await },
-        );
+        let worker_id = format!("{process}/worker-{i}");
+        set.spawn(async move { worker_loop(runner, worker_id, in_flight, shutdown).await });
     }
     set.spawn(heartbeat_loop(runner.clone(), in_flight, shutdown.clone()));
     let reaper_runner = runner.clone();
     set.spawn(async move { reaper_loop(reaper_runner, shutdown).await });
     set
+}
+
+/// `pid@host` of this process, as Temporal names its workers: a job's `claimed_by` tells which
+/// replica holds it (the pod's name on Kubernetes), not only which of its workers.
+pub fn process_identity() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string());
+    format!("{}@{host}", std::process::id())
 }
 
 /// Claims and processes jobs until shutdown. Idle workers sleep until woken by a new job or
