@@ -390,7 +390,7 @@ async fn a_killed_runner_replica_s_leases_go_to_the_other() {
         .filter(|j| j.attempt_count >= 2 && !j.last_error.is_empty())
         .collect();
     println!(
-        "runner kill: {} runs finished {took:?} after the kill; runner 0 held {held:?}; {} jobs \
+        "runner kill: {} runs finished {took:?} after runner 0 froze; it held {held:?}; {} jobs \
          retried after their lease expired: {:?}",
         runs.len(),
         taken_over.len(),

@@ -68,7 +68,7 @@ pub fn spawn(runner: Arc<Runner>, workers: usize, shutdown: CancellationToken) -
 
 /// `pid@host` of this process, as Temporal names its workers: a job's `claimed_by` tells which
 /// replica holds it (the pod's name on Kubernetes), not only which of its workers.
-pub fn process_identity() -> String {
+fn process_identity() -> String {
     let host = nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
