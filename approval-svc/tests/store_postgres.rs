@@ -835,3 +835,108 @@ async fn two_audit_entries_of_one_move_are_written_with_the_record_in_one_statem
         "{planned} plans for {moves} calls over {open} connections"
     );
 }
+
+/// A TCP relay in front of PostgreSQL that counts round trips: the times a client sends after
+/// the server has answered it since its last send. Statements sent together are one.
+struct RoundTrips {
+    url: String,
+    count: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl RoundTrips {
+    async fn before(url: &str) -> RoundTrips {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // postgres://user@host:port/database
+        let (head, tail) = url.split_once('@').unwrap();
+        let (upstream, database) = tail.split_once('/').unwrap();
+        let upstream = upstream.to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let relay = listener.local_addr().unwrap();
+        let count = Arc::new(AtomicU64::new(0));
+        let counted = count.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+                let (mut from_client, mut to_client) = client.into_split();
+                let (mut from_server, mut to_server) = server.into_split();
+                let answered = Arc::new(AtomicBool::new(true));
+                let (asked, count) = (answered.clone(), counted.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0; 1 << 16];
+                    while let Ok(n @ 1..) = from_client.read(&mut buf).await {
+                        if asked.swap(false, SeqCst) {
+                            count.fetch_add(1, SeqCst);
+                        }
+                        if to_server.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let mut buf = vec![0; 1 << 16];
+                    while let Ok(n @ 1..) = from_server.read(&mut buf).await {
+                        answered.store(true, SeqCst);
+                        if to_client.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        RoundTrips {
+            url: format!("{head}@{relay}/{database}"),
+            count,
+        }
+    }
+
+    fn so_far(&self) -> u64 {
+        self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// On PostgreSQL a transaction's writes go out with its COMMIT, in one round trip: recording
+/// twenty delivery attempts together takes no more round trips than recording two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_s_writes_go_out_with_its_commit() {
+    let url = Postgres::place().await;
+    let relay = RoundTrips::before(&url).await;
+    let store = Postgres::open(&relay.url).await;
+    let mut attempts = Vec::new();
+    for i in 0..24 {
+        let id = format!("w{i}");
+        store.put_request(tool(&id, "run-w"), None).await.unwrap();
+        let resolved = store
+            .resolve_request(&id, NewDecision::person(DecisionKind::Approve, "ana"))
+            .await
+            .unwrap();
+        let decision = resolved.approval.decision.unwrap().decision_id;
+        attempts.push((id, decision, DeliveryOutcome::Accepted));
+    }
+    // The first batch prepares the statements on its connection.
+    store
+        .record_deliveries(attempts[..2].to_vec())
+        .await
+        .unwrap();
+    let start = relay.so_far();
+    store
+        .record_deliveries(attempts[2..4].to_vec())
+        .await
+        .unwrap();
+    let two = relay.so_far() - start;
+    let start = relay.so_far();
+    store
+        .record_deliveries(attempts[4..].to_vec())
+        .await
+        .unwrap();
+    let twenty = relay.so_far() - start;
+    // One write a round trip would take 18 more. A look at the server's reachability may fall
+    // in either count.
+    assert!(
+        twenty <= two + 2,
+        "2 attempts took {two} round trips, 20 took {twenty}"
+    );
+    for (id, _, _) in &attempts {
+        assert!(!store.get(id).unwrap().unwrap().needs_delivery(), "{id}");
+    }
+}

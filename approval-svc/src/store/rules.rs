@@ -34,6 +34,13 @@ pub(super) trait Records {
     /// Appends an audit entry, assigning its id and time.
     fn audit(&self, entry: AuditEntry) -> Result<AuditEntry, Self::Fail>;
 
+    /// [`audit`](Self::audit) for a caller that does not need the entry back. A backend whose
+    /// statements cost a round trip each may send it with the transaction's next statement or
+    /// its commit.
+    fn append(&self, entry: AuditEntry) -> Result<(), Self::Fail> {
+        self.audit(entry).map(drop)
+    }
+
     /// Appends audit entries of one approval, in order, as [`audit`](Self::audit) each would
     /// (their ids ascending in that order). A backend whose statements cost a round trip each
     /// writes them in one.
@@ -79,7 +86,7 @@ fn write<R: Records>(
     entry: AuditEntry,
 ) -> Outcome<R, Approval> {
     tx.save(Some(old), &n)?;
-    tx.audit(entry)?;
+    tx.append(entry)?;
     Ok(n)
 }
 
@@ -135,7 +142,7 @@ pub(super) fn put_deciding<R: Records>(
         .filter(|(d, _)| approval.allows(d.kind));
     let Some((decision, decision_id)) = decision else {
         tx.save(None, &approval)?;
-        tx.audit(requested)?;
+        tx.append(requested)?;
         return Ok(Put {
             approval,
             created: true,
@@ -194,7 +201,7 @@ pub(super) fn resolve<R: Records>(
     }
     let (n, entry) = decided(tx, &a, decision, decision_id)?;
     tx.save(Some(&a), &n)?;
-    tx.audit(entry)?;
+    tx.append(entry)?;
     Ok(Resolved {
         approval: n,
         duplicate: false,
@@ -282,7 +289,7 @@ pub(super) fn record_delivery<R: Records>(
     if *outcome == DeliveryOutcome::Accepted
         && let Some(d) = &n.decision
     {
-        tx.audit(AuditEntry::about(&n, AuditAction::Delivered, ACTOR_SERVICE).with_decision(d))?;
+        tx.append(AuditEntry::about(&n, AuditAction::Delivered, ACTOR_SERVICE).with_decision(d))?;
     }
     Ok(Some(n))
 }
@@ -403,7 +410,7 @@ pub(super) fn cancel<R: Records>(
     if let Some(d) = &n.decision {
         entry = entry.with_decision(d).with_reason(reason);
     }
-    tx.audit(entry)?;
+    tx.append(entry)?;
     Ok(n)
 }
 

@@ -3,15 +3,27 @@
 //! first committed; the record, its indexed columns and its audit entry are written by the
 //! same transaction, in one statement when the audit entries follow the record's write (as the
 //! rules write them); `arbor_approvals` is notified right after the commit.
+//!
+//! A write answers nothing the rules need, so it waits for the transaction's next statement
+//! (a read) or its `COMMIT`, and goes out ahead of it in the same round trip: a transaction
+//! that changes n approvals costs the round trips of its reads and one more, not one per
+//! write. A write that fails aborts the transaction; the statements behind it then fail too
+//! (a `COMMIT` only rolls back), and the write's own error is the one answered.
 
 use std::{
     borrow::Cow,
     cell::RefCell,
     collections::{HashMap, VecDeque},
     future::Future,
+    pin::Pin,
+    task::Poll,
 };
 
-use arbor_shared::postgres::{DbError, LazyBegin, Object, Prepared, tokio_postgres, wait};
+use arbor_shared::postgres::{
+    DbError, LazyBegin, Object, Prepared,
+    tokio_postgres::{self, types::ToSql},
+    wait,
+};
 
 use super::{CANCELLABLE_OF_RUN, CHANNEL, clamp, decode, encode};
 use crate::{
@@ -47,8 +59,11 @@ pub struct PgTx<'c> {
     client: &'c Object,
     now: u64,
     /// A record write not sent yet: the audit entry that follows it goes in the same
-    /// statement. Any other statement sends it first.
+    /// statement. Any other statement keeps it in `deferred` first.
     unsent: RefCell<Option<Save>>,
+    /// Writes not sent yet, in order: they go out ahead of the next statement or the `COMMIT`,
+    /// in its round trip.
+    deferred: RefCell<Vec<Deferred>>,
     /// The notification payloads of the approvals changed, sent at commit.
     changed: RefCell<Vec<String>>,
     /// Requests' `traceparent`s not written yet: they go with the next statement.
@@ -69,6 +84,7 @@ impl<'c> PgTx<'c> {
             now: arbor_shared::time::now_ms(),
             changed: RefCell::default(),
             unsent: RefCell::default(),
+            deferred: RefCell::default(),
             traces: RefCell::default(),
             instance,
             ahead: RefCell::default(),
@@ -78,8 +94,9 @@ impl<'c> PgTx<'c> {
     }
 
     /// Waits for `statement`, with `BEGIN` ahead of it in the same round trip when it is the
-    /// transaction's first, and the trace kept by [`put_trace`](Self::put_trace) written in
-    /// that round trip too.
+    /// transaction's first, and the traces kept by [`put_trace`](Self::put_trace) and the
+    /// writes kept in `deferred` sent in that round trip too, ahead of it. The first error in
+    /// that order is answered.
     fn run<R>(
         &self,
         statement: impl Future<Output = Result<R, tokio_postgres::Error>>,
@@ -88,7 +105,14 @@ impl<'c> PgTx<'c> {
             std::mem::take(&mut *self.traces.borrow_mut())
                 .into_iter()
                 .unzip();
+        let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
         wait(async {
+            // Prepared first: a statement that still has to be parsed would go out after the
+            // ones queued behind it.
+            let mut prepared = Vec::with_capacity(deferred.len());
+            for write in &deferred {
+                prepared.push(self.client.prepare_cached(&write.sql).await?);
+            }
             let traced = async {
                 if !ids.is_empty() {
                     self.client
@@ -97,10 +121,17 @@ impl<'c> PgTx<'c> {
                 }
                 Ok(())
             };
-            let (begun, traced, answer) =
-                futures_util::join!(self.begin.before(self.client), traced, statement);
+            let writes = in_order(deferred.iter().zip(&prepared).map(|(write, statement)| {
+                self.client.execute_raw(
+                    statement,
+                    write.params.iter().map(|p| &**p as &(dyn ToSql + Sync)),
+                )
+            }));
+            let (begun, traced, written, answer) =
+                futures_util::join!(self.begin.before(self.client), traced, writes, statement);
             begun?;
             traced?;
+            written?;
             answer
         })
     }
@@ -122,41 +153,51 @@ impl<'c> PgTx<'c> {
     /// server runs the notification after the commit unless it stops in between, and then every
     /// listener's connection drops and its replica looks at everything again.
     pub fn commit(&self) -> Result<(), DbError> {
-        self.send_unsent().map_err(|e| match e {
-            Fail::Db(e) => e,
-            Fail::Rule(e) => DbError::Failed(e.to_string()),
-        })?;
-        if !self.traces.borrow().is_empty() {
-            self.run(std::future::ready(Ok(())))?;
-        }
-        if !self.begin.end() {
+        self.defer_unsent();
+        let writes = !self.deferred.borrow().is_empty() || !self.traces.borrow().is_empty();
+        if !writes && !self.begin.open() {
             return Ok(());
         }
         let payloads = std::mem::take(&mut *self.changed.borrow_mut());
         let client = self.client;
-        let (committed, notified) = wait(async {
+        // The notification is prepared before anything is sent, so that it goes out behind the
+        // COMMIT (see `run`).
+        let notify = match payloads.is_empty() {
+            true => None,
+            false => Some(wait(client.prepare_cached(
+                "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p",
+            ))?),
+        };
+        let notified = RefCell::new(Ok(()));
+        let sent = std::cell::Cell::new(false);
+        let committed = self.run(async {
+            sent.set(true);
             let commit = client.batch_execute("COMMIT");
             let notify = async {
-                if !payloads.is_empty() {
-                    client
-                        .prepared_execute(
-                            "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p",
-                            &[&CHANNEL, &payloads],
-                        )
-                        .await?;
+                if let Some(notify) = &notify {
+                    client.execute(notify, &[&CHANNEL, &payloads]).await?;
                 }
                 Ok::<_, tokio_postgres::Error>(())
             };
-            futures_util::join!(commit, notify)
+            let (committed, notify) = futures_util::join!(commit, notify);
+            *notified.borrow_mut() = notify;
+            committed
         });
+        // Once the COMMIT is sent, nothing is left to roll back (a transaction that a write
+        // aborted is rolled back by it). Before, `rollback` sends a ROLLBACK.
+        if sent.get() {
+            self.begin.end();
+        }
         committed?;
-        if let Err(e) = notified {
+        if let Err(e) = notified.into_inner() {
             tracing::debug!("approval change not notified: {e}");
         }
         Ok(())
     }
 
     pub fn rollback(&self) {
+        self.deferred.borrow_mut().clear();
+        self.unsent.borrow_mut().take();
         if self.begin.end() {
             let _ = wait(self.client.batch_execute("ROLLBACK"));
         }
@@ -166,7 +207,7 @@ impl<'c> PgTx<'c> {
     /// transactions never wait for each other in a circle), and returns their ids. The index
     /// `approval_records_open_by_run` serves it: its predicate is this condition on `state`.
     pub fn cancellable_of_run(&self, run_id: &str) -> Result<Vec<String>, Fail> {
-        self.send_unsent()?;
+        self.defer_unsent();
         let rows = self.run(self.client.prepared_query(CANCELLABLE_OF_RUN, &[&run_id]))?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
@@ -193,7 +234,7 @@ impl<'c> PgTx<'c> {
         arrivals: bool,
         traced: bool,
     ) -> Result<HashMap<String, String>, Fail> {
-        self.send_unsent()?;
+        self.defer_unsent();
         let (client, n) = (self.client, ids.len() as i64);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
         let (rows, numbers) = self.run(async {
@@ -333,66 +374,50 @@ impl Save {
     const UPDATE: &'static str = "UPDATE approval_records SET state = $2, updated_at_ms = $3, \
          awaiting_delivery = $4, record = $5::text::jsonb WHERE request_id = $1";
 
-    /// Its statement and parameters.
-    fn alone(
-        &self,
-    ) -> (
-        &'static str,
-        Vec<&(dyn tokio_postgres::types::ToSql + Sync)>,
-    ) {
+    /// Its statement alone.
+    fn alone(&self) -> &'static str {
         match self.insert {
-            true => (
-                Self::INSERT,
-                vec![
-                    &self.request_id,
-                    &self.run_id,
-                    &self.state,
-                    &self.created,
-                    &self.arrival,
-                    &self.updated,
-                    &self.deadline,
-                    &self.outbox,
-                    &self.record,
-                ],
-            ),
-            false => (
-                Self::UPDATE,
-                vec![
-                    &self.request_id,
-                    &self.state,
-                    &self.updated,
-                    &self.outbox,
-                    &self.record,
-                ],
-            ),
+            true => Self::INSERT,
+            false => Self::UPDATE,
         }
     }
 
-    /// It and the audit entries `audit` in one statement: the audit's parameters come first,
-    /// the write's follow.
-    fn with<'a>(
-        &'a self,
-        audits: Audits,
-        audit: &[&'a (dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> (
-        &'static str,
-        Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)>,
-    ) {
+    /// Its parameters, in the order of its statement.
+    fn params(self) -> Vec<Param> {
+        match self.insert {
+            true => vec![
+                Box::new(self.request_id),
+                Box::new(self.run_id),
+                Box::new(self.state),
+                Box::new(self.created),
+                Box::new(self.arrival),
+                Box::new(self.updated),
+                Box::new(self.deadline),
+                Box::new(self.outbox),
+                Box::new(self.record),
+            ],
+            false => vec![
+                Box::new(self.request_id),
+                Box::new(self.state),
+                Box::new(self.updated),
+                Box::new(self.outbox),
+                Box::new(self.record),
+            ],
+        }
+    }
+
+    /// Its statement with the audit entries `audits` in one: the audit's parameters come
+    /// first, its own follow.
+    fn with(&self, audits: Audits) -> &'static str {
         static SQL: [std::sync::OnceLock<String>; 4] = [const { std::sync::OnceLock::new() }; 4];
-        let (write, cell) = match self.insert {
-            true => (Self::INSERT, 0),
-            false => (Self::UPDATE, 1),
-        };
-        let cell = cell + 2 * audits as usize;
-        let sql = SQL[cell].get_or_init(|| {
+        let cell = usize::from(!self.insert) + 2 * audits as usize;
+        SQL[cell].get_or_init(|| {
             let (numbering, insert) = audits.sql();
             format!(
                 "WITH s AS ({}), {numbering} {insert}",
-                shift(write, audits.params())
+                shift(self.alone(), audits.params())
             )
-        });
-        let (_, params) = self.alone();
-        (sql, audit.iter().copied().chain(params).collect())
+        })
     }
 }
 
@@ -413,15 +438,86 @@ fn shift(sql: &str, by: usize) -> String {
 }
 
 impl PgTx<'_> {
-    /// Sends the record write kept for the audit entry, alone.
-    fn send_unsent(&self) -> Result<(), Fail> {
+    /// Keeps the record write that waited for an audit entry as a write of its own.
+    fn defer_unsent(&self) {
         let save = self.unsent.borrow_mut().take();
         if let Some(save) = save {
-            let (sql, params) = save.alone();
-            self.run(self.client.prepared_execute(sql, &params))?;
+            let sql = save.alone();
+            self.defer(sql.into(), save.params());
         }
-        Ok(())
     }
+
+    fn defer(&self, sql: Cow<'static, str>, params: Vec<Param>) {
+        self.deferred.borrow_mut().push(Deferred { sql, params });
+    }
+
+    /// The statement that writes the audit entries `audit`, with the record write kept for
+    /// them if there is one, and its parameters.
+    fn audit_statement(
+        &self,
+        audits: Audits,
+        audit: Vec<Param>,
+    ) -> (Cow<'static, str>, Vec<Param>) {
+        match self.unsent.borrow_mut().take() {
+            None => {
+                let (numbering, insert) = audits.sql();
+                (format!("WITH {numbering} {insert}").into(), audit)
+            }
+            Some(save) => {
+                let sql = save.with(audits);
+                (sql.into(), audit.into_iter().chain(save.params()).collect())
+            }
+        }
+    }
+
+    /// The parameters of the audit entry `entry`, stamped with the transaction's time.
+    fn audit_params(&self, entry: &mut AuditEntry) -> Result<Vec<Param>, Fail> {
+        entry.time_ms = self.now;
+        Ok(vec![
+            Box::new(entry.request_id.clone()),
+            Box::new(entry.run_id.clone()),
+            Box::new(clamp(entry.time_ms)),
+            Box::new(action_of(entry)),
+            Box::new(encode(entry)?),
+        ])
+    }
+}
+
+/// A statement's parameter, owned by the statement until it is sent.
+type Param = Box<dyn ToSql + Sync + Send>;
+
+/// A write kept to go out with the next statement (see `run`).
+struct Deferred {
+    sql: Cow<'static, str>,
+    params: Vec<Param>,
+}
+
+/// Waits for every one of `futures`, polled in the order given (each sends its request on its
+/// first poll, so they go out in that order), and answers the first error in that order.
+async fn in_order<F>(futures: impl Iterator<Item = F>) -> Result<(), tokio_postgres::Error>
+where
+    F: Future<Output = Result<u64, tokio_postgres::Error>>,
+{
+    let mut futures: Vec<Pin<Box<F>>> = futures.map(Box::pin).collect();
+    let mut done: Vec<Option<Result<u64, tokio_postgres::Error>>> =
+        futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (future, done) in futures.iter_mut().zip(done.iter_mut()) {
+            if done.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(r) => *done = Some(r),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        match pending {
+            true => Poll::Pending,
+            false => Poll::Ready(()),
+        }
+    })
+    .await;
+    done.into_iter().flatten().try_for_each(|r| r.map(drop))
 }
 
 impl Records for PgTx<'_> {
@@ -435,7 +531,7 @@ impl Records for PgTx<'_> {
         if let Some(read) = self.ahead.borrow_mut().remove(request_id) {
             return Ok(read);
         }
-        self.send_unsent()?;
+        self.defer_unsent();
         let row = self.run(self.client.prepared_query_opt(
             "SELECT record::text FROM approval_records WHERE request_id = $1 FOR UPDATE",
             &[&request_id],
@@ -450,7 +546,7 @@ impl Records for PgTx<'_> {
         if let Some(n) = self.arrivals.borrow_mut().pop_front() {
             return Ok(n);
         }
-        self.send_unsent()?;
+        self.defer_unsent();
         let row = self.run(
             self.client
                 .prepared_query_one("SELECT nextval('approval_arrivals')", &[]),
@@ -461,7 +557,7 @@ impl Records for PgTx<'_> {
     /// Kept until the next statement (see `unsent`).
     fn save(&self, old: Option<&Approval>, new: &Approval) -> Result<(), Fail> {
         self.ahead.borrow_mut().remove(new.id());
-        self.send_unsent()?;
+        self.defer_unsent();
         *self.unsent.borrow_mut() = Some(Save {
             insert: old.is_none(),
             request_id: new.id().to_string(),
@@ -480,47 +576,43 @@ impl Records for PgTx<'_> {
 
     /// With the record write before it, if one is waiting, in one statement.
     fn audit(&self, mut entry: AuditEntry) -> Result<AuditEntry, Fail> {
-        entry.time_ms = self.now;
-        let json = encode(&entry)?;
-        let action = action_of(&entry);
-        let audit: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
-            &entry.request_id,
-            &entry.run_id,
-            &clamp(entry.time_ms),
-            &action,
-            &json,
-        ];
+        let audit = self.audit_params(&mut entry)?;
         // One round trip: the id comes from the sequence and is written into the entry too.
-        let save = self.unsent.borrow_mut().take();
-        let (sql, params) = audit_statement(save.as_ref(), Audits::One, &audit);
+        let (sql, params) = self.audit_statement(Audits::One, audit);
+        let params: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| &**p as _).collect();
         let row = self.run(self.client.prepared_query_one(&sql, &params))?;
         entry.id = row.get::<_, i64>(0) as u64;
         Ok(entry)
+    }
+
+    /// Kept, with the record write before it if one is waiting, in one statement.
+    fn append(&self, mut entry: AuditEntry) -> Result<(), Fail> {
+        let audit = self.audit_params(&mut entry)?;
+        let (sql, params) = self.audit_statement(Audits::One, audit);
+        self.defer(sql, params);
+        Ok(())
     }
 
     /// Both entries, with the record write before them if one is waiting, in one statement.
     fn audit_all(&self, entries: [AuditEntry; 2]) -> Result<(), Fail> {
         let [mut first, mut second] = entries;
         if (&first.request_id, &first.run_id) != (&second.request_id, &second.run_id) {
-            self.audit(first)?;
-            self.audit(second)?;
+            self.append(first)?;
+            self.append(second)?;
             return Ok(());
         }
         (first.time_ms, second.time_ms) = (self.now, self.now);
-        let (json1, json2) = (encode(&first)?, encode(&second)?);
-        let (action1, action2) = (action_of(&first), action_of(&second));
-        let audit: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
-            &first.request_id,
-            &first.run_id,
-            &clamp(self.now),
-            &action1,
-            &json1,
-            &action2,
-            &json2,
+        let audit: Vec<Param> = vec![
+            Box::new(first.request_id.clone()),
+            Box::new(first.run_id.clone()),
+            Box::new(clamp(self.now)),
+            Box::new(action_of(&first)),
+            Box::new(encode(&first)?),
+            Box::new(action_of(&second)),
+            Box::new(encode(&second)?),
         ];
-        let save = self.unsent.borrow_mut().take();
-        let (sql, params) = audit_statement(save.as_ref(), Audits::Two, &audit);
-        self.run(self.client.prepared_execute(&sql, &params))?;
+        let (sql, params) = self.audit_statement(Audits::Two, audit);
+        self.defer(sql, params);
         Ok(())
     }
 }
@@ -528,28 +620,6 @@ impl Records for PgTx<'_> {
 /// How an audit entry names its action in its row.
 fn action_of(entry: &AuditEntry) -> String {
     format!("{:?}", entry.action).to_uppercase()
-}
-
-/// The statement that writes the audit entries `audit`, with the record write `save` before
-/// them if one is waiting, and its parameters.
-fn audit_statement<'a>(
-    save: Option<&'a Save>,
-    audits: Audits,
-    audit: &[&'a (dyn tokio_postgres::types::ToSql + Sync)],
-) -> (
-    Cow<'static, str>,
-    Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)>,
-) {
-    match save {
-        None => {
-            let (numbering, insert) = audits.sql();
-            (format!("WITH {numbering} {insert}").into(), audit.to_vec())
-        }
-        Some(save) => {
-            let (sql, params) = save.with(audits, audit);
-            (sql.into(), params)
-        }
-    }
 }
 
 #[cfg(test)]
