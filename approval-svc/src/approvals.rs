@@ -134,30 +134,26 @@ impl<S: ApprovalStore> Approvals<S> {
             self.deadlines.notify_one();
             return;
         }
-        let mut missed = false;
-        for id in ids {
-            if id.is_empty() {
-                missed = true;
-                continue;
-            }
-            let store = self.store.clone();
-            let read = tokio::task::spawn_blocking(move || store.get(&id)).await;
-            match read {
-                Ok(Ok(Some(a))) => {
+        let mut missed = ids.iter().any(String::is_empty);
+        let ids: Vec<String> = ids.into_iter().filter(|id| !id.is_empty()).collect();
+        // All read at once: one statement on PostgreSQL.
+        let store = self.store.clone();
+        match tokio::task::spawn_blocking(move || store.get_many(&ids)).await {
+            Ok(Ok(changed)) => {
+                for a in changed {
                     if a.state == ApprovalState::Pending && a.request.deadline_ms > 0 {
                         self.deadlines.notify_one();
                     }
                     self.publish(&a);
                 }
-                Ok(Ok(None)) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "cannot read an approval changed elsewhere");
-                    missed = true;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading an approval changed elsewhere failed");
-                    missed = true;
-                }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot read the approvals changed elsewhere");
+                missed = true;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the approvals changed elsewhere failed");
+                missed = true;
             }
         }
         if missed {

@@ -59,6 +59,7 @@ macro_rules! suite {
             ack_and_prune_is_one_step,
             every_illegal_transition_is_refused_and_changes_nothing,
             unknown_ids_are_not_found,
+            several_approvals_are_read_at_once_in_the_order_asked,
             cancel_run_withdraws_what_the_run_can_still_abandon,
             the_runs_to_cancel_hold_every_run_with_something_to_cancel,
             everything_answered_survives_a_reopen,
@@ -1823,4 +1824,25 @@ pub async fn a_batch_of_decisions_is_taken_as_one_at_a_time<B: Backend>(place: &
         assert_eq!(current(&store, id).state, ApprovalState::Pending, "{id}");
         assert_eq!(actions(&store, id), vec![AuditAction::Requested], "{id}");
     }
+}
+
+pub async fn several_approvals_are_read_at_once_in_the_order_asked<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    for id in ["m1", "m2", "m3"] {
+        store.put_request(tool(id, "run-m"), None).await.unwrap();
+    }
+    store.resolve_request("m2", approve("ana")).await.unwrap();
+    let asked: Vec<String> = ["m3", "gone", "m1", "m2"].map(String::from).to_vec();
+    let read = store.get_many(&asked).unwrap();
+    let ids: Vec<&str> = read.iter().map(|a| a.id()).collect();
+    assert_eq!(
+        ids,
+        ["m3", "m1", "m2"],
+        "unknown ids left out, the rest in order"
+    );
+    for a in &read {
+        assert_eq!(*a, store.get(a.id()).unwrap().unwrap());
+    }
+    assert_eq!(read[2].state, ApprovalState::Resolved);
+    assert!(store.get_many(&[]).unwrap().is_empty());
 }

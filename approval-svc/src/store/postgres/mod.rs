@@ -571,6 +571,18 @@ impl ApprovalStore for PgStore {
         row.map(|r| decode(r.get(0))).transpose()
     }
 
+    fn get_many(&self, request_ids: &[String]) -> Result<Vec<Approval>> {
+        let client = self.db.client_blocking()?;
+        let rows = wait(client.prepared_query(
+            "SELECT record::text FROM approval_records r \
+             JOIN unnest($1::text[]) WITH ORDINALITY AS u(id, i) ON r.request_id = u.id \
+             ORDER BY u.i",
+            &[&request_ids],
+        ))
+        .map_err(db_error)?;
+        rows.iter().map(|r| decode(r.get(0))).collect()
+    }
+
     fn list(
         &self,
         filter: &Filter,
