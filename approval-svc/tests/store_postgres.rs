@@ -548,16 +548,7 @@ async fn a_batch_decided_by_the_policy_is_one_commit() {
 async fn delivery_attempts_recorded_together_are_one_commit_or_nothing() {
     let url = Postgres::place().await;
     let store = Arc::new(Postgres::open(&url).await);
-    let mut attempts = Vec::new();
-    for i in 0..26 {
-        let id = format!("d{i}");
-        store.put_request(tool(&id, "run-d"), None).await.unwrap();
-        let resolved = store
-            .resolve_request(&id, NewDecision::person(DecisionKind::Approve, "ana"))
-            .await
-            .unwrap();
-        attempts.push((id, resolved.approval.decision.unwrap().decision_id));
-    }
+    let attempts = decided(&store, "d", 26).await;
     let accepted = |batch: &[(String, String)]| {
         batch
             .iter()
@@ -902,34 +893,24 @@ async fn a_transaction_s_writes_go_out_with_its_commit() {
     let url = Postgres::place().await;
     let relay = RoundTrips::before(&url).await;
     let store = Postgres::open(&relay.url).await;
-    let mut attempts = Vec::new();
-    for i in 0..24 {
-        let id = format!("w{i}");
-        store.put_request(tool(&id, "run-w"), None).await.unwrap();
-        let resolved = store
-            .resolve_request(&id, NewDecision::person(DecisionKind::Approve, "ana"))
-            .await
-            .unwrap();
-        let decision = resolved.approval.decision.unwrap().decision_id;
-        attempts.push((id, decision, DeliveryOutcome::Accepted));
-    }
+    let attempts: Vec<_> = decided(&store, "w", 24)
+        .await
+        .into_iter()
+        .map(|(id, decision)| (id, decision, DeliveryOutcome::Accepted))
+        .collect();
+    // The round trips of recording `batch` together.
+    let round_trips = |batch: &[(String, String, DeliveryOutcome)]| {
+        let (store, relay, batch) = (&store, &relay, batch.to_vec());
+        async move {
+            let start = relay.so_far();
+            store.record_deliveries(batch).await.unwrap();
+            relay.so_far() - start
+        }
+    };
     // The first batch prepares the statements on its connection.
-    store
-        .record_deliveries(attempts[..2].to_vec())
-        .await
-        .unwrap();
-    let start = relay.so_far();
-    store
-        .record_deliveries(attempts[2..4].to_vec())
-        .await
-        .unwrap();
-    let two = relay.so_far() - start;
-    let start = relay.so_far();
-    store
-        .record_deliveries(attempts[4..].to_vec())
-        .await
-        .unwrap();
-    let twenty = relay.so_far() - start;
+    round_trips(&attempts[..2]).await;
+    let two = round_trips(&attempts[2..4]).await;
+    let twenty = round_trips(&attempts[4..]).await;
     // One write a round trip would take 18 more. A look at the server's reachability may fall
     // in either count.
     assert!(
@@ -939,4 +920,21 @@ async fn a_transaction_s_writes_go_out_with_its_commit() {
     for (id, _, _) in &attempts {
         assert!(!store.get(id).unwrap().unwrap().needs_delivery(), "{id}");
     }
+}
+
+/// `n` requests (ids `{prefix}0`…, of the run `run-{prefix}`), each approved by a person:
+/// (request id, decision id).
+async fn decided(store: &PgStore, prefix: &str, n: usize) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let id = format!("{prefix}{i}");
+        let run = format!("run-{prefix}");
+        store.put_request(tool(&id, &run), None).await.unwrap();
+        let resolved = store
+            .resolve_request(&id, NewDecision::person(DecisionKind::Approve, "ana"))
+            .await
+            .unwrap();
+        out.push((id, resolved.approval.decision.unwrap().decision_id));
+    }
+    out
 }
