@@ -138,7 +138,11 @@ impl<S: ApprovalStore> Approvals<S> {
         let ids: Vec<String> = ids.into_iter().filter(|id| !id.is_empty()).collect();
         // All read at once: one statement on PostgreSQL.
         let store = self.store.clone();
-        match tokio::task::spawn_blocking(move || store.get_many(&ids)).await {
+        let read = match ids.is_empty() {
+            true => Ok(Ok(Vec::new())),
+            false => tokio::task::spawn_blocking(move || store.get_many(&ids)).await,
+        };
+        match read {
             Ok(Ok(changed)) => {
                 for a in changed {
                     if a.state == ApprovalState::Pending && a.request.deadline_ms > 0 {
