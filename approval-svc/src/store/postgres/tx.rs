@@ -94,17 +94,23 @@ impl<'c> PgTx<'c> {
     }
 
     /// Waits for `statement`, with `BEGIN` ahead of it in the same round trip when it is the
-    /// transaction's first, and the traces kept by [`put_trace`](Self::put_trace) and the
-    /// writes kept in `deferred` sent in that round trip too, ahead of it. The first error in
-    /// that order is answered.
+    /// transaction's first, and the writes kept until then (the traces kept by
+    /// [`put_trace`](Self::put_trace) first, then `deferred`) sent in that round trip too,
+    /// ahead of it. The first error in that order is answered.
     fn run<R>(
         &self,
         statement: impl Future<Output = Result<R, tokio_postgres::Error>>,
     ) -> Result<R, tokio_postgres::Error> {
-        let (ids, traceparents): (Vec<String>, Vec<String>) =
-            std::mem::take(&mut *self.traces.borrow_mut())
-                .into_iter()
-                .unzip();
+        let traces = std::mem::take(&mut *self.traces.borrow_mut());
+        if !traces.is_empty() {
+            // One write for all of them, ahead of the others.
+            let (ids, traceparents): (Vec<String>, Vec<String>) = traces.into_iter().unzip();
+            let write = Deferred {
+                sql: TRACES_UPSERT.into(),
+                params: vec![Box::new(ids), Box::new(traceparents)],
+            };
+            self.deferred.borrow_mut().insert(0, write);
+        }
         let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
         wait(async {
             // Prepared first: a statement that still has to be parsed would go out after the
@@ -113,24 +119,15 @@ impl<'c> PgTx<'c> {
             for write in &deferred {
                 prepared.push(self.client.prepare_cached(&write.sql).await?);
             }
-            let traced = async {
-                if !ids.is_empty() {
-                    self.client
-                        .prepared_execute(TRACES_UPSERT, &[&ids, &traceparents])
-                        .await?;
-                }
-                Ok(())
-            };
             let writes = in_order(deferred.iter().zip(&prepared).map(|(write, statement)| {
                 self.client.execute_raw(
                     statement,
                     write.params.iter().map(|p| &**p as &(dyn ToSql + Sync)),
                 )
             }));
-            let (begun, traced, written, answer) =
-                futures_util::join!(self.begin.before(self.client), traced, writes, statement);
+            let (begun, written, answer) =
+                futures_util::join!(self.begin.before(self.client), writes, statement);
             begun?;
-            traced?;
             written?;
             answer
         })
@@ -168,8 +165,8 @@ impl<'c> PgTx<'c> {
                 "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p",
             ))?),
         };
-        let notified = RefCell::new(Ok(()));
         let sent = std::cell::Cell::new(false);
+        // Answers the notification's outcome once the COMMIT is done.
         let committed = self.run(async {
             sent.set(true);
             let commit = client.batch_execute("COMMIT");
@@ -179,17 +176,15 @@ impl<'c> PgTx<'c> {
                 }
                 Ok::<_, tokio_postgres::Error>(())
             };
-            let (committed, notify) = futures_util::join!(commit, notify);
-            *notified.borrow_mut() = notify;
-            committed
+            let (committed, notified) = futures_util::join!(commit, notify);
+            committed.map(|()| notified)
         });
         // Once the COMMIT is sent, nothing is left to roll back (a transaction that a write
         // aborted is rolled back by it). Before, `rollback` sends a ROLLBACK.
         if sent.get() {
             self.begin.end();
         }
-        committed?;
-        if let Err(e) = notified.into_inner() {
+        if let Err(e) = committed? {
             tracing::debug!("approval change not notified: {e}");
         }
         Ok(())
