@@ -887,13 +887,13 @@ impl RoundTrips {
 }
 
 /// On PostgreSQL a transaction's writes go out with its COMMIT, in one round trip: recording
-/// twenty delivery attempts together takes no more round trips than recording two.
+/// forty delivery attempts together takes about as many round trips as recording two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_s_writes_go_out_with_its_commit() {
     let url = Postgres::place().await;
     let relay = RoundTrips::before(&url).await;
     let store = Postgres::open(&relay.url).await;
-    let attempts: Vec<_> = decided(&store, "w", 24)
+    let attempts: Vec<_> = decided(&store, "w", 44)
         .await
         .into_iter()
         .map(|(id, decision)| (id, decision, DeliveryOutcome::Accepted))
@@ -910,12 +910,13 @@ async fn a_transaction_s_writes_go_out_with_its_commit() {
     // The first batch prepares the statements on its connection.
     round_trips(&attempts[..2]).await;
     let two = round_trips(&attempts[2..4]).await;
-    let twenty = round_trips(&attempts[4..]).await;
-    // One write a round trip would take 18 more. A look at the server's reachability may fall
-    // in either count.
+    let forty = round_trips(&attempts[4..]).await;
+    // One write a round trip would take 38 more. What else may fall in either count: a look
+    // at the server's reachability, and a connection the pool opens meanwhile (its start-up
+    // and the statements it prepares).
     assert!(
-        twenty <= two + 2,
-        "2 attempts took {two} round trips, 20 took {twenty}"
+        forty <= two + 10,
+        "2 attempts took {two} round trips, 40 took {forty}"
     );
     for (id, _, _) in &attempts {
         assert!(!store.get(id).unwrap().unwrap().needs_delivery(), "{id}");

@@ -1051,7 +1051,7 @@ pub async fn the_audit_trail_pages_by_request_and_by_run<B: Backend>(place: &B::
 /// appear before, so the reader has seen every entry up to the last one it moved past.
 pub async fn a_run_s_trail_read_while_it_grows_skips_nothing<B: Backend>(place: &B::Place) {
     const REQUESTS: usize = 128;
-    const WRITERS: usize = 8;
+    const WRITERS: usize = 4;
     let store = Arc::new(B::open(place).await);
     let run = AuditQuery::Run("run-w".into());
     let writers: Vec<_> = (0..WRITERS)
