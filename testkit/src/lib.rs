@@ -123,6 +123,14 @@ impl PgCluster {
         self.url_of(&name)
     }
 
+    /// `url` (one of this cluster's, as [`url`](Self::url) or
+    /// [`fresh_database`](Self::fresh_database) return them) reached through the server's Unix
+    /// socket instead of TCP: how a service on the database's own host connects.
+    pub fn over_socket(&self, url: &str) -> String {
+        let host = self.dir.path().to_string_lossy().replace('/', "%2F");
+        url.replacen("@127.0.0.1:", &format!("@{host}:"), 1)
+    }
+
     /// The TCP port on `127.0.0.1`; the same across restarts.
     pub fn port(&self) -> u16 {
         self.port

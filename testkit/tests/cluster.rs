@@ -72,6 +72,23 @@ fn psql_answers_on_the_url_and_on_fresh_databases_of_their_own() {
 }
 
 #[test]
+fn a_database_answers_over_the_unix_socket_too() {
+    let pg = PgCluster::shared();
+    let tcp = pg.fresh_database("socket");
+    let local = pg.over_socket(&tcp);
+    assert_ne!(local, tcp);
+    pg.psql(&tcp, "create table t (v int); insert into t values (7)")
+        .unwrap();
+    assert_eq!(pg.psql(&local, "select v from t").unwrap(), "7");
+    // The server's address is NULL (psql prints nothing) on a Unix socket, 127.0.0.1 on TCP.
+    assert_eq!(pg.psql(&local, "select inet_server_addr()").unwrap(), "");
+    assert_eq!(
+        pg.psql(&tcp, "select host(inet_server_addr())").unwrap(),
+        "127.0.0.1"
+    );
+}
+
+#[test]
 fn the_server_does_not_run_as_root() {
     let pg = PgCluster::shared();
     let pid = postmaster_pid(&pg.data_dir());

@@ -216,7 +216,9 @@ impl BenchCluster {
             Store::Sled => None,
             Store::Postgres(pg) => Some(Db {
                 pg: pg.clone(),
-                url: pg.fresh_database(spec.name),
+                // Everything runs on one host, so the services reach PostgreSQL as they would
+                // there: through its Unix socket.
+                url: pg.over_socket(&pg.fresh_database(spec.name)),
             }),
         };
         let store_args: Vec<String> = db
