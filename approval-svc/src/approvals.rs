@@ -20,6 +20,7 @@ use crate::{
     metrics::Metrics,
     model::{Approval, NewDecision},
     policy::{Policy, Subject},
+    runner::delivery::DeliveryWake,
     store::{ApprovalStore, DeliveryOutcome, Put, Resolved},
 };
 
@@ -31,7 +32,7 @@ pub struct Approvals<S> {
     store: Arc<S>,
     policy: Arc<Policy>,
     changes: broadcast::Sender<Approval>,
-    delivery: Arc<Notify>,
+    delivery: Arc<DeliveryWake>,
     deadlines: Arc<Notify>,
     /// Bumped when changes made elsewhere may have been missed (watchers must start over).
     missed: Arc<watch::Sender<u64>>,
@@ -64,7 +65,7 @@ impl<S: ApprovalStore> Approvals<S> {
             store,
             policy: Arc::new(policy),
             changes: broadcast::channel(CHANGE_BUFFER).0,
-            delivery: Arc::new(Notify::new()),
+            delivery: Arc::default(),
             deadlines: Arc::new(Notify::new()),
             missed: Arc::new(watch::channel(0).0),
             metrics: Arc::new(Metrics::default()),
@@ -86,8 +87,8 @@ impl<S: ApprovalStore> Approvals<S> {
         self.changes.subscribe()
     }
 
-    /// Notified when a decision is waiting to be delivered.
-    pub fn delivery_wake(&self) -> Arc<Notify> {
+    /// Told which decisions may be waiting to be delivered.
+    pub fn delivery_wake(&self) -> Arc<DeliveryWake> {
         self.delivery.clone()
     }
 
@@ -130,7 +131,10 @@ impl<S: ApprovalStore> Approvals<S> {
         // Nobody watches here: no record needs reading. The loops that may act on the change
         // (delivery, deadlines) read the store when woken.
         if self.changes.receiver_count() == 0 {
-            self.delivery.notify_one();
+            match ids.iter().any(String::is_empty) {
+                true => self.delivery.everything(),
+                false => self.delivery.named(ids),
+            }
             self.deadlines.notify_one();
             return;
         }
@@ -163,7 +167,7 @@ impl<S: ApprovalStore> Approvals<S> {
         if missed {
             tracing::info!("changes made elsewhere may have been missed; watchers start over");
             self.missed.send_modify(|n| *n += 1);
-            self.delivery.notify_one();
+            self.delivery.everything();
             self.deadlines.notify_one();
         }
     }
@@ -172,7 +176,7 @@ impl<S: ApprovalStore> Approvals<S> {
         // No receiver is fine: nobody is watching.
         let _ = self.changes.send(a.clone());
         if a.needs_delivery() {
-            self.delivery.notify_one();
+            self.delivery.named([a.id()]);
         }
     }
 
@@ -207,8 +211,10 @@ impl<S: ApprovalStore> Approvals<S> {
         to_the_end("storing the requests", async move {
             let decide = move |a: &Approval| policy.evaluate(&Subject::from(a)).decision();
             let puts = store.put_and_decide_requests(requests, decide).await?;
-            if puts.iter().any(|p| p.decided) {
-                delivery.notify_one();
+            let decided = puts.iter().filter(|p| p.decided);
+            let decided: Vec<&str> = decided.map(|p| p.approval.id()).collect();
+            if !decided.is_empty() {
+                delivery.named(decided);
             }
             Ok(puts)
         })

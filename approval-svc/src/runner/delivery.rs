@@ -3,7 +3,10 @@
 //! idempotent, until the runner says OK (durable in the run's inbox) or says the request is dead.
 //! Sleeps until woken by a new decision or the next retry is due; never polls.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    sync::{Mutex, PoisonError},
+};
 
 use arbor_shared::trace::TraceContext;
 use tokio::time::Instant;
@@ -27,6 +30,72 @@ const ACTOR: &str = "runner";
 
 /// Resolve calls to the runner in flight at once.
 const DELIVERIES_IN_FLIGHT: usize = 64;
+
+/// Approvals named to delivery and not taken yet beyond which it is told to look at everything
+/// instead: nobody takes them while another replica leads.
+const MAX_NAMED: usize = 1024;
+
+/// How delivery learns what to deliver: the approvals whose decision a change may have left
+/// waiting, by id, or "everything" (changes may have been missed). Named approvals are read by
+/// id, in one statement on PostgreSQL; the whole outbox is read only at start, when a retry is
+/// due and when told to look at everything.
+#[derive(Default)]
+pub struct DeliveryWake {
+    notify: tokio::sync::Notify,
+    due: Mutex<Due>,
+}
+
+/// What delivery has been told to look at since it last looked.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Due {
+    /// Each id once, in the order named.
+    pub ids: Vec<String>,
+    pub everything: bool,
+}
+
+impl DeliveryWake {
+    /// The decisions of `ids` may be waiting to be delivered.
+    pub fn named<I: Into<String>>(&self, ids: impl IntoIterator<Item = I>) {
+        {
+            let mut due = self.due.lock().unwrap_or_else(PoisonError::into_inner);
+            if !due.everything {
+                for id in ids {
+                    let id = id.into();
+                    if !due.ids.contains(&id) {
+                        due.ids.push(id);
+                    }
+                }
+                if due.ids.len() > MAX_NAMED {
+                    *due = Due {
+                        ids: Vec::new(),
+                        everything: true,
+                    };
+                }
+            }
+        }
+        self.notify.notify_one();
+    }
+
+    /// Any decision may be waiting: delivery reads the whole outbox.
+    pub fn everything(&self) {
+        *self.due.lock().unwrap_or_else(PoisonError::into_inner) = Due {
+            ids: Vec::new(),
+            everything: true,
+        };
+        self.notify.notify_one();
+    }
+
+    /// Resolves once something was named since the last [`take`](Self::take) (or is named
+    /// after this call).
+    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
+    }
+
+    /// What was named since the last call, and forgets it.
+    pub fn take(&self) -> Due {
+        std::mem::take(&mut *self.due.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
 
 pub struct Delivery<S> {
     pub approvals: Approvals<S>,
@@ -52,55 +121,59 @@ enum Attempt {
 impl<S: ApprovalStore> Delivery<S> {
     /// Delivers continuously: a new decision starts its delivery as soon as it is stored, while
     /// earlier ones are still in flight (up to [`DELIVERIES_IN_FLIGHT`]), so one slow round trip
-    /// never holds up the decisions behind it. The store is scanned when woken or when a retry
-    /// is due, and only once the backlog of the last scan has been started: with a large backlog
-    /// (a drain of thousands of decisions) each decision costs one scan entry, not one scan.
+    /// never holds up the decisions behind it. The decisions it is told of are read by id; the
+    /// whole outbox is read at start, when a retry is due or when told to look at everything,
+    /// and only once the backlog of the last such read has been started: with a large backlog
+    /// (a drain of thousands of decisions) each decision costs one read of it, not one read of
+    /// the outbox.
     pub async fn run(self) {
         use futures_util::StreamExt;
         let this = &self;
         let wake = self.approvals.delivery_wake();
         let mut retries: HashMap<String, Retry> = HashMap::new();
-        let mut in_flight: HashSet<String> = HashSet::new();
+        // The approvals in the backlog or in flight: each is taken once until it is settled.
+        let mut taken: HashSet<String> = HashSet::new();
         let mut backlog: VecDeque<(Approval, Option<String>)> = VecDeque::new();
         let mut running = futures_util::stream::FuturesUnordered::new();
         let mut next: Option<Instant> = None;
         let mut scan = true;
         loop {
-            // Registered before reading the store, so a decision stored meanwhile still wakes us.
+            // Registered before taking what was named, so a decision named meanwhile still
+            // wakes us.
             let woken = wake.notified();
+            let due = wake.take();
+            scan |= due.everything;
+            let store = self.approvals.store();
             if scan && backlog.is_empty() {
                 scan = false;
-                next = match self.approvals.store().undelivered_traced() {
-                    Ok(due) => {
+                next = match store.undelivered_traced() {
+                    Ok(found) => {
                         retries.retain(|id, _| {
-                            in_flight.contains(id) || due.iter().any(|(a, _)| a.id() == id)
+                            taken.contains(id) || found.iter().any(|(a, _)| a.id() == id)
                         });
-                        let now = Instant::now();
-                        let mut next: Option<Instant> = None;
-                        for (approval, trace) in due {
-                            match retries.get(approval.id()) {
-                                _ if in_flight.contains(approval.id()) => {}
-                                Some(r) if r.at > now => {
-                                    next = Some(next.map_or(r.at, |n| n.min(r.at)));
-                                }
-                                _ => backlog.push_back((approval, trace)),
-                            }
-                        }
-                        next
+                        take(found, &mut taken, &retries, &mut backlog)
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "cannot read undelivered decisions");
                         Some(Instant::now() + self.tuning.delivery_max)
                     }
                 };
+            } else if !due.ids.is_empty() {
+                match store.undelivered_of(&due.ids) {
+                    Ok(found) => {
+                        let waits = take(found, &mut taken, &retries, &mut backlog);
+                        next = earliest(next, waits);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the decisions named to delivery");
+                        scan = true;
+                    }
+                }
             }
-            while in_flight.len() < DELIVERIES_IN_FLIGHT {
+            while running.len() < DELIVERIES_IN_FLIGHT {
                 let Some((approval, trace)) = backlog.pop_front() else {
                     break;
                 };
-                if !in_flight.insert(approval.id().to_string()) {
-                    continue;
-                }
                 running.push(async move {
                     // Read with the outbox: the span's trace id and the context the Resolve
                     // carries on.
@@ -117,18 +190,15 @@ impl<S: ApprovalStore> Delivery<S> {
             }
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
-                _ = woken => scan = true,
+                _ = woken => {}
                 _ = sleep_until(next) => {
                     scan = true;
                     next = None;
                 }
                 Some((id, outcome)) = running.next(), if !running.is_empty() => {
-                    in_flight.remove(&id);
+                    taken.remove(&id);
                     let retry_at = self.settle_attempt(id, outcome, &mut retries);
-                    next = match (next, retry_at) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
+                    next = earliest(next, retry_at);
                 }
             }
         }
@@ -228,6 +298,38 @@ impl<S: ApprovalStore> Delivery<S> {
             }
             Err(s) => Attempt::Failed(format!("{:?}: {}", s.code(), s.message())),
         }
+    }
+}
+
+/// Queues those of `found` that are not taken and whose retry is not waiting; answers when the
+/// earliest waiting retry among them is due.
+fn take(
+    found: Vec<(Approval, Option<String>)>,
+    taken: &mut HashSet<String>,
+    retries: &HashMap<String, Retry>,
+    backlog: &mut VecDeque<(Approval, Option<String>)>,
+) -> Option<Instant> {
+    let now = Instant::now();
+    let mut next: Option<Instant> = None;
+    for (approval, trace) in found {
+        if taken.contains(approval.id()) {
+            continue;
+        }
+        match retries.get(approval.id()) {
+            Some(r) if r.at > now => next = earliest(next, Some(r.at)),
+            _ => {
+                taken.insert(approval.id().to_string());
+                backlog.push_back((approval, trace));
+            }
+        }
+    }
+    next
+}
+
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 

@@ -378,6 +378,21 @@ pub trait ApprovalStore: Send + Sync + 'static {
             .collect()
     }
 
+    /// [`undelivered_traced`](Self::undelivered_traced) among `request_ids` alone (each named
+    /// once): those whose decision awaits delivery, oldest first; unknown ids are left out. A
+    /// backend whose reads cost a round trip each reads them in one.
+    fn undelivered_of(&self, request_ids: &[String]) -> Result<Vec<(Approval, Option<String>)>> {
+        let mut due = self.get_many(request_ids)?;
+        due.retain(Approval::needs_delivery);
+        due.sort_by_key(|a| a.arrival);
+        due.into_iter()
+            .map(|approval| {
+                let trace = self.trace(approval.id())?;
+                Ok((approval, trace))
+            })
+            .collect()
+    }
+
     /// The last event-log cursor this service acknowledged (for logs after a restart).
     fn cursor(&self) -> Result<Option<u64>>;
 

@@ -60,6 +60,7 @@ macro_rules! suite {
             every_illegal_transition_is_refused_and_changes_nothing,
             unknown_ids_are_not_found,
             several_approvals_are_read_at_once_in_the_order_asked,
+            the_named_decisions_awaiting_delivery_are_read_with_their_traces,
             cancel_run_withdraws_what_the_run_can_still_abandon,
             the_runs_to_cancel_hold_every_run_with_something_to_cancel,
             everything_answered_survives_a_reopen,
@@ -783,6 +784,40 @@ pub async fn unknown_ids_are_not_found<B: Backend>(place: &B::Place) {
     );
 }
 
+/// Delivery reads the decisions it is told of by id: of those named, the ones awaiting
+/// delivery, oldest first, each with its trace; pending, delivered and unknown ones are left out.
+pub async fn the_named_decisions_awaiting_delivery_are_read_with_their_traces<B: Backend>(
+    place: &B::Place,
+) {
+    let store = B::open(place).await;
+    let traced = |id: &str| (tool(id, &format!("run-{id}")), None, format!("00-{id}-01"));
+    store
+        .put_traced_requests(vec![traced("n1"), traced("n2"), traced("n3")])
+        .await
+        .unwrap();
+    store.put_request(tool("n4", "run-n4"), None).await.unwrap();
+    for id in ["n1", "n2", "n4"] {
+        store.resolve_request(id, approve("ana")).await.unwrap();
+    }
+    let delivered = current(&store, "n1").decision.unwrap().decision_id;
+    store
+        .record_delivery("n1", &delivered, DeliveryOutcome::Accepted)
+        .await
+        .unwrap();
+    let named: Vec<String> = ["n4", "gone", "n3", "n1", "n2"].map(String::from).to_vec();
+    let found = store.undelivered_of(&named).unwrap();
+    let found: Vec<(&str, Option<&str>)> =
+        found.iter().map(|(a, t)| (a.id(), t.as_deref())).collect();
+    assert_eq!(
+        found,
+        [("n2", Some("00-n2-01")), ("n4", None)],
+        "awaiting delivery, oldest first, with traces"
+    );
+    let waiting: Vec<String> = ids(&store.undelivered().unwrap());
+    assert_eq!(waiting, ["n2", "n4"], "the outbox agrees");
+    assert!(store.undelivered_of(&[]).unwrap().is_empty());
+}
+
 pub async fn cancel_run_withdraws_what_the_run_can_still_abandon<B: Backend>(place: &B::Place) {
     let store = B::open(place).await;
     in_state(&store, "pending", ApprovalState::Pending).await;
@@ -1370,6 +1405,7 @@ pub async fn a_decision_whose_caller_went_away_is_published<B: Backend>(place: &
     tokio::time::timeout(support::WAIT, delivery.notified())
         .await
         .expect("delivery to be woken for the decision");
+    assert_eq!(delivery.take().ids, ["r1"], "delivery is told which one");
     let stored = current(&*store, "r1");
     assert_eq!(stored.state, ApprovalState::Resolved);
     assert_eq!(stored.decision, seen.decision);

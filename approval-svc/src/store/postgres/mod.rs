@@ -645,6 +645,21 @@ impl ApprovalStore for PgStore {
         }
     }
 
+    /// One query, the traces joined in.
+    fn undelivered_of(&self, request_ids: &[String]) -> Result<Vec<(Approval, Option<String>)>> {
+        let client = self.db.client_blocking()?;
+        let rows = wait(client.prepared_query(
+            "SELECT r.record::text, t.traceparent FROM approval_records r \
+             LEFT JOIN approval_traces t ON t.request_id = r.request_id \
+             WHERE r.request_id = ANY($1) AND r.awaiting_delivery ORDER BY r.arrival",
+            &[&request_ids],
+        ))
+        .map_err(db_error)?;
+        rows.iter()
+            .map(|row| Ok((decode(row.get(0))?, row.get(1))))
+            .collect()
+    }
+
     fn cursor(&self) -> Result<Option<u64>> {
         self.meta(CURSOR_KEY)
     }
