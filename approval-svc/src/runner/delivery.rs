@@ -151,7 +151,7 @@ impl<S: ApprovalStore> Delivery<S> {
                         retries.retain(|id, _| {
                             taken.contains(id) || found.iter().any(|(a, _)| a.id() == id)
                         });
-                        take(found, &mut taken, &retries, &mut backlog)
+                        queue(found, &mut taken, &retries, &mut backlog)
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "cannot read undelivered decisions");
@@ -161,7 +161,7 @@ impl<S: ApprovalStore> Delivery<S> {
             } else if !due.ids.is_empty() {
                 match store.undelivered_of(&due.ids) {
                     Ok(found) => {
-                        let waits = take(found, &mut taken, &retries, &mut backlog);
+                        let waits = queue(found, &mut taken, &retries, &mut backlog);
                         next = earliest(next, waits);
                     }
                     Err(e) => {
@@ -303,7 +303,7 @@ impl<S: ApprovalStore> Delivery<S> {
 
 /// Queues those of `found` that are not taken and whose retry is not waiting; answers when the
 /// earliest waiting retry among them is due.
-fn take(
+fn queue(
     found: Vec<(Approval, Option<String>)>,
     taken: &mut HashSet<String>,
     retries: &HashMap<String, Retry>,
