@@ -339,3 +339,40 @@ async fn sleep_until(at: Option<Instant>) {
         None => std::future::pending::<()>().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_named_approval_is_told_once_until_taken() {
+        let wake = DeliveryWake::default();
+        wake.named(["a", "b"]);
+        wake.named(["b", "c"]);
+        let due = wake.take();
+        assert_eq!(due.ids, ["a", "b", "c"]);
+        assert!(!due.everything);
+        assert_eq!(wake.take(), Due::default(), "taking forgets");
+    }
+
+    #[test]
+    fn too_many_names_become_everything_and_hold_no_memory() {
+        let wake = DeliveryWake::default();
+        wake.named((0..=MAX_NAMED).map(|i| i.to_string()));
+        wake.named(["late"]);
+        assert_eq!(
+            wake.take(),
+            Due {
+                ids: Vec::new(),
+                everything: true
+            }
+        );
+        wake.named(["x"]);
+        wake.everything();
+        wake.named(["y"]);
+        assert!(
+            wake.take().everything,
+            "everything covers what is named after it"
+        );
+    }
+}
