@@ -22,7 +22,7 @@ use arbor_approval_svc::{
     },
 };
 use arbor_shared::domain::{DecisionKind, DecisionSource};
-use arbor_testkit::PgCluster;
+use arbor_testkit::{PgCluster, proxy::Proxy};
 use conformance::{Backend, tool};
 use serde_json::json;
 use support::{WAIT, eventually};
@@ -827,72 +827,16 @@ async fn two_audit_entries_of_one_move_are_written_with_the_record_in_one_statem
     );
 }
 
-/// A TCP relay in front of PostgreSQL that counts round trips: the times a client sends after
-/// the server has answered it since its last send. Statements sent together are one.
-struct RoundTrips {
-    url: String,
-    count: Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl RoundTrips {
-    async fn before(url: &str) -> RoundTrips {
-        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        // postgres://user@host:port/database
-        let (head, tail) = url.split_once('@').unwrap();
-        let (upstream, database) = tail.split_once('/').unwrap();
-        let upstream = upstream.to_string();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let relay = listener.local_addr().unwrap();
-        let count = Arc::new(AtomicU64::new(0));
-        let counted = count.clone();
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
-                let (mut from_client, mut to_client) = client.into_split();
-                let (mut from_server, mut to_server) = server.into_split();
-                let answered = Arc::new(AtomicBool::new(true));
-                let (asked, count) = (answered.clone(), counted.clone());
-                tokio::spawn(async move {
-                    let mut buf = vec![0; 1 << 16];
-                    while let Ok(n @ 1..) = from_client.read(&mut buf).await {
-                        if asked.swap(false, SeqCst) {
-                            count.fetch_add(1, SeqCst);
-                        }
-                        if to_server.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                    }
-                });
-                tokio::spawn(async move {
-                    let mut buf = vec![0; 1 << 16];
-                    while let Ok(n @ 1..) = from_server.read(&mut buf).await {
-                        answered.store(true, SeqCst);
-                        if to_client.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
-        });
-        RoundTrips {
-            url: format!("{head}@{relay}/{database}"),
-            count,
-        }
-    }
-
-    fn so_far(&self) -> u64 {
-        self.count.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
 /// On PostgreSQL a transaction's writes go out with its COMMIT, in one round trip: recording
 /// forty delivery attempts together takes about as many round trips as recording two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_s_writes_go_out_with_its_commit() {
     let url = Postgres::place().await;
-    let relay = RoundTrips::before(&url).await;
-    let store = Postgres::open(&relay.url).await;
+    // postgres://user@host:port/database, through a proxy that counts round trips.
+    let (head, tail) = url.split_once('@').unwrap();
+    let (upstream, database) = tail.split_once('/').unwrap();
+    let relay = Proxy::start(upstream.parse().unwrap()).await;
+    let store = Postgres::open(&format!("{head}@{}/{database}", relay.addr())).await;
     let attempts: Vec<_> = decided(&store, "w", 44)
         .await
         .into_iter()
@@ -902,9 +846,9 @@ async fn a_transaction_s_writes_go_out_with_its_commit() {
     let round_trips = |batch: &[(String, String, DeliveryOutcome)]| {
         let (store, relay, batch) = (&store, &relay, batch.to_vec());
         async move {
-            let start = relay.so_far();
+            let start = relay.round_trips();
             store.record_deliveries(batch).await.unwrap();
-            relay.so_far() - start
+            relay.round_trips() - start
         }
     };
     // The first batch prepares the statements on its connection.

@@ -18,6 +18,7 @@
 #![allow(clippy::panic)] // a test fixture: failing the test is its error path
 
 mod bins;
+pub mod proxy;
 
 use std::{
     io::Read as _,

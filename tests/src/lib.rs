@@ -10,7 +10,6 @@ pub mod clients;
 pub mod deploy;
 pub mod flow;
 pub mod process;
-pub mod proxy;
 pub mod scrape;
 pub mod secured;
 pub mod snapshot;
@@ -19,6 +18,7 @@ pub mod tools;
 use std::time::Duration;
 
 pub use arbor_shared::testing::eventually;
+pub use arbor_testkit::proxy;
 
 pub use process::{Binaries, Cluster, Profile, Service, ServiceKind};
 

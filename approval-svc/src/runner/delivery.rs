@@ -143,6 +143,12 @@ impl<S: ApprovalStore> Delivery<S> {
             let woken = wake.notified();
             let due = wake.take();
             scan |= due.everything;
+            // One already taken is on its way: its attempt settles it.
+            let named: Vec<String> = due
+                .ids
+                .into_iter()
+                .filter(|id| !taken.contains(id))
+                .collect();
             let store = self.approvals.store();
             if scan && backlog.is_empty() {
                 scan = false;
@@ -158,8 +164,8 @@ impl<S: ApprovalStore> Delivery<S> {
                         Some(Instant::now() + self.tuning.delivery_max)
                     }
                 };
-            } else if !due.ids.is_empty() {
-                match store.undelivered_of(&due.ids) {
+            } else if !named.is_empty() {
+                match store.undelivered_of(&named) {
                     Ok(found) => {
                         let waits = queue(found, &mut taken, &retries, &mut backlog);
                         next = earliest(next, waits);

@@ -369,13 +369,7 @@ pub trait ApprovalStore: Send + Sync + 'static {
     /// [`trace`](Self::trace)): what the delivery loop reads, since a delivery carries the
     /// run's trace on. A backend that can read both in one query overrides this.
     fn undelivered_traced(&self) -> Result<Vec<(Approval, Option<String>)>> {
-        self.undelivered()?
-            .into_iter()
-            .map(|approval| {
-                let trace = self.trace(approval.id())?;
-                Ok((approval, trace))
-            })
-            .collect()
+        with_traces(self, self.undelivered()?)
     }
 
     /// [`undelivered_traced`](Self::undelivered_traced) among `request_ids` alone (each named
@@ -385,12 +379,7 @@ pub trait ApprovalStore: Send + Sync + 'static {
         let mut due = self.get_many(request_ids)?;
         due.retain(Approval::needs_delivery);
         due.sort_by_key(|a| a.arrival);
-        due.into_iter()
-            .map(|approval| {
-                let trace = self.trace(approval.id())?;
-                Ok((approval, trace))
-            })
-            .collect()
+        with_traces(self, due)
     }
 
     /// The last event-log cursor this service acknowledged (for logs after a restart).
@@ -450,4 +439,19 @@ pub trait ApprovalStore: Send + Sync + 'static {
     fn reachable(&self) -> Option<watch::Receiver<bool>> {
         None
     }
+}
+
+/// Each of `approvals` with its `traceparent`, read one by one (the default of the reads that
+/// delivery makes).
+fn with_traces<S: ApprovalStore + ?Sized>(
+    store: &S,
+    approvals: Vec<Approval>,
+) -> Result<Vec<(Approval, Option<String>)>> {
+    approvals
+        .into_iter()
+        .map(|approval| {
+            let trace = store.trace(approval.id())?;
+            Ok((approval, trace))
+        })
+        .collect()
 }

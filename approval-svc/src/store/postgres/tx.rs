@@ -596,16 +596,11 @@ impl Records for PgTx<'_> {
             self.append(second)?;
             return Ok(());
         }
-        (first.time_ms, second.time_ms) = (self.now, self.now);
-        let audit: Vec<Param> = vec![
-            Box::new(first.request_id.clone()),
-            Box::new(first.run_id.clone()),
-            Box::new(clamp(self.now)),
-            Box::new(action_of(&first)),
-            Box::new(encode(&first)?),
-            Box::new(action_of(&second)),
-            Box::new(encode(&second)?),
-        ];
+        // The first entry's parameters, then the second's action and entry (see `Audits`).
+        let mut audit = self.audit_params(&mut first)?;
+        second.time_ms = self.now;
+        audit.push(Box::new(action_of(&second)));
+        audit.push(Box::new(encode(&second)?));
         let (sql, params) = self.audit_statement(Audits::Two, audit);
         self.defer(sql, params);
         Ok(())

@@ -1,13 +1,16 @@
 //! A TCP proxy for partition tests: it forwards every connection to one upstream address and
 //! can, at any moment, cut every connection (RST), stall them (stop forwarding bytes without
 //! closing anything), refuse new connections, blackhole the open connections for good (as a
-//! crashed host or a lost NAT entry leaves them: no FIN, no RST), and restore.
+//! crashed host or a lost NAT entry leaves them: no FIN, no RST), and restore. It counts the
+//! round trips its clients make.
+
+#![allow(clippy::expect_used)] // a test fixture: failing the test is its error path
 
 use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -39,6 +42,7 @@ struct Shared {
     freezes: watch::Sender<u64>,
     accepted: AtomicU64,
     forwarded_bytes: AtomicU64,
+    round_trips: AtomicU64,
 }
 
 /// A running proxy; dropping it stops accepting (open connections end with the test runtime).
@@ -67,6 +71,7 @@ impl Proxy {
             freezes: watch::channel(0).0,
             accepted: AtomicU64::new(0),
             forwarded_bytes: AtomicU64::new(0),
+            round_trips: AtomicU64::new(0),
         });
         let accept = tokio::spawn(accept_loop(listener, upstream, shared.clone()));
         Proxy {
@@ -130,6 +135,12 @@ impl Proxy {
     pub fn forwarded_bytes(&self) -> u64 {
         self.shared.forwarded_bytes.load(Ordering::Relaxed)
     }
+
+    /// Round trips so far, over all connections: the times a client sent something after the
+    /// server had answered it since its last send. Requests sent together are one.
+    pub fn round_trips(&self) -> u64 {
+        self.shared.round_trips.load(Ordering::SeqCst)
+    }
 }
 
 async fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>) {
@@ -166,8 +177,21 @@ async fn connection(client: TcpStream, upstream: SocketAddr, shared: Arc<Shared>
     reset(&server);
     let (client_r, client_w) = client.into_split();
     let (server_r, server_w) = server.into_split();
-    let up = pump(client_r, server_w, shared.clone(), born);
-    let down = pump(server_r, client_w, shared.clone(), born);
+    let answered = Arc::new(AtomicBool::new(true));
+    let up = pump(
+        client_r,
+        server_w,
+        shared.clone(),
+        born,
+        Way::Up(answered.clone()),
+    );
+    let down = pump(
+        server_r,
+        client_w,
+        shared.clone(),
+        born,
+        Way::Down(answered),
+    );
     tokio::select! {
         _ = async { tokio::join!(up, down) } => {}
         _ = cuts.changed() => {}
@@ -175,9 +199,22 @@ async fn connection(client: TcpStream, upstream: SocketAddr, shared: Arc<Shared>
     // Dropping both halves of both sockets closes them with RST (linger 0).
 }
 
+/// Which way a pump copies, with the connection's "the server has answered since the client's
+/// last send" flag, which the round trips are counted by.
+enum Way {
+    Up(Arc<AtomicBool>),
+    Down(Arc<AtomicBool>),
+}
+
 /// Copies one direction, holding bytes while the proxy is stalled (or for good once the
 /// connection is blackholed). Ends on EOF, an error, or `Down`.
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<Shared>, born: u64) {
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    shared: Arc<Shared>,
+    born: u64,
+    way: Way,
+) {
     let mut mode = shared.mode.subscribe();
     let mut freezes = shared.freezes.subscribe();
     let mut buf = vec![0u8; 16 * 1024];
@@ -198,6 +235,13 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<Share
                 std::future::pending().await
             }
         };
+        match &way {
+            Way::Up(answered) if answered.swap(false, Ordering::SeqCst) => {
+                shared.round_trips.fetch_add(1, Ordering::SeqCst);
+            }
+            Way::Up(_) => {}
+            Way::Down(answered) => answered.store(true, Ordering::SeqCst),
+        }
         // Bytes read just before a stall are held back too.
         if !forwarding(&mut mode, &mut freezes, born).await {
             return;
