@@ -1,8 +1,9 @@
 //! Races that only PostgreSQL lets overlap (on sled, transactions run one at a time): claimers
 //! racing for the same queue entries take different ones without waiting for each other
 //! (`Txn::lock_first` is `FOR UPDATE SKIP LOCKED`), a wake-up never folds into a job that
-//! a concurrent claim took, and a replica tells the others about the jobs it queued only when
-//! it has no idle worker for them.
+//! a concurrent claim took, a replica tells the others about the jobs it queued only when
+//! it has no idle worker for them, and a durable batch that waited for another replica's turn
+//! of the event log takes every commit queued during the wait.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -385,5 +386,90 @@ async fn a_notification_of_events_names_its_log() {
                 append(n).await.unwrap();
             }
         }
+    }
+}
+
+/// A durable batch waits for its turn of the event log (the writer lock, held by another
+/// replica's batch) before it takes the commits queued behind it: everything queued during the
+/// wait goes into the batch that waited, not into one more transaction and WAL flush after it,
+/// which would be one more turn of the log for every replica to wait for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_queued_while_another_replica_has_the_log_go_in_the_batch_that_waited() {
+    const QUEUED: usize = 16;
+    let cluster = arbor_testkit::PgCluster::shared();
+    let url = cluster.fresh_database("turn_of_the_log");
+    let (here, there) = (common::open_postgres(&url), common::open_postgres(&url));
+
+    // The other replica's batch has read (so it holds the writer lock) and waits to be released.
+    let (holding_tx, holding_rx) = mpsc::channel::<()>();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let release_rx = Mutex::new(release_rx);
+    let held = tokio::spawn(async move {
+        there
+            .commit(move |t| {
+                t.tree(T::Runs).get(b"anything")?;
+                let _ = holding_tx.send(());
+                let _ = release_rx
+                    .lock()
+                    .unwrap()
+                    .recv_timeout(Duration::from_secs(20));
+                Ok::<_, arbor_runner_svc::store::Abort<()>>(())
+            })
+            .await
+    });
+    tokio::task::spawn_blocking(move || holding_rx.recv_timeout(Duration::from_secs(20)))
+        .await
+        .unwrap()
+        .expect("the other replica's batch began");
+
+    // A commit here waits for the lock; then more queue behind it.
+    let before = here.stats();
+    let write = |key: String| {
+        let here = here.clone();
+        async move {
+            here.commit(move |t| {
+                t.tree(T::Checkpoints)
+                    .insert(key.as_bytes(), b"checkpoint")?;
+                Ok::<_, arbor_runner_svc::store::Abort<()>>(())
+            })
+            .await
+        }
+    };
+    let first = tokio::spawn(write("first".into()));
+    let waiting = "SELECT count(*) FROM pg_stat_activity \
+                   WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while cluster.psql(&url, waiting).unwrap().trim() != "1" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the commit here never waited for the writer lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let queued: Vec<_> = (0..QUEUED)
+        .map(|i| tokio::spawn(write(format!("queued-{i}"))))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    release_tx.send(()).unwrap();
+
+    held.await.unwrap().unwrap();
+    first.await.unwrap().unwrap();
+    for q in queued {
+        q.await.unwrap().unwrap();
+    }
+    let stats = here.stats();
+    assert_eq!(
+        (stats.batches - before.batches, stats.bodies - before.bodies),
+        (1, 1 + QUEUED as u64),
+        "the commits queued during the wait did not go into the batch that waited"
+    );
+    for key in
+        std::iter::once("first".to_string()).chain((0..QUEUED).map(|i| format!("queued-{i}")))
+    {
+        assert_eq!(
+            here.tree(T::Checkpoints).get(&key).unwrap().as_deref(),
+            Some(&b"checkpoint"[..]),
+            "{key}"
+        );
     }
 }

@@ -373,6 +373,14 @@ impl LazyBegin {
         }
     }
 
+    /// A transaction whose `BEGIN` was sent already.
+    pub const fn begun(sql: &'static str) -> Self {
+        Self {
+            sql,
+            sent: Cell::new(true),
+        }
+    }
+
     /// Sends `BEGIN` unless it was sent. Join it ahead of the statement it precedes: a join
     /// polls its futures in order, and each sends its request on its first poll.
     pub async fn before(&self, client: &ClientWrapper) -> Result<(), tokio_postgres::Error> {

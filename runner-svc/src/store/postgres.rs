@@ -14,8 +14,9 @@
 //!     (`synchronous_commit` as the server sets it, `on` by default). Each takes the writer
 //!     lock before its snapshot, so the durable batches of all replicas take turns and each
 //!     sees every one before it; that is what keeps the event log gap-free and in commit order
-//!     (the counter row `meta/next_seq` is read and written by every appending batch). Among
-//!     themselves they are serial, so they run at `REPEATABLE READ`: against the transactions
+//!     (the counter row `meta/next_seq` is read and written by every appending batch). A batch
+//!     takes its bodies once it has the lock, so all those queued during another replica's
+//!     turn go in together. Among themselves they are serial, so they run at `REPEATABLE READ`: against the transactions
 //!     beside them (claims, and the single ones below), every conflict the runner relies on is
 //!     two writes of one row, which `REPEATABLE READ` refuses as `SERIALIZABLE` does (the
 //!     fencing of a claimed job, a wake-up folded into a queued job a claim takes). Predicate
@@ -336,6 +337,10 @@ fn committer_loop(
     };
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
+        // A durable batch takes its turn of the log before it gathers the bodies queued
+        // meanwhile: while another replica's batch holds the writer lock, this one's are
+        // queueing, and they all go in when the turn comes, not into a batch after it.
+        let begun = lane.writer && take_writer_lock(&mut own);
         while batch.len() < MAX_BATCH {
             match queue.try_recv() {
                 Ok(q) => batch.push(q),
@@ -353,6 +358,7 @@ fn committer_loop(
             ahead: &ahead,
             stripe: lane.writer.then_some(0),
             origin,
+            begun,
         };
         let outcomes = run_bodies(&mut Conn::Own(&mut own), &queued, setup);
         drop(queued);
@@ -367,6 +373,19 @@ fn committer_loop(
             let _ = q.done.send(outcome);
         }
     }
+}
+
+/// Begins a durable batch's transaction and waits for the writer lock (see `WRITER_BEGIN`).
+/// On a failure the connection is dropped, and the batch begins as any other on a new one.
+fn take_writer_lock(own: &mut Dedicated) -> bool {
+    let locked = match own.connection() {
+        Ok((client, rt)) => rt.block_on(client.batch_execute(WRITER_BEGIN)).is_ok(),
+        Err(_) => false,
+    };
+    if !locked {
+        own.reset();
+    }
+    locked
 }
 
 /// What a batch fetches with its first read: the hot keys, then the rows its bodies said they
@@ -401,6 +420,8 @@ struct Setup<'a> {
     stripe: Option<u8>,
     /// This process, named in its notifications so that it can skip them.
     origin: &'a Origin,
+    /// Whether the first try's transaction was begun already, on the connection it runs on.
+    begun: bool,
 }
 
 /// Runs `bodies` in one transaction (again on a conflict); a body that aborts leaves nothing
@@ -427,7 +448,8 @@ fn run_bodies(
                 }
             };
             let stripe = setup.stripe.unwrap_or_else(|| fastrand::u8(1..=STRIPES));
-            let tx = PgTx::begin(client, rt, setup, stripe);
+            let begun = setup.begun && attempt == 1;
+            let tx = PgTx::begin(client, rt, setup, stripe, begun);
             let mut outcomes = Vec::with_capacity(bodies.len());
             for body in bodies {
                 let mark = tx.mark();
@@ -539,6 +561,7 @@ impl<'c> PgTx<'c> {
         rt: Option<&'c tokio::runtime::Runtime>,
         setup: Setup<'c>,
         stripe: u8,
+        begun: bool,
     ) -> Self {
         Self {
             client,
@@ -551,7 +574,10 @@ impl<'c> PgTx<'c> {
             origin: setup.origin,
             durable: setup.begin != ASYNC_BEGIN,
             failed: RefCell::default(),
-            begin: LazyBegin::new(setup.begin),
+            begin: match begun {
+                true => LazyBegin::begun(setup.begin),
+                false => LazyBegin::new(setup.begin),
+            },
         }
     }
 
@@ -1179,6 +1205,7 @@ impl Backend for PgBackend {
             ahead: &[],
             stripe: None,
             origin: &self.origin,
+            begun: false,
         };
         run_bodies(&mut Conn::Pool(&self.db), &[body], setup)
             .pop()
