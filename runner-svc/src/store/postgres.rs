@@ -340,7 +340,10 @@ fn committer_loop(
         // A durable batch takes its turn of the log before it gathers the bodies queued
         // meanwhile: while another replica's batch holds the writer lock, this one's are
         // queueing, and they all go in when the turn comes, not into a batch after it.
-        let begun = lane.writer && take_writer_lock(&mut own);
+        let begun = match lane.writer {
+            true => take_writer_lock(&mut own).map(|()| true),
+            false => Ok(false),
+        };
         while batch.len() < MAX_BATCH {
             match queue.try_recv() {
                 Ok(q) => batch.push(q),
@@ -352,15 +355,23 @@ fn committer_loop(
             true => hot.get().map_or(&[][..], Vec::as_slice),
             false => &[],
         };
-        let ahead = reads_ahead(hot, batch.iter().map(|q| &q.reads));
-        let setup = Setup {
-            begin: lane.begin,
-            ahead: &ahead,
-            stripe: lane.writer.then_some(0),
-            origin,
-            begun,
+        let outcomes = match begun {
+            Ok(begun) => {
+                let ahead = reads_ahead(hot, batch.iter().map(|q| &q.reads));
+                let setup = Setup {
+                    begin: lane.begin,
+                    ahead: &ahead,
+                    stripe: lane.writer.then_some(0),
+                    origin,
+                    begun,
+                };
+                run_bodies(&mut Conn::Own(&mut own), &queued, setup)
+            }
+            Err(e) => queued
+                .iter()
+                .map(|_| Err(Failed::Storage(e.clone())))
+                .collect(),
         };
-        let outcomes = run_bodies(&mut Conn::Own(&mut own), &queued, setup);
         drop(queued);
         if lane.writer {
             counts.flushes.fetch_add(1, Ordering::Relaxed);
@@ -376,16 +387,19 @@ fn committer_loop(
 }
 
 /// Begins a durable batch's transaction and waits for the writer lock (see `WRITER_BEGIN`).
-/// On a failure the connection is dropped, and the batch begins as any other on a new one.
-fn take_writer_lock(own: &mut Dedicated) -> bool {
+/// A failure fails the batch, as a failed first statement would; the connection is dropped,
+/// and the next batch makes a new one.
+fn take_writer_lock(own: &mut Dedicated) -> Result<(), StoreError> {
     let locked = match own.connection() {
-        Ok((client, rt)) => rt.block_on(client.batch_execute(WRITER_BEGIN)).is_ok(),
-        Err(_) => false,
+        Ok((client, rt)) => rt
+            .block_on(client.batch_execute(WRITER_BEGIN))
+            .map_err(DbError::from),
+        Err(e) => Err(e),
     };
-    if !locked {
+    locked.map_err(|e| {
         own.reset();
-    }
-    locked
+        StoreError::from(e)
+    })
 }
 
 /// What a batch fetches with its first read: the hot keys, then the rows its bodies said they
