@@ -832,11 +832,9 @@ async fn two_audit_entries_of_one_move_are_written_with_the_record_in_one_statem
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_s_writes_go_out_with_its_commit() {
     let url = Postgres::place().await;
-    // postgres://user@host:port/database, through a proxy that counts round trips.
-    let (head, tail) = url.split_once('@').unwrap();
-    let (upstream, database) = tail.split_once('/').unwrap();
-    let relay = Proxy::start(upstream.parse().unwrap()).await;
-    let store = Postgres::open(&format!("{head}@{}/{database}", relay.addr())).await;
+    // Through a proxy that counts round trips.
+    let relay = Proxy::start(PgCluster::shared().addr()).await;
+    let store = Postgres::open(&PgCluster::shared().through(&url, relay.addr())).await;
     let attempts: Vec<_> = decided(&store, "w", 44)
         .await
         .into_iter()

@@ -438,14 +438,12 @@ async fn commits_queued_while_another_replica_has_the_log_go_in_the_batch_that_w
     let first = tokio::spawn(write("first".into()));
     let waiting = "SELECT count(*) FROM pg_stat_activity \
                    WHERE datname = current_database() AND wait_event_type = 'Lock'";
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while cluster.psql(&url, waiting).unwrap().trim() != "1" {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the commit here never waited for the writer lock"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    arbor_shared::testing::eventually(
+        "the commit here to wait for the writer lock",
+        Duration::from_secs(20),
+        || async { (cluster.psql(&url, waiting).unwrap().trim() == "1").then_some(()) },
+    )
+    .await;
     let queued: Vec<_> = (0..QUEUED)
         .map(|i| tokio::spawn(write(format!("queued-{i}"))))
         .collect();

@@ -132,6 +132,22 @@ impl PgCluster {
         url.replacen("@127.0.0.1:", &format!("@{host}:"), 1)
     }
 
+    /// `url` (one of this cluster's) reached at `addr` instead: a [`proxy`] in front of
+    /// [`addr`](Self::addr).
+    pub fn through(&self, url: &str, addr: std::net::SocketAddr) -> String {
+        let own = format!("@{}/", self.addr());
+        assert!(
+            url.contains(&own),
+            "{url} is not one of this cluster's URLs"
+        );
+        url.replacen(&own, &format!("@{addr}/"), 1)
+    }
+
+    /// The server's TCP address, on `127.0.0.1`; the same across restarts.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
     /// The TCP port on `127.0.0.1`; the same across restarts.
     pub fn port(&self) -> u16 {
         self.port

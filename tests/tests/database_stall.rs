@@ -43,9 +43,8 @@ async fn reads_waiting_for_a_stalled_database_leave_the_services_answering() {
     let url = tokio::task::spawn_blocking(|| PgCluster::shared().fresh_database("db_stall"))
         .await
         .unwrap();
-    let upstream = format!("127.0.0.1:{}", PgCluster::shared().port());
-    let proxy = Proxy::start(upstream.parse().unwrap()).await;
-    let through_proxy = url.replace(&upstream, &proxy.addr().to_string());
+    let proxy = Proxy::start(PgCluster::shared().addr()).await;
+    let through_proxy = PgCluster::shared().through(&url, proxy.addr());
     assert_ne!(through_proxy, url, "the URL names the cluster's address");
     let mut replicas = Replicas::prepare(
         Profile::Debug,

@@ -16,11 +16,12 @@
 //!     sees every one before it; that is what keeps the event log gap-free and in commit order
 //!     (the counter row `meta/next_seq` is read and written by every appending batch). A batch
 //!     takes its bodies once it has the lock, so all those queued during another replica's
-//!     turn go in together. Among themselves they are serial, so they run at `REPEATABLE READ`: against the transactions
-//!     beside them (claims, and the single ones below), every conflict the runner relies on is
-//!     two writes of one row, which `REPEATABLE READ` refuses as `SERIALIZABLE` does (the
-//!     fencing of a claimed job, a wake-up folded into a queued job a claim takes). Predicate
-//!     locks would add nothing there but false conflicts, which failed 4 in 10 such batches.
+//!     turn go in together. Among themselves they are serial, so they run at `REPEATABLE
+//!     READ`: against the transactions beside them (claims, and the single ones below), every
+//!     conflict the runner relies on is two writes of one row, which `REPEATABLE READ` refuses
+//!     as `SERIALIZABLE` does (the fencing of a claimed job, a wake-up folded into a queued job
+//!     a claim takes). Predicate locks would add nothing there but false conflicts, which
+//!     failed 4 in 10 such batches.
 //!   - **Claim batches** (`apply`): the same, on a second thread and connection, without the
 //!     writer lock and without waiting for the flush (`synchronous_commit = off`: a claim lost
 //!     in a crash leaves its job queued). `SERIALIZABLE`. Claimers take their queue entries
@@ -351,12 +352,12 @@ fn committer_loop(
             }
         }
         let queued: Vec<&Body<'_>> = batch.iter().map(|q| &*q.body).collect();
-        let hot = match lane.writer {
-            true => hot.get().map_or(&[][..], Vec::as_slice),
-            false => &[],
-        };
         let outcomes = match begun {
             Ok(begun) => {
+                let hot = match lane.writer {
+                    true => hot.get().map_or(&[][..], Vec::as_slice),
+                    false => &[],
+                };
                 let ahead = reads_ahead(hot, batch.iter().map(|q| &q.reads));
                 let setup = Setup {
                     begin: lane.begin,
@@ -367,10 +368,7 @@ fn committer_loop(
                 };
                 run_bodies(&mut Conn::Own(&mut own), &queued, setup)
             }
-            Err(e) => queued
-                .iter()
-                .map(|_| Err(Failed::Storage(e.clone())))
-                .collect(),
+            Err(e) => all_failed(queued.len(), &e),
         };
         drop(queued);
         if lane.writer {
@@ -400,6 +398,11 @@ fn take_writer_lock(own: &mut Dedicated) -> Result<(), StoreError> {
         own.reset();
         StoreError::from(e)
     })
+}
+
+/// The outcomes of `bodies` bodies that a storage failure failed together.
+fn all_failed(bodies: usize, e: &StoreError) -> Vec<Result<(), Failed>> {
+    vec![Err(Failed::Storage(e.clone())); bodies]
 }
 
 /// What a batch fetches with its first read: the hot keys, then the rows its bodies said they
@@ -434,7 +437,8 @@ struct Setup<'a> {
     stripe: Option<u8>,
     /// This process, named in its notifications so that it can skip them.
     origin: &'a Origin,
-    /// Whether the first try's transaction was begun already, on the connection it runs on.
+    /// Whether the transaction was begun already, on the connection it runs on (its first
+    /// try's only: a retry begins anew).
     begun: bool,
 }
 
@@ -462,8 +466,11 @@ fn run_bodies(
                 }
             };
             let stripe = setup.stripe.unwrap_or_else(|| fastrand::u8(1..=STRIPES));
-            let begun = setup.begun && attempt == 1;
-            let tx = PgTx::begin(client, rt, setup, stripe, begun);
+            let setup = Setup {
+                begun: setup.begun && attempt == 1,
+                ..setup
+            };
+            let tx = PgTx::begin(client, rt, setup, stripe);
             let mut outcomes = Vec::with_capacity(bodies.len());
             for body in bodies {
                 let mark = tx.mark();
@@ -478,12 +485,7 @@ fn run_bodies(
                         outcomes.push(Err(Failed::Aborted));
                     }
                     Err(Abort::Conflict) => return Err(DbError::Conflict("body".into())),
-                    Err(Abort::Storage(e)) => {
-                        return Ok(bodies
-                            .iter()
-                            .map(|_| Err(Failed::Storage(e.clone())))
-                            .collect());
-                    }
+                    Err(Abort::Storage(e)) => return Ok(all_failed(bodies.len(), &e)),
                 }
             }
             tx.commit()?;
@@ -498,11 +500,7 @@ fn run_bodies(
                 if let Conn::Own(own) = conn {
                     own.reset();
                 }
-                let e = StoreError::from(e);
-                return bodies
-                    .iter()
-                    .map(|_| Err(Failed::Storage(e.clone())))
-                    .collect();
+                return all_failed(bodies.len(), &StoreError::from(e));
             }
         }
     }
@@ -575,7 +573,6 @@ impl<'c> PgTx<'c> {
         rt: Option<&'c tokio::runtime::Runtime>,
         setup: Setup<'c>,
         stripe: u8,
-        begun: bool,
     ) -> Self {
         Self {
             client,
@@ -588,7 +585,7 @@ impl<'c> PgTx<'c> {
             origin: setup.origin,
             durable: setup.begin != ASYNC_BEGIN,
             failed: RefCell::default(),
-            begin: match begun {
+            begin: match setup.begun {
                 true => LazyBegin::begun(setup.begin),
                 false => LazyBegin::new(setup.begin),
             },
