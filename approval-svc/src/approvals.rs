@@ -4,13 +4,18 @@
 //! policy decision travels exactly the same path as a person's.
 
 use std::{
+    collections::HashMap,
     panic::AssertUnwindSafe,
-    sync::{Arc, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
 };
 
 use arbor_shared::{auth::Principal, domain::ApprovalRequest};
 use futures_util::FutureExt;
-use tokio::sync::{Notify, broadcast, oneshot, watch};
+use tokio::{
+    sync::{Notify, broadcast, oneshot, watch},
+    time::Instant,
+};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -21,11 +26,15 @@ use crate::{
     model::{Approval, NewDecision},
     policy::{Policy, Subject},
     runner::delivery::DeliveryWake,
-    store::{ApprovalStore, DeliveryOutcome, Put, Resolved},
+    store::{ApprovalStore, Consumed, DeliveryOutcome, Put, Resolved},
 };
 
 /// How many changes a watcher may fall behind before it is ended with RESOURCE_EXHAUSTED.
 pub const CHANGE_BUFFER: usize = 1024;
+
+/// How long the runner's acceptance of a decision waits to be recorded with the decision's
+/// consumption before it is recorded on its own (see [`Approvals::accepted`]).
+pub const MARK_WAIT: Duration = Duration::from_secs(1);
 
 /// Cheap to clone; every clone drives the same store.
 pub struct Approvals<S> {
@@ -41,6 +50,46 @@ pub struct Approvals<S> {
     attempts: Arc<Queue<Attempt, Option<Approval>>>,
     /// Decisions waiting to be taken (see [`decide`](Self::decide)).
     decisions: Arc<Queue<Decision, Resolved>>,
+    /// Deliveries the runner accepted, not recorded yet (see [`accepted`](Self::accepted)).
+    marks: Arc<Marks>,
+}
+
+/// Deliveries the runner accepted whose record waits for the decision's consumption, by
+/// request id.
+#[derive(Default)]
+struct Marks {
+    waiting: Mutex<HashMap<String, Mark>>,
+    added: Notify,
+}
+
+struct Mark {
+    decision_id: String,
+    run_id: String,
+    at: Instant,
+}
+
+impl Marks {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Mark>> {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the acceptance of `decision_id` of `request_id` waits to be recorded.
+    fn holds(&self, request_id: &str, decision_id: &str) -> bool {
+        self.lock()
+            .get(request_id)
+            .is_some_and(|m| m.decision_id == decision_id)
+    }
+
+    /// Forgets the mark of `decision_id` of `request_id`: it is recorded.
+    fn forget(&self, request_id: &str, decision_id: &str) {
+        let mut waiting = self.lock();
+        if waiting
+            .get(request_id)
+            .is_some_and(|m| m.decision_id == decision_id)
+        {
+            waiting.remove(request_id);
+        }
+    }
 }
 
 impl<S> Clone for Approvals<S> {
@@ -55,6 +104,7 @@ impl<S> Clone for Approvals<S> {
             metrics: self.metrics.clone(),
             attempts: self.attempts.clone(),
             decisions: self.decisions.clone(),
+            marks: self.marks.clone(),
         }
     }
 }
@@ -71,6 +121,7 @@ impl<S: ApprovalStore> Approvals<S> {
             metrics: Arc::new(Metrics::default()),
             attempts: Arc::default(),
             decisions: Arc::default(),
+            marks: Arc::default(),
         }
     }
 
@@ -379,6 +430,7 @@ impl<S: ApprovalStore> Approvals<S> {
 
     /// SUSPENSION_WITHDRAWN, or a runner that refused a delivery as stale.
     pub async fn withdraw(&self, request_id: &str, actor: &str, reason: &str) -> Result<()> {
+        self.record_marks_of(|id, _| id == request_id).await?;
         match self.store.cancel(request_id, actor, reason).await {
             Ok(a) => {
                 tracing::info!(request_id, reason, "approval cancelled");
@@ -393,6 +445,7 @@ impl<S: ApprovalStore> Approvals<S> {
 
     /// RUN_CANCELLED / RUN_SUPERSEDED: the run will never consume anything again.
     pub async fn withdraw_run(&self, run_id: &str, actor: &str, reason: &str) -> Result<()> {
+        self.record_marks_of(|_, m| m.run_id == run_id).await?;
         for a in self.store.cancel_run(run_id, actor, reason).await? {
             tracing::info!(
                 request_id = a.id(),
@@ -431,6 +484,7 @@ impl<S: ApprovalStore> Approvals<S> {
             return self.withdraw(request_id, "runner", &reason).await;
         }
         if a.state.awaits_delivery() {
+            self.record_marks_of(|id, _| id == request_id).await?;
             let (acked, pruned) = self.store.ack_and_prune(request_id, decision_id).await?;
             self.publish(&acked);
             self.publish(&pruned);
@@ -446,15 +500,26 @@ impl<S: ApprovalStore> Approvals<S> {
 
     /// APPROVAL_CONSUMED for each of `consumed` (request id, decision id), together (in one
     /// transaction where the store has them); answers which were done. The store does the plain
-    /// ones (the approval holds that decision and awaits its consumption: the common case); the
-    /// others, and all of them should the batch fail, are left for
-    /// [`consumed`](Self::consumed), which handles every case.
+    /// ones (the approval holds that decision and awaits its consumption: the common case),
+    /// each with its delivery if that is not recorded yet (the run consumed the decision, so
+    /// the runner has it; see [`accepted`](Self::accepted)); the others, and all of them should
+    /// the batch fail, are left for [`consumed`](Self::consumed), which handles every case.
     pub async fn consumed_all(&self, consumed: &[(String, String)]) -> Result<Vec<bool>> {
         let mut done = vec![false; consumed.len()];
-        match self.store.ack_and_prune_all(consumed.to_vec()).await {
+        let batch = consumed
+            .iter()
+            .map(|(request_id, decision_id)| Consumed {
+                delivered: true,
+                ..Consumed::new(request_id, decision_id)
+            })
+            .collect();
+        match self.store.ack_and_prune_all(batch).await {
             Ok(outcomes) => {
-                for (done, outcome) in done.iter_mut().zip(outcomes) {
+                for ((done, outcome), (request_id, decision_id)) in
+                    done.iter_mut().zip(outcomes).zip(consumed)
+                {
                     if let Ok((acked, pruned)) = outcome {
+                        self.marks.forget(request_id, decision_id);
                         self.publish(&acked);
                         self.publish(&pruned);
                         *done = true;
@@ -464,6 +529,71 @@ impl<S: ApprovalStore> Approvals<S> {
             Err(e) => tracing::debug!("consumptions left to one at a time: {e}"),
         }
         Ok(done)
+    }
+
+    /// The runner accepted `approval`'s decision `decision_id` (it is durable in the run's
+    /// inbox). That is recorded (its `delivered_at_ms` and DELIVERED audit entry) with the
+    /// decision's consumption, in the same write, or on its own by
+    /// [`record_marks`](Self::record_marks) once it has waited [`MARK_WAIT`], or before the
+    /// approval is cancelled. Delivery does not send it again meanwhile (see
+    /// [`is_accepted`](Self::is_accepted)); should this process stop before it is recorded,
+    /// the decision is sent again and the runner answers it as a duplicate.
+    pub fn accepted(&self, approval: &Approval, decision_id: &str) {
+        let mark = Mark {
+            decision_id: decision_id.to_string(),
+            run_id: approval.request.run_id.clone(),
+            at: Instant::now(),
+        };
+        self.marks.lock().insert(approval.id().to_string(), mark);
+        self.marks.added.notify_one();
+    }
+
+    /// Whether the runner accepted `decision_id` of `request_id` and that waits to be recorded.
+    pub fn is_accepted(&self, request_id: &str, decision_id: &str) -> bool {
+        self.marks.holds(request_id, decision_id)
+    }
+
+    /// Records each acceptance that has waited [`MARK_WAIT`] without its consumption, until
+    /// `stop`; then records every one left.
+    pub async fn record_marks(&self, stop: CancellationToken) {
+        loop {
+            let added = self.marks.added.notified();
+            let oldest = self.marks.lock().values().map(|m| m.at).min();
+            let due = tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = added, if oldest.is_none() => continue,
+                _ = tokio::time::sleep_until(oldest.unwrap_or_else(Instant::now) + MARK_WAIT),
+                    if oldest.is_some() => Instant::now(),
+            };
+            if let Err(e) = self.record_marks_of(|_, m| m.at + MARK_WAIT <= due).await {
+                tracing::warn!(error = %e, "cannot record deliveries; will retry");
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(MARK_WAIT) => {}
+                }
+            }
+        }
+        if let Err(e) = self.record_marks_of(|_, _| true).await {
+            tracing::warn!(error = %e, "deliveries left unrecorded; they will be sent again");
+        }
+    }
+
+    /// Records now the waiting acceptances `which` picks (by request id and mark).
+    async fn record_marks_of(&self, which: impl Fn(&str, &Mark) -> bool) -> Result<()> {
+        let due: Vec<(String, String)> = self
+            .marks
+            .lock()
+            .iter()
+            .filter(|(id, m)| which(id, m))
+            .map(|(id, m)| (id.clone(), m.decision_id.clone()))
+            .collect();
+        let recorded = futures_util::future::join_all(due.iter().map(|(id, d)| async move {
+            self.record_delivery(id, d, DeliveryOutcome::Accepted)
+                .await
+                .map(|()| self.marks.forget(id, d))
+        }))
+        .await;
+        recorded.into_iter().collect()
     }
 
     /// Counts a delivery attempt; an accepted one stops further attempts. The attempts that

@@ -425,3 +425,74 @@ async fn a_lost_cursor_is_reported_and_retried_not_skipped() {
     .await;
     svc.stop().await;
 }
+
+/// The runner's acceptance of a decision is recorded with its consumption, in the same write:
+/// the trail holds DELIVERED ahead of ACKED, both stamped with that write's time, even though
+/// the consumption came well after the runner accepted the decision.
+#[tokio::test]
+async fn a_delivery_is_recorded_with_the_consumption_that_follows_it() {
+    let (_dir, runner, svc, mut client) = setup().await;
+    runner.push_request(node_request("r1", "run-1"));
+    wait_for(&client, "r1", "r1 pending", state(ApprovalState::Pending)).await;
+    client
+        .resolve(resolve_req("r1", DecisionKind::Approve))
+        .await
+        .unwrap();
+    let call = wait_resolves(&runner, "r1", 1).await.remove(0);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    runner.push_consumed("run-1", "r1", &call.decision_id);
+    let pruned = wait_for(&client, "r1", "r1 pruned", state(ApprovalState::Pruned)).await;
+    assert_eq!(pruned.delivery_attempts, 1);
+    let trail = audit_actions(&mut client, "r1").await;
+    assert_eq!(
+        actions(&trail),
+        vec![
+            AuditAction::Requested,
+            AuditAction::Decided,
+            AuditAction::Delivered,
+            AuditAction::Acked,
+            AuditAction::Pruned
+        ]
+    );
+    let time = |action: AuditAction| {
+        let entry = trail.iter().find(|e| e.action == action as i32).unwrap();
+        entry.time.as_ref().map(|t| (t.seconds, t.nanos))
+    };
+    assert_eq!(time(AuditAction::Delivered), time(AuditAction::Acked));
+    assert_eq!(runner.resolves_for("r1").len(), 1, "delivered once");
+    svc.stop().await;
+}
+
+/// A run cancelled while the runner's acceptance of its decision waits to be recorded: the
+/// delivery is recorded first, so the trail says the decision reached the run before the
+/// approval was cancelled with it.
+#[tokio::test]
+async fn a_run_cancelled_after_its_decision_was_accepted_keeps_the_delivery_in_the_trail() {
+    let (_dir, runner, svc, mut client) = setup().await;
+    runner.push_request(node_request("r1", "run-1"));
+    wait_for(&client, "r1", "r1 pending", state(ApprovalState::Pending)).await;
+    client
+        .resolve(resolve_req("r1", DecisionKind::Approve))
+        .await
+        .unwrap();
+    wait_resolves(&runner, "r1", 1).await;
+    runner.push_run_finished("run-1", runner_pb::RunStatus::Cancelled);
+    let cancelled = wait_for(
+        &client,
+        "r1",
+        "r1 cancelled",
+        state(ApprovalState::Cancelled),
+    )
+    .await;
+    assert_eq!(cancelled.delivery_attempts, 1, "{cancelled:?}");
+    assert_eq!(
+        actions(&audit_actions(&mut client, "r1").await),
+        vec![
+            AuditAction::Requested,
+            AuditAction::Decided,
+            AuditAction::Delivered,
+            AuditAction::Cancelled
+        ]
+    );
+    svc.stop().await;
+}

@@ -17,8 +17,8 @@ use arbor_approval_svc::{
     model::{AuditAction, AuditQuery, NewDecision},
     policy::Policy,
     store::{
-        ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN, DeliveryOutcome, OUTBOX_PAGE, PgStore,
-        RUNS_TO_CANCEL,
+        ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN, Consumed, DeliveryOutcome, OUTBOX_PAGE,
+        PgStore, RUNS_TO_CANCEL,
     },
 };
 use arbor_shared::domain::{DecisionKind, DecisionSource};
@@ -668,7 +668,10 @@ async fn a_batch_of_consumptions_is_one_commit_or_nothing() {
             .resolve_request(&id, NewDecision::person(DecisionKind::Approve, "ana"))
             .await
             .unwrap();
-        batch.push((id, resolved.approval.decision.unwrap().decision_id));
+        batch.push(Consumed::new(
+            id,
+            resolved.approval.decision.unwrap().decision_id,
+        ));
     }
     let before = store.fsyncs();
     let (first, rest) = batch.split_at(3);
@@ -682,13 +685,14 @@ async fn a_batch_of_consumptions_is_one_commit_or_nothing() {
     // A request id PostgreSQL cannot hold (a NUL byte) fails the statement, so the batch: none
     // of it is done.
     let mut failing = rest.to_vec();
-    failing.push(("c\0".into(), "d".into()));
+    failing.push(Consumed::new("c\0", "d"));
     assert!(store.ack_and_prune_all(failing).await.is_err());
-    for (id, _) in rest {
+    for c in rest {
         assert_eq!(
-            store.get(id).unwrap().unwrap().state,
+            store.get(&c.request_id).unwrap().unwrap().state,
             ApprovalState::Resolved,
-            "{id} untouched"
+            "{} untouched",
+            c.request_id
         );
     }
 }

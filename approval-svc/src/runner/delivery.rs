@@ -127,8 +127,16 @@ impl<S: ApprovalStore> Delivery<S> {
     /// (a drain of thousands of decisions) each decision costs one read of it, not one read of
     /// the outbox.
     pub async fn run(self) {
+        // The deliveries the runner accepted are recorded while decisions are delivered, and
+        // those left are recorded once delivery stops.
+        tokio::join!(
+            self.deliver_all(),
+            self.approvals.record_marks(self.shutdown.clone())
+        );
+    }
+
+    async fn deliver_all(&self) {
         use futures_util::StreamExt;
-        let this = &self;
         let wake = self.approvals.delivery_wake();
         let mut retries: HashMap<String, Retry> = HashMap::new();
         // The approvals in the backlog or in flight: each is taken once until it is settled.
@@ -154,6 +162,7 @@ impl<S: ApprovalStore> Delivery<S> {
                 scan = false;
                 next = match store.undelivered_traced() {
                     Ok(found) => {
+                        let found = self.not_accepted(found);
                         retries.retain(|id, _| {
                             taken.contains(id) || found.iter().any(|(a, _)| a.id() == id)
                         });
@@ -167,6 +176,7 @@ impl<S: ApprovalStore> Delivery<S> {
             } else if !named.is_empty() {
                 match store.undelivered_of(&named) {
                     Ok(found) => {
+                        let found = self.not_accepted(found);
                         let waits = queue(found, &mut taken, &retries, &mut backlog);
                         next = earliest(next, waits);
                     }
@@ -184,7 +194,7 @@ impl<S: ApprovalStore> Delivery<S> {
                     // Read with the outbox: the span's trace id and the context the Resolve
                     // carries on.
                     let span = crate::approvals::span_of(approval.id(), trace.as_deref());
-                    let outcome = this
+                    let outcome = self
                         .deliver(&approval, trace.as_deref())
                         .instrument(span)
                         .await;
@@ -208,6 +218,20 @@ impl<S: ApprovalStore> Delivery<S> {
                 }
             }
         }
+    }
+
+    /// Those of `found` whose decision the runner has not accepted yet: an accepted one whose
+    /// record waits (see [`Approvals::accepted`]) is still in the outbox.
+    fn not_accepted(
+        &self,
+        found: Vec<(Approval, Option<String>)>,
+    ) -> Vec<(Approval, Option<String>)> {
+        let accepted = |a: &Approval| {
+            a.decision
+                .as_ref()
+                .is_some_and(|d| self.approvals.is_accepted(a.id(), &d.decision_id))
+        };
+        found.into_iter().filter(|(a, _)| !accepted(a)).collect()
     }
 
     /// Books one finished delivery; returns when it should be tried again, if it should.
@@ -248,9 +272,7 @@ impl<S: ApprovalStore> Delivery<S> {
             Attempt::Accepted { duplicate } => {
                 Metrics::inc(&metrics.deliveries_accepted);
                 tracing::info!(request_id, decision_id, duplicate, "decision delivered");
-                self.approvals
-                    .record_delivery(request_id, decision_id, DeliveryOutcome::Accepted)
-                    .await?;
+                self.approvals.accepted(approval, decision_id);
                 Ok(true)
             }
             Attempt::Refused(why) => {

@@ -66,6 +66,26 @@ pub enum DeliveryOutcome {
     Failed(String),
 }
 
+/// A consumption to record (see [`ApprovalStore::ack_and_prune_all`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consumed {
+    pub request_id: String,
+    pub decision_id: String,
+    /// The runner has the decision (it accepted it, or consumed it): its delivery, if not
+    /// recorded yet, is recorded with the consumption.
+    pub delivered: bool,
+}
+
+impl Consumed {
+    pub fn new(request_id: impl Into<String>, decision_id: impl Into<String>) -> Self {
+        Self {
+            request_id: request_id.into(),
+            decision_id: decision_id.into(),
+            delivered: false,
+        }
+    }
+}
+
 /// What one compaction pass removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Compacted {
@@ -196,23 +216,16 @@ pub trait ApprovalStore: Send + Sync + 'static {
         self.put_traced_requests(requests)
     }
 
-    /// `ack_and_prune` for each of `consumed` (request id, decision id), in order, answering
-    /// each one's outcome in that order. A backend with transactions does them all in one:
-    /// then one that is missing or that the rules refuse answers its error alone, having
-    /// written nothing, and any other failure fails the call and changes nothing.
+    /// `ack_and_prune` for each of `consumed`, in order, answering each one's outcome in that
+    /// order; one that says `delivered` has the runner's acceptance of its decision recorded
+    /// first, in the same write (as an accepted `record_delivery` would, unless it already is).
+    /// A backend with transactions does them all in one: then one that is missing or that the
+    /// rules refuse answers its error alone, having written nothing, and any other failure
+    /// fails the call and changes nothing.
     fn ack_and_prune_all(
         &self,
-        consumed: Vec<(String, String)>,
-    ) -> impl Future<Output = Result<Vec<Result<(Approval, Approval)>>>> + Send {
-        async move {
-            Ok(futures_util::future::join_all(
-                consumed
-                    .iter()
-                    .map(|(request_id, decision_id)| self.ack_and_prune(request_id, decision_id)),
-            )
-            .await)
-        }
-    }
+        consumed: Vec<Consumed>,
+    ) -> impl Future<Output = Result<Vec<Result<(Approval, Approval)>>>> + Send;
 
     /// PENDING → RESOLVED, single winner. The same decision again is a duplicate (OK, nothing
     /// changes); a different one is `AlreadyDecided` and the first decision stands.

@@ -44,7 +44,7 @@ pub(super) trait Records {
     /// Appends audit entries of one approval, in order, as [`audit`](Self::audit) each would
     /// (their ids ascending in that order). A backend whose statements cost a round trip each
     /// writes them in one.
-    fn audit_all(&self, entries: [AuditEntry; 2]) -> Result<(), Self::Fail> {
+    fn audit_all(&self, entries: Vec<AuditEntry>) -> Result<(), Self::Fail> {
         for entry in entries {
             self.audit(entry)?;
         }
@@ -153,7 +153,7 @@ pub(super) fn put_deciding<R: Records>(
     // Stored once: this is its first version (watchers are told it was CREATED).
     n.version = approval.version;
     tx.save(None, &n)?;
-    tx.audit_all([requested, entry])?;
+    tx.audit_all(vec![requested, entry])?;
     Ok(Put {
         approval: n,
         created: true,
@@ -309,47 +309,74 @@ pub(super) fn prune<R: Records>(tx: &R, request_id: &str) -> Outcome<R, Approval
 }
 
 /// [`ack`] then [`prune`], with both moves and both audit entries, but the record written once:
-/// in its pruned form.
+/// in its pruned form. With `delivered`, see [`consumption`].
 pub(super) fn ack_and_prune<R: Records>(
     tx: &R,
     request_id: &str,
     decision_id: &str,
+    delivered: bool,
 ) -> Outcome<R, (Approval, Approval)> {
     let a = load(tx, request_id)?;
-    let consumption = consumption(tx, &a, decision_id)?;
+    let consumption = consumption(tx, &a, decision_id, delivered)?;
     consume(tx, &a, consumption)
 }
 
 /// The moves of [`ack_and_prune`] and their audit entries, not written yet.
 pub(super) struct Consumption {
+    /// The delivery recorded with the consumption, when it was not recorded before.
+    delivered: Option<AuditEntry>,
     acked: (Approval, AuditEntry),
     pruned: (Approval, AuditEntry),
 }
 
 /// Every check of [`ack_and_prune`] on the loaded `a`, before anything is written: a refusal
-/// here leaves the transaction as it was.
+/// here leaves the transaction as it was. With `delivered`, the runner's acceptance of the
+/// decision is recorded first, as an accepted [`record_delivery`] would, unless it already is.
 pub(super) fn consumption<R: Records>(
     tx: &R,
     a: &Approval,
     decision_id: &str,
+    delivered: bool,
 ) -> Outcome<R, Consumption> {
-    let acked = acked(tx, a, decision_id)?;
+    let held = a
+        .decision
+        .as_ref()
+        .is_some_and(|d| d.decision_id == decision_id);
+    let (marked, delivered) = match a.decision.as_ref() {
+        Some(d) if delivered && held && a.needs_delivery() => {
+            let mut n = next(tx, a, a.state);
+            n.delivery_attempts = n.delivery_attempts.saturating_add(1);
+            n.delivered_at_ms = tx.now();
+            n.last_delivery_error.clear();
+            let entry =
+                AuditEntry::about(&n, AuditAction::Delivered, ACTOR_SERVICE).with_decision(d);
+            (Some(n), Some(entry))
+        }
+        _ => (None, None),
+    };
+    let acked = acked(tx, marked.as_ref().unwrap_or(a), decision_id)?;
     let pruned = pruned(tx, &acked.0)?;
-    Ok(Consumption { acked, pruned })
+    Ok(Consumption {
+        delivered,
+        acked,
+        pruned,
+    })
 }
 
-/// Writes `consumption` of `a`: the record once, in its pruned form, and both audit entries.
+/// Writes `consumption` of `a`: the record once, in its pruned form, and its audit entries.
 pub(super) fn consume<R: Records>(
     tx: &R,
     a: &Approval,
     consumption: Consumption,
 ) -> Outcome<R, (Approval, Approval)> {
     let Consumption {
+        delivered,
         acked: (acked, acked_entry),
         pruned: (pruned, pruned_entry),
     } = consumption;
     tx.save(Some(a), &pruned)?;
-    tx.audit_all([acked_entry, pruned_entry])?;
+    let entries = delivered.into_iter().chain([acked_entry, pruned_entry]);
+    tx.audit_all(entries.collect())?;
     Ok((acked, pruned))
 }
 

@@ -16,7 +16,7 @@ use arbor_approval_svc::{
     lifecycle::{ApprovalState, Transition},
     model::{Approval, AuditAction, AuditEntry, AuditQuery, Filter, NewDecision},
     policy::Policy,
-    store::{Compacted, DeliveryOutcome},
+    store::{Compacted, Consumed, DeliveryOutcome},
 };
 use arbor_shared::{
     domain::{ApprovalRequest, DecisionKind, DecisionSource, TimeoutAction},
@@ -74,6 +74,7 @@ macro_rules! suite {
             a_decision_whose_caller_went_away_is_published,
             a_batch_of_requests_is_stored_in_order_with_its_traces,
             a_batch_of_consumptions_acks_and_prunes_each,
+            a_consumption_records_the_delivery_it_carries,
             a_batch_of_requests_is_decided_by_the_policy_as_one_at_a_time,
             delivery_attempts_recorded_together_are_each_booked,
             a_batch_of_decisions_is_taken_as_one_at_a_time,
@@ -1481,6 +1482,53 @@ pub async fn a_batch_of_requests_is_stored_in_order_with_its_traces<B: Backend>(
     assert_eq!(store.pending_count().unwrap(), 4);
 }
 
+/// A consumption that carries the runner's acceptance of its decision records the delivery
+/// first, in the same write, as an accepted `record_delivery` would: DELIVERED ahead of ACKED
+/// and PRUNED, `delivered_at_ms` set, the attempt counted, the outbox empty. A delivery that is
+/// recorded already is not recorded twice.
+pub async fn a_consumption_records_the_delivery_it_carries<B: Backend>(place: &B::Place) {
+    let store = B::open(place).await;
+    let mut batch = Vec::new();
+    for id in ["m1", "m2"] {
+        let a = in_state(&store, id, ApprovalState::Resolved).await;
+        batch.push(Consumed {
+            delivered: true,
+            ..Consumed::new(id, a.decision.unwrap().decision_id)
+        });
+    }
+    let recorded = store
+        .record_delivery("m2", &batch[1].decision_id, DeliveryOutcome::Accepted)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ids(&store.undelivered().unwrap()), ["m1"]);
+    let outcomes = store.ack_and_prune_all(batch).await.unwrap();
+    for outcome in outcomes {
+        let (acked, pruned) = outcome.unwrap();
+        assert_eq!(acked.state, ApprovalState::Acked);
+        assert!(acked.delivered_at_ms > 0, "{acked:?}");
+        assert_eq!(acked.delivery_attempts, 1, "{acked:?}");
+        assert_eq!(pruned.state, ApprovalState::Pruned);
+        assert_eq!(&current(&store, pruned.id()), &pruned);
+        assert_eq!(
+            actions(&store, pruned.id()),
+            vec![
+                AuditAction::Requested,
+                AuditAction::Decided,
+                AuditAction::Delivered,
+                AuditAction::Acked,
+                AuditAction::Pruned
+            ]
+        );
+    }
+    assert_eq!(
+        current(&store, "m2").delivered_at_ms,
+        recorded.delivered_at_ms,
+        "recorded once"
+    );
+    assert!(store.undelivered().unwrap().is_empty());
+}
+
 /// The consumptions of a batch of the runner's events, acked and pruned as each would be alone
 /// and answered in order; one that cannot be done (unknown, not the decision held, already
 /// pruned) is refused alone and changes nothing, the others are done.
@@ -1489,7 +1537,7 @@ pub async fn a_batch_of_consumptions_acks_and_prunes_each<B: Backend>(place: &B:
     let mut batch = Vec::new();
     for id in ["c1", "c2", "c3"] {
         let a = in_state(&store, id, ApprovalState::Resolved).await;
-        batch.push((id.to_string(), a.decision.unwrap().decision_id));
+        batch.push(Consumed::new(id, a.decision.unwrap().decision_id));
     }
     let pairs: Vec<_> = store
         .ack_and_prune_all(batch.clone())
@@ -1530,9 +1578,9 @@ pub async fn a_batch_of_consumptions_acks_and_prunes_each<B: Backend>(place: &B:
     let outcomes = store
         .ack_and_prune_all(vec![
             batch[0].clone(),
-            ("c5".into(), "another".into()),
-            ("c4".into(), d4),
-            ("c-unknown".into(), "d".into()),
+            Consumed::new("c5", "another"),
+            Consumed::new("c4", d4),
+            Consumed::new("c-unknown", "d"),
         ])
         .await
         .unwrap();

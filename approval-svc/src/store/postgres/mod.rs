@@ -43,7 +43,7 @@ use tokio::sync::{mpsc, watch};
 
 use self::tx::{Fail, PgTx};
 use super::{
-    ApprovalStore, Compacted, DeliveryOutcome, Leadership, Put, Resolved,
+    ApprovalStore, Compacted, Consumed, DeliveryOutcome, Leadership, Put, Resolved,
     rules::{self, Records},
 };
 use crate::{
@@ -464,7 +464,7 @@ impl ApprovalStore for PgStore {
         decision_id: &str,
     ) -> Result<(Approval, Approval)> {
         let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
-        self.transact(move |tx| rules::ack_and_prune(tx, &request_id, &decision_id))
+        self.transact(move |tx| rules::ack_and_prune(tx, &request_id, &decision_id, false))
             .await
     }
 
@@ -474,28 +474,28 @@ impl ApprovalStore for PgStore {
     /// nothing.
     async fn ack_and_prune_all(
         &self,
-        consumed: Vec<(String, String)>,
+        consumed: Vec<Consumed>,
     ) -> Result<Vec<Result<(Approval, Approval)>>> {
         if consumed.is_empty() {
             return Ok(Vec::new());
         }
         self.transact(move |tx| {
-            let ids: Vec<&str> = consumed.iter().map(|(id, _)| id.as_str()).collect();
+            let ids: Vec<&str> = consumed.iter().map(|c| c.request_id.as_str()).collect();
             tx.lock_ahead(&ids, false)?;
             in_id_order(
                 &consumed,
-                |(request_id, _)| request_id,
-                |(request_id, decision_id)| {
+                |c| &c.request_id,
+                |c| {
                     let refused = |e: Fail| match e {
                         Fail::Rule(e) => Ok(Err(e)),
                         other => Err(other),
                     };
-                    let a = match rules::load(tx, request_id) {
+                    let a = match rules::load(tx, &c.request_id) {
                         Ok(a) => a,
                         Err(e) => return refused(e),
                     };
-                    match rules::consumption(tx, &a, decision_id) {
-                        Ok(c) => rules::consume(tx, &a, c).map(Ok),
+                    match rules::consumption(tx, &a, &c.decision_id, c.delivered) {
+                        Ok(n) => rules::consume(tx, &a, n).map(Ok),
                         Err(e) => refused(e),
                     }
                 },

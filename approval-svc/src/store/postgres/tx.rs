@@ -309,42 +309,67 @@ const AUDIT_ID: &str = "l AS (SELECT pg_advisory_xact_lock(1635083380, hashtext(
 const AUDIT_INSERT: &str = "INSERT INTO approval_audit (id, request_id, run_id, time_ms, action, \
      entry) SELECT n.id, $1, $2, $3, $4, jsonb_set($5::text::jsonb, '{id}', to_jsonb(n.id)) \
      FROM n RETURNING id";
-/// [`AUDIT_ID`] for two entries of the request `$1` of the run `$2`: `n` holds their ids with
+/// [`AUDIT_ID`] for `n` entries of the request `$1` of the run `$2`: `n` holds their ids with
 /// their rank `i`, ascending (the order the ids were taken in is not the order of the rows
-/// that took them, so they are ranked by value). Its shape is fixed, with no array, so that
-/// PostgreSQL settles on a generic plan instead of planning it at every call.
-const AUDITS_ID: &str = "l AS (SELECT pg_advisory_xact_lock(1635083380, hashtext($2))), \
-     ids AS (SELECT nextval('approval_audit_ids') AS id FROM l, generate_series(1, 2)), \
-     n AS (SELECT id, row_number() OVER (ORDER BY id) AS i FROM ids)";
-/// Writes the two audit entries (time `$3`; actions `$4`, `$6` and entries `$5`, `$7`, in
-/// order) numbered by `n`, the first with the lower id.
-const AUDITS_INSERT: &str = "INSERT INTO approval_audit (id, request_id, run_id, time_ms, \
-     action, entry) SELECT n.id, $1, $2, $3, e.action, \
-     jsonb_set(e.entry::jsonb, '{id}', to_jsonb(n.id)) \
-     FROM n JOIN (VALUES (1, $4::text, $5::text), (2, $6::text, $7::text)) \
-     AS e(i, action, entry) ON e.i = n.i";
+/// that took them, so they are ranked by value). Its shape is fixed for each count, with no
+/// array, so that PostgreSQL settles on a generic plan instead of planning it at every call.
+fn audits_id(n: usize) -> String {
+    format!(
+        "l AS (SELECT pg_advisory_xact_lock(1635083380, hashtext($2))), \
+         ids AS (SELECT nextval('approval_audit_ids') AS id FROM l, generate_series(1, {n})), \
+         n AS (SELECT id, row_number() OVER (ORDER BY id) AS i FROM ids)"
+    )
+}
 
-/// The audit entry `$1`..`$5` alone, or two of one request (`$1`..`$7`).
+/// Writes `n` audit entries (time `$3`; actions `$4`, `$6`, … and entries `$5`, `$7`, …, in
+/// order) numbered by `n`, the first with the lowest id.
+fn audits_insert(n: usize) -> String {
+    let values: Vec<String> = (1..=n)
+        .map(|i| format!("({i}, ${}::text, ${}::text)", 2 + 2 * i, 3 + 2 * i))
+        .collect();
+    format!(
+        "INSERT INTO approval_audit (id, request_id, run_id, time_ms, action, entry) \
+         SELECT n.id, $1, $2, $3, e.action, jsonb_set(e.entry::jsonb, '{{id}}', to_jsonb(n.id)) \
+         FROM n JOIN (VALUES {}) AS e(i, action, entry) ON e.i = n.i",
+        values.join(", ")
+    )
+}
+
+/// The audit entry `$1`..`$5` alone, or two or three of one request (`$1`..`$7`, `$1`..`$9`).
 #[derive(Clone, Copy)]
 enum Audits {
-    One,
-    Two,
+    One = 1,
+    Two = 2,
+    Three = 3,
 }
 
 impl Audits {
-    fn sql(self) -> (&'static str, &'static str) {
-        match self {
-            Self::One => (AUDIT_ID, AUDIT_INSERT),
-            Self::Two => (AUDITS_ID, AUDITS_INSERT),
+    fn of(count: usize) -> Option<Self> {
+        match count {
+            1 => Some(Self::One),
+            2 => Some(Self::Two),
+            3 => Some(Self::Three),
+            _ => None,
         }
     }
 
-    /// How many parameters the audit part takes, ahead of the record write's.
-    fn params(self) -> usize {
+    fn sql(self) -> (&'static str, &'static str) {
+        static MANY: [std::sync::OnceLock<(String, String)>; 2] =
+            [const { std::sync::OnceLock::new() }; 2];
+        let n = self as usize;
         match self {
-            Self::One => 5,
-            Self::Two => 7,
+            Self::One => (AUDIT_ID, AUDIT_INSERT),
+            Self::Two | Self::Three => {
+                let (id, insert) = MANY[n - 2].get_or_init(|| (audits_id(n), audits_insert(n)));
+                (id, insert)
+            }
         }
+    }
+
+    /// How many parameters the audit part takes, ahead of the record write's: the request,
+    /// the run and the time, then each entry's action and entry.
+    fn params(self) -> usize {
+        3 + 2 * self as usize
     }
 }
 
@@ -404,8 +429,8 @@ impl Save {
     /// Its statement with the audit entries `audits` in one: the audit's parameters come
     /// first, its own follow.
     fn with(&self, audits: Audits) -> &'static str {
-        static SQL: [std::sync::OnceLock<String>; 4] = [const { std::sync::OnceLock::new() }; 4];
-        let cell = usize::from(!self.insert) + 2 * audits as usize;
+        static SQL: [std::sync::OnceLock<String>; 6] = [const { std::sync::OnceLock::new() }; 6];
+        let cell = usize::from(!self.insert) + 2 * (audits as usize - 1);
         SQL[cell].get_or_init(|| {
             let (numbering, insert) = audits.sql();
             format!(
@@ -588,20 +613,33 @@ impl Records for PgTx<'_> {
         Ok(())
     }
 
-    /// Both entries, with the record write before them if one is waiting, in one statement.
-    fn audit_all(&self, entries: [AuditEntry; 2]) -> Result<(), Fail> {
-        let [mut first, mut second] = entries;
-        if (&first.request_id, &first.run_id) != (&second.request_id, &second.run_id) {
-            self.append(first)?;
-            self.append(second)?;
-            return Ok(());
+    /// All of them, with the record write before them if one is waiting, in one statement
+    /// when they are of one request and at most three.
+    fn audit_all(&self, entries: Vec<AuditEntry>) -> Result<(), Fail> {
+        let one_request = entries
+            .windows(2)
+            .all(|w| (&w[0].request_id, &w[0].run_id) == (&w[1].request_id, &w[1].run_id));
+        let audits = match Audits::of(entries.len()) {
+            Some(audits @ (Audits::Two | Audits::Three)) if one_request => audits,
+            _ => {
+                for entry in entries {
+                    self.append(entry)?;
+                }
+                return Ok(());
+            }
+        };
+        // The first entry's parameters, then each other's action and entry (see `Audits`).
+        let mut audit = Vec::with_capacity(audits.params());
+        for (i, mut entry) in entries.into_iter().enumerate() {
+            if i == 0 {
+                audit = self.audit_params(&mut entry)?;
+                continue;
+            }
+            entry.time_ms = self.now;
+            audit.push(Box::new(action_of(&entry)));
+            audit.push(Box::new(encode(&entry)?));
         }
-        // The first entry's parameters, then the second's action and entry (see `Audits`).
-        let mut audit = self.audit_params(&mut first)?;
-        second.time_ms = self.now;
-        audit.push(Box::new(action_of(&second)));
-        audit.push(Box::new(encode(&second)?));
-        let (sql, params) = self.audit_statement(Audits::Two, audit);
+        let (sql, params) = self.audit_statement(audits, audit);
         self.defer(sql, params);
         Ok(())
     }

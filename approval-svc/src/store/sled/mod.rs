@@ -25,7 +25,7 @@ use sled::{
 
 use self::retention::CURSOR_AT_KEY;
 use super::{
-    ApprovalStore, Compacted, DeliveryOutcome, Put, Resolved,
+    ApprovalStore, Compacted, Consumed, DeliveryOutcome, Put, Resolved,
     rules::{self, Records},
 };
 use crate::{
@@ -466,8 +466,23 @@ impl ApprovalStore for SledStore {
         decision_id: &str,
     ) -> Result<(Approval, Approval)> {
         let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
-        self.commit(move |tx| rules::ack_and_prune(tx, &request_id, &decision_id))
+        self.commit(move |tx| rules::ack_and_prune(tx, &request_id, &decision_id, false))
             .await
+    }
+
+    /// Each in a transaction of its own; the group commit makes them share a flush.
+    async fn ack_and_prune_all(
+        &self,
+        consumed: Vec<Consumed>,
+    ) -> Result<Vec<Result<(Approval, Approval)>>> {
+        Ok(
+            futures_util::future::join_all(consumed.into_iter().map(|c| {
+                self.commit(move |tx| {
+                    rules::ack_and_prune(tx, &c.request_id, &c.decision_id, c.delivered)
+                })
+            }))
+            .await,
+        )
     }
 
     async fn cancel(&self, request_id: &str, actor: &str, reason: &str) -> Result<Approval> {
