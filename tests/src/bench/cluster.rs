@@ -117,6 +117,25 @@ impl Db {
             .collect()
     }
 
+    /// Each table's row writes in this database so far, most written first: (table,
+    /// inserts, updates, of which HOT, deletes), as the cumulative statistics count them.
+    pub fn table_writes(&self) -> Vec<(String, [f64; 4])> {
+        let sql = "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del \
+                   FROM pg_stat_user_tables ORDER BY n_tup_ins + n_tup_upd + n_tup_del DESC";
+        let out = self.pg.psql(&self.url, sql).unwrap_or_default();
+        out.lines()
+            .filter_map(|line| {
+                let mut f = line.split('|');
+                let name = f.next()?.to_string();
+                let mut n = [0.0; 4];
+                for v in &mut n {
+                    *v = f.next()?.trim().parse().ok()?;
+                }
+                Some((name, n))
+            })
+            .collect()
+    }
+
     /// CPU seconds of the whole server so far (postmaster, backends, background processes).
     pub fn server_cpu(&self) -> f64 {
         let pid = std::fs::read_to_string(self.pg.data_dir().join("postmaster.pid"))

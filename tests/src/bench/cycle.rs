@@ -240,6 +240,7 @@ pub async fn run(
         .map(|(db, c0)| db.server_cpu() - c0);
     if let Some(db) = cluster.db.as_ref().filter(|_| pg_stats) {
         super::print_statements(&name, cycles, &db.statements());
+        super::print_table_writes(cycles, &db.table_writes());
     }
     let meters = super::Meters::read(&cluster, decider.label()).await;
     let fsyncs = meters.fsyncs_since(&meters_before);

@@ -69,6 +69,21 @@ impl Meters {
 pub static PG_STATS: AtomicBool = AtomicBool::new(false);
 
 /// The statements of one configuration per cycle, most frequent first, with their total.
+/// Each table's row writes per cycle (see [`cluster::Db::table_writes`]).
+pub fn print_table_writes(cycles: usize, tables: &[(String, [f64; 4])]) {
+    let per = |v: f64| v / cycles.max(1) as f64;
+    println!("  rows per cycle (inserted, updated, of which HOT, deleted), by table:");
+    for (name, [ins, upd, hot, del]) in tables {
+        println!(
+            "  {:>7.2} {:>7.2} {:>7.2} {:>7.2}  {name}",
+            per(*ins),
+            per(*upd),
+            per(*hot),
+            per(*del)
+        );
+    }
+}
+
 pub fn print_statements(name: &str, cycles: usize, statements: &[cluster::Statement]) {
     let per = |v: f64| v / cycles.max(1) as f64;
     let total: f64 = statements.iter().map(|s| s.calls).sum();
