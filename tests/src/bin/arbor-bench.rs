@@ -24,7 +24,8 @@
 //!   that a machine whose speed drifts during the run moves both sides of a ratio alike (an
 //!   odd N has a true median; of an even N's two middle values, the higher is taken).
 //! - `--pg-stats` (cycle): the PostgreSQL server loads `pg_stat_statements`, and each
-//!   PostgreSQL configuration prints the statements it ran per cycle, most frequent first.
+//!   PostgreSQL configuration prints the statements it ran per cycle, most frequent first, and
+//!   each table's rows written per cycle.
 //! - `--only tasks` (not in the default set; on every `--store`): task workers. `--task-latency`
 //!   tasks one at a time through a Python worker (default 2000), `--tasks` tasks at 64 in flight
 //!   through a Rust worker in the bench (default 20000), runs of `--task-repeat` tasks each
@@ -61,7 +62,7 @@ struct Args {
     /// Times to measure every configuration, round after round (cycle).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     rounds: u64,
-    /// Print each PostgreSQL configuration's statements per cycle (cycle).
+    /// Print each PostgreSQL configuration's statements and rows written per cycle (cycle).
     #[arg(long)]
     pg_stats: bool,
     /// Parked runs (parked).
