@@ -47,6 +47,22 @@ async fn wait_resolves(runner: &FakeRunner, id: &str, n: usize) -> Vec<runner_pb
     .await
 }
 
+/// The trail of an approval decided, delivered and consumed.
+const CONSUMED: [AuditAction; 5] = [
+    AuditAction::Requested,
+    AuditAction::Decided,
+    AuditAction::Delivered,
+    AuditAction::Acked,
+    AuditAction::Pruned,
+];
+
+/// The runner asks for approval `r1` of `run-1`, and a person decides it `kind`.
+async fn decide_r1(runner: &FakeRunner, client: &mut Client, kind: DecisionKind) {
+    runner.push_request(node_request("r1", "run-1"));
+    wait_for(client, "r1", "r1 pending", state(ApprovalState::Pending)).await;
+    client.resolve(resolve_req("r1", kind)).await.unwrap();
+}
+
 fn actions(entries: &[pb::AuditEntry]) -> Vec<AuditAction> {
     entries
         .iter()
@@ -96,16 +112,7 @@ async fn a_decision_travels_to_the_run_and_is_pruned_once_consumed() {
     let pruned = wait_for(&client, "r1", "r1 pruned", state(ApprovalState::Pruned)).await;
     assert!(pruned.request.unwrap().tool_args.is_none());
     wait_cursor(&runner, consumed).await;
-    assert_eq!(
-        actions(&audit_actions(&mut client, "r1").await),
-        vec![
-            AuditAction::Requested,
-            AuditAction::Decided,
-            AuditAction::Delivered,
-            AuditAction::Acked,
-            AuditAction::Pruned
-        ]
-    );
+    assert_eq!(actions(&audit_actions(&mut client, "r1").await), CONSUMED);
     assert_eq!(runner.resolves_for("r1").len(), 1, "delivered exactly once");
     svc.stop().await;
 }
@@ -117,12 +124,7 @@ async fn duplicate_events_and_late_duplicates_are_harmless() {
         s.duplicate_events = true;
         s.auto_consume = true;
     });
-    runner.push_request(node_request("r1", "run-1"));
-    wait_for(&client, "r1", "r1 pending", state(ApprovalState::Pending)).await;
-    client
-        .resolve(resolve_req("r1", DecisionKind::Approve))
-        .await
-        .unwrap();
+    decide_r1(&runner, &mut client, DecisionKind::Approve).await;
     let pruned = wait_for(&client, "r1", "r1 pruned", state(ApprovalState::Pruned)).await;
     let decision_id = pruned.decision.unwrap().decision_id;
 
@@ -135,16 +137,7 @@ async fn duplicate_events_and_late_duplicates_are_harmless() {
     assert_eq!(a.state, ApprovalState::Pruned as i32);
     assert_eq!(runner.resolves_for("r1").len(), 1);
     let acts = actions(&audit_actions(&mut client, "r1").await);
-    assert_eq!(
-        acts,
-        vec![
-            AuditAction::Requested,
-            AuditAction::Decided,
-            AuditAction::Delivered,
-            AuditAction::Acked,
-            AuditAction::Pruned
-        ]
-    );
+    assert_eq!(acts, CONSUMED);
     svc.stop().await;
 }
 
@@ -154,12 +147,7 @@ async fn delivery_retries_transient_failures_with_the_same_decision_id() {
     runner.with(|s| {
         s.resolve_script = [Code::Unavailable, Code::Unavailable, Code::Internal].into();
     });
-    runner.push_request(node_request("r1", "run-1"));
-    wait_for(&client, "r1", "r1 pending", state(ApprovalState::Pending)).await;
-    client
-        .resolve(resolve_req("r1", DecisionKind::Reject))
-        .await
-        .unwrap();
+    decide_r1(&runner, &mut client, DecisionKind::Reject).await;
     let calls = wait_resolves(&runner, "r1", 4).await;
     assert!(calls.iter().all(|c| c.decision_id == calls[0].decision_id));
     assert!(
@@ -432,28 +420,14 @@ async fn a_lost_cursor_is_reported_and_retried_not_skipped() {
 #[tokio::test]
 async fn a_delivery_is_recorded_with_the_consumption_that_follows_it() {
     let (_dir, runner, svc, mut client) = setup().await;
-    runner.push_request(node_request("r1", "run-1"));
-    wait_for(&client, "r1", "r1 pending", state(ApprovalState::Pending)).await;
-    client
-        .resolve(resolve_req("r1", DecisionKind::Approve))
-        .await
-        .unwrap();
+    decide_r1(&runner, &mut client, DecisionKind::Approve).await;
     let call = wait_resolves(&runner, "r1", 1).await.remove(0);
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     runner.push_consumed("run-1", "r1", &call.decision_id);
     let pruned = wait_for(&client, "r1", "r1 pruned", state(ApprovalState::Pruned)).await;
     assert_eq!(pruned.delivery_attempts, 1);
     let trail = audit_actions(&mut client, "r1").await;
-    assert_eq!(
-        actions(&trail),
-        vec![
-            AuditAction::Requested,
-            AuditAction::Decided,
-            AuditAction::Delivered,
-            AuditAction::Acked,
-            AuditAction::Pruned
-        ]
-    );
+    assert_eq!(actions(&trail), CONSUMED);
     let time = |action: AuditAction| {
         let entry = trail.iter().find(|e| e.action == action as i32).unwrap();
         entry.time.as_ref().map(|t| (t.seconds, t.nanos))
@@ -469,12 +443,7 @@ async fn a_delivery_is_recorded_with_the_consumption_that_follows_it() {
 #[tokio::test]
 async fn a_run_cancelled_after_its_decision_was_accepted_keeps_the_delivery_in_the_trail() {
     let (_dir, runner, svc, mut client) = setup().await;
-    runner.push_request(node_request("r1", "run-1"));
-    wait_for(&client, "r1", "r1 pending", state(ApprovalState::Pending)).await;
-    client
-        .resolve(resolve_req("r1", DecisionKind::Approve))
-        .await
-        .unwrap();
+    decide_r1(&runner, &mut client, DecisionKind::Approve).await;
     wait_resolves(&runner, "r1", 1).await;
     runner.push_run_finished("run-1", runner_pb::RunStatus::Cancelled);
     let cancelled = wait_for(

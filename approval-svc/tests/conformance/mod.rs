@@ -123,6 +123,15 @@ fn current<S: ApprovalStore>(store: &S, id: &str) -> Approval {
     store.get(id).unwrap().unwrap()
 }
 
+/// The trail of an approval decided, delivered and consumed.
+const CONSUMED: [AuditAction; 5] = [
+    AuditAction::Requested,
+    AuditAction::Decided,
+    AuditAction::Delivered,
+    AuditAction::Acked,
+    AuditAction::Pruned,
+];
+
 fn ids(approvals: &[Approval]) -> Vec<String> {
     approvals.iter().map(|a| a.id().to_string()).collect()
 }
@@ -619,16 +628,7 @@ pub async fn delivery_ack_and_prune_keep_the_audit_and_a_tombstone<B: Backend>(p
         (DecisionKind::Respond, d.decision_id.as_str())
     );
     assert!(kept.result.is_null());
-    assert_eq!(
-        actions(&store, "r1"),
-        vec![
-            AuditAction::Requested,
-            AuditAction::Decided,
-            AuditAction::Delivered,
-            AuditAction::Acked,
-            AuditAction::Pruned
-        ]
-    );
+    assert_eq!(actions(&store, "r1"), CONSUMED);
 
     // A late duplicate APPROVAL_REQUESTED does not bring the request back.
     let late = store.put_request(tool("r1", "run-1"), None).await.unwrap();
@@ -1510,16 +1510,7 @@ pub async fn a_consumption_records_the_delivery_it_carries<B: Backend>(place: &B
         assert_eq!(acked.delivery_attempts, 1, "{acked:?}");
         assert_eq!(pruned.state, ApprovalState::Pruned);
         assert_eq!(&current(&store, pruned.id()), &pruned);
-        assert_eq!(
-            actions(&store, pruned.id()),
-            vec![
-                AuditAction::Requested,
-                AuditAction::Decided,
-                AuditAction::Delivered,
-                AuditAction::Acked,
-                AuditAction::Pruned
-            ]
-        );
+        assert_eq!(actions(&store, pruned.id()), CONSUMED);
     }
     assert_eq!(
         current(&store, "m2").delivered_at_ms,
