@@ -276,7 +276,22 @@ pub(super) fn record_delivery<R: Records>(
     if !holds || !a.needs_delivery() {
         return Ok(None);
     }
-    let mut n = next(tx, &a, a.state);
+    let (n, delivered) = attempted(tx, &a, outcome);
+    tx.save(Some(&a), &n)?;
+    if let Some(entry) = delivered {
+        tx.append(entry)?;
+    }
+    Ok(Some(n))
+}
+
+/// `a` with a delivery attempt of its decision counted, and for an accepted one, the
+/// DELIVERED audit entry; not written yet.
+fn attempted<R: Records>(
+    tx: &R,
+    a: &Approval,
+    outcome: &DeliveryOutcome,
+) -> (Approval, Option<AuditEntry>) {
+    let mut n = next(tx, a, a.state);
     n.delivery_attempts = n.delivery_attempts.saturating_add(1);
     match outcome {
         DeliveryOutcome::Accepted => {
@@ -285,13 +300,13 @@ pub(super) fn record_delivery<R: Records>(
         }
         DeliveryOutcome::Failed(e) => n.last_delivery_error = e.clone(),
     }
-    tx.save(Some(&a), &n)?;
-    if *outcome == DeliveryOutcome::Accepted
-        && let Some(d) = &n.decision
-    {
-        tx.append(AuditEntry::about(&n, AuditAction::Delivered, ACTOR_SERVICE).with_decision(d))?;
-    }
-    Ok(Some(n))
+    let entry = match (outcome, &n.decision) {
+        (DeliveryOutcome::Accepted, Some(d)) => {
+            Some(AuditEntry::about(&n, AuditAction::Delivered, ACTOR_SERVICE).with_decision(d))
+        }
+        _ => None,
+    };
+    (n, entry)
 }
 
 /// RESOLVED/EXPIRED → ACKED, only for the decision held.
@@ -338,21 +353,13 @@ pub(super) fn consumption<R: Records>(
     decision_id: &str,
     delivered: bool,
 ) -> Outcome<R, Consumption> {
-    let held = a
-        .decision
-        .as_ref()
-        .is_some_and(|d| d.decision_id == decision_id);
-    let (marked, delivered) = match a.decision.as_ref() {
-        Some(d) if delivered && held && a.needs_delivery() => {
-            let mut n = next(tx, a, a.state);
-            n.delivery_attempts = n.delivery_attempts.saturating_add(1);
-            n.delivered_at_ms = tx.now();
-            n.last_delivery_error.clear();
-            let entry =
-                AuditEntry::about(&n, AuditAction::Delivered, ACTOR_SERVICE).with_decision(d);
-            (Some(n), Some(entry))
+    // Of another decision than the one held, `acked` refuses it, marked or not.
+    let (marked, delivered) = match delivered && a.needs_delivery() {
+        true => {
+            let (n, entry) = attempted(tx, a, &DeliveryOutcome::Accepted);
+            (Some(n), entry)
         }
-        _ => (None, None),
+        false => (None, None),
     };
     let acked = acked(tx, marked.as_ref().unwrap_or(a), decision_id)?;
     let pruned = pruned(tx, &acked.0)?;

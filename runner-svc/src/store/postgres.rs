@@ -341,9 +341,9 @@ fn committer_loop(
         // A durable batch takes its turn of the log before it gathers the bodies queued
         // meanwhile: while another replica's batch holds the writer lock, this one's are
         // queueing, and they all go in when the turn comes, not into a batch after it.
-        let begun = match lane.writer {
-            true => take_writer_lock(&mut own).map(|()| true),
-            false => Ok(false),
+        let locked = match lane.writer {
+            true => take_writer_lock(&mut own),
+            false => Ok(()),
         };
         while batch.len() < MAX_BATCH {
             match queue.try_recv() {
@@ -352,8 +352,8 @@ fn committer_loop(
             }
         }
         let queued: Vec<&Body<'_>> = batch.iter().map(|q| &*q.body).collect();
-        let outcomes = match begun {
-            Ok(begun) => {
+        let outcomes = match locked {
+            Ok(()) => {
                 let hot = match lane.writer {
                     true => hot.get().map_or(&[][..], Vec::as_slice),
                     false => &[],
@@ -364,7 +364,7 @@ fn committer_loop(
                     ahead: &ahead,
                     stripe: lane.writer.then_some(0),
                     origin,
-                    begun,
+                    begun: lane.writer,
                 };
                 run_bodies(&mut Conn::Own(&mut own), &queued, setup)
             }

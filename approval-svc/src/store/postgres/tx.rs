@@ -629,12 +629,12 @@ impl Records for PgTx<'_> {
             }
         };
         // The first entry's parameters, then each other's action and entry (see `Audits`).
-        let mut audit = Vec::with_capacity(audits.params());
-        for (i, mut entry) in entries.into_iter().enumerate() {
-            if i == 0 {
-                audit = self.audit_params(&mut entry)?;
-                continue;
-            }
+        let mut entries = entries.into_iter();
+        let mut audit = match entries.next() {
+            Some(mut first) => self.audit_params(&mut first)?,
+            None => return Ok(()),
+        };
+        for mut entry in entries {
             entry.time_ms = self.now;
             audit.push(Box::new(action_of(&entry)));
             audit.push(Box::new(encode(&entry)?));
