@@ -136,6 +136,21 @@ impl Db {
             .collect()
     }
 
+    /// Where the server's WAL ends now (an LSN, for [`wal_bytes_since`](Self::wal_bytes_since)).
+    pub fn wal_position(&self) -> Option<String> {
+        let lsn = self
+            .pg
+            .psql(&self.url, "SELECT pg_current_wal_insert_lsn()");
+        lsn.ok().filter(|l| !l.is_empty())
+    }
+
+    /// Bytes of WAL the whole server wrote since `position` (the bench runs one configuration
+    /// at a time, so they are the configuration's).
+    pub fn wal_bytes_since(&self, position: &str) -> Option<f64> {
+        let sql = format!("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '{position}')");
+        self.pg.psql(&self.url, &sql).ok()?.trim().parse().ok()
+    }
+
     /// CPU seconds of the whole server so far (postmaster, backends, background processes).
     pub fn server_cpu(&self) -> f64 {
         let pid = std::fs::read_to_string(self.pg.data_dir().join("postmaster.pid"))

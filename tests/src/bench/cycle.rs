@@ -83,6 +83,8 @@ pub struct CycleResult {
     /// Runs whose end the driver did not see within [`RUN_PATIENCE`].
     pub unfinished: usize,
     pub fsyncs: Option<u64>,
+    /// Bytes of WAL PostgreSQL wrote during the cycles, where there is a PostgreSQL.
+    pub wal_bytes: Option<f64>,
     /// Where suspended → resumed went, per run (wall-clock ms, whole milliseconds): the runner's
     /// suspension event → the request stored at approval-svc → its decision → the runner's
     /// resume event.
@@ -172,6 +174,7 @@ pub async fn run(
     if let Some(db) = cluster.db.as_ref().filter(|_| pg_stats) {
         db.reset_statements();
     }
+    let wal_from = cluster.db.as_ref().and_then(|db| db.wal_position());
     let remaining = Arc::new(AtomicUsize::new(cycles));
     let start = Instant::now();
     let mut drivers = Vec::new();
@@ -238,6 +241,11 @@ pub async fn run(
         .as_ref()
         .zip(db_cpu0)
         .map(|(db, c0)| db.server_cpu() - c0);
+    let wal_bytes = cluster
+        .db
+        .as_ref()
+        .zip(wal_from)
+        .and_then(|(db, from)| db.wal_bytes_since(&from));
     if let Some(db) = cluster.db.as_ref().filter(|_| pg_stats) {
         super::print_statements(&name, cycles, &db.statements());
         super::print_table_writes(cycles, &db.table_writes());
@@ -282,6 +290,7 @@ pub async fn run(
         runner_cpu,
         approval_cpu,
         db_cpu,
+        wal_bytes,
         runner_peak_rss: peak(&runner_pids),
         approval_peak_rss: peak(&approval_pids),
         runner_bytes,

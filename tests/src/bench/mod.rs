@@ -177,6 +177,10 @@ pub fn print_cycle_table(rows: &[CycleResult]) {
         if let Some(ms) = r.decide_ms {
             println!("        approval-svc: request arrival → decision, mean {ms:.2} ms");
         }
+        if let Some(bytes) = r.wal_bytes {
+            let per = bytes / r.cycles.max(1) as f64 / 1024.0;
+            println!("        PostgreSQL: {per:.1} KB of WAL per cycle");
+        }
         if !r.stages[0].is_empty() {
             let q = |v: &[i64], p: f64| v[((v.len() as f64 * p) as usize).min(v.len() - 1)];
             let [a, b, c] = &r.stages;

@@ -10,7 +10,8 @@
 //!
 //! - `--store` (cycle, tasks): the stores to run on, a list; default `sled`. `postgres`
 //!   starts one private PostgreSQL server for the whole run (`fsync=on`) and gives every
-//!   configuration a fresh database.
+//!   configuration a fresh database; each PostgreSQL configuration also prints the WAL the
+//!   server wrote per cycle.
 //! - `--runners` (cycle, pg-append): replicas of each service, a list; default `1` (pg-append:
 //!   `1,2`). With 2, two runner-svc replicas share the database, each with an approval-svc
 //!   pointed at it, and the benchmark's clients submit round-robin over them; their one event
