@@ -75,21 +75,23 @@ impl Marks {
 
     /// Whether the acceptance of `decision_id` of `request_id` waits to be recorded.
     fn holds(&self, request_id: &str, decision_id: &str) -> bool {
-        self.lock()
-            .get(request_id)
-            .is_some_and(|m| m.decision_id == decision_id)
+        held(&self.lock(), request_id, decision_id)
     }
 
     /// Forgets the mark of `decision_id` of `request_id`: it is recorded.
     fn forget(&self, request_id: &str, decision_id: &str) {
         let mut waiting = self.lock();
-        if waiting
-            .get(request_id)
-            .is_some_and(|m| m.decision_id == decision_id)
-        {
+        if held(&waiting, request_id, decision_id) {
             waiting.remove(request_id);
         }
     }
+}
+
+/// Whether `waiting` holds the mark of `decision_id` of `request_id`.
+fn held(waiting: &HashMap<String, Mark>, request_id: &str, decision_id: &str) -> bool {
+    waiting
+        .get(request_id)
+        .is_some_and(|m| m.decision_id == decision_id)
 }
 
 impl<S> Clone for Approvals<S> {
@@ -484,8 +486,14 @@ impl<S: ApprovalStore> Approvals<S> {
             return self.withdraw(request_id, "runner", &reason).await;
         }
         if a.state.awaits_delivery() {
-            self.record_marks_of(|id, _| id == request_id).await?;
-            let (acked, pruned) = self.store.ack_and_prune(request_id, decision_id).await?;
+            // The run consumed the decision, so the runner has it: its delivery is recorded
+            // with the consumption, as in `consumed_all`.
+            let consumption = Consumed {
+                delivered: true,
+                ..Consumed::new(request_id, decision_id)
+            };
+            let (acked, pruned) = self.store.ack_and_prune(consumption).await?;
+            self.marks.forget(request_id, decision_id);
             self.publish(&acked);
             self.publish(&pruned);
             return Ok(());

@@ -180,7 +180,10 @@ async fn ending_a_run_reads_a_few_pages_however_long_the_history() {
         .unwrap()
         .approval;
     let held = decided.decision.unwrap().decision_id;
-    store.ack_and_prune("r1", &held).await.unwrap();
+    store
+        .ack_and_prune(Consumed::new("r1", &held))
+        .await
+        .unwrap();
     assert!(
         store
             .cancel_run("run-1", "runner", "ended")
@@ -759,7 +762,10 @@ async fn two_audit_entries_of_one_move_are_written_with_the_record_in_one_statem
         1,
         "the record and both entries in one statement"
     );
-    store.ack_and_prune("a", &held).await.unwrap();
+    store
+        .ack_and_prune(Consumed::new("a", &held))
+        .await
+        .unwrap();
     assert_eq!(
         audit_writes().0,
         2,

@@ -28,7 +28,7 @@ pub use self::postgres::{ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN, OUTBOX_PAGE
 pub use self::sled::{SledStore, open};
 
 use crate::{
-    error::Result,
+    error::{Error, Result},
     model::{Approval, AuditEntry, AuditQuery, Filter, NewDecision, Page},
 };
 
@@ -295,17 +295,21 @@ pub trait ApprovalStore: Send + Sync + 'static {
         decision_id: &str,
     ) -> impl Future<Output = Result<Approval>> + Send;
 
-    /// `ack_result` then `prune_result` as one atomic, durable step (the run consumed the
-    /// decision: nothing is left to keep).
+    /// `ack_result` then `prune_result` of `consumed` as one atomic, durable step (the run
+    /// consumed the decision: nothing is left to keep): [`ack_and_prune_all`] of it alone.
+    ///
+    /// [`ack_and_prune_all`]: Self::ack_and_prune_all
     fn ack_and_prune(
         &self,
-        request_id: &str,
-        decision_id: &str,
+        consumed: Consumed,
     ) -> impl Future<Output = Result<(Approval, Approval)>> + Send {
         async move {
-            let acked = self.ack_result(request_id, decision_id).await?;
-            let pruned = self.prune_result(request_id).await?;
-            Ok((acked, pruned))
+            let outcomes = self.ack_and_prune_all(vec![consumed]).await?;
+            outcomes.into_iter().next().unwrap_or_else(|| {
+                Err(Error::Storage(
+                    "the store answered no outcome for a consumption".into(),
+                ))
+            })
         }
     }
 

@@ -341,7 +341,10 @@ pub async fn the_runs_to_cancel_hold_every_run_with_something_to_cancel<B: Backe
         .decision
         .unwrap()
         .decision_id;
-    store.ack_and_prune("c", &held).await.unwrap();
+    store
+        .ack_and_prune(Consumed::new("c", &held))
+        .await
+        .unwrap();
     store.cancel("x", "runner", "withdrawn").await.unwrap();
     let mut expiring = tool("e", "run-e");
     expiring.deadline_ms = 1;
@@ -651,14 +654,20 @@ pub async fn ack_and_prune_is_one_step<B: Backend>(place: &B::Place) {
     let store = B::open(place).await;
     // From PENDING nothing can be acked: refused, nothing changes.
     let pending = in_state(&store, "p", ApprovalState::Pending).await;
-    let err = store.ack_and_prune("p", "d").await.unwrap_err();
+    let err = store
+        .ack_and_prune(Consumed::new("p", "d"))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::InvalidTransition { .. }), "{err:?}");
     assert_eq!(current(&store, "p"), pending);
 
     let resolved = in_state(&store, "r", ApprovalState::Resolved).await;
     let held = resolved.decision.clone().unwrap().decision_id;
     // A foreign decision id: neither the ack nor the prune happens.
-    let err = store.ack_and_prune("r", "foreign").await.unwrap_err();
+    let err = store
+        .ack_and_prune(Consumed::new("r", "foreign"))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::DecisionMismatch { .. }), "{err:?}");
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert_eq!(current(&store, "r"), resolved);
@@ -667,7 +676,10 @@ pub async fn ack_and_prune_is_one_step<B: Backend>(place: &B::Place) {
         vec![AuditAction::Requested, AuditAction::Decided]
     );
 
-    let (acked, pruned) = store.ack_and_prune("r", &held).await.unwrap();
+    let (acked, pruned) = store
+        .ack_and_prune(Consumed::new("r", &held))
+        .await
+        .unwrap();
     assert_eq!(acked.state, ApprovalState::Acked);
     assert_eq!(pruned.state, ApprovalState::Pruned);
     assert!(pruned.request.tool_args.is_null());
@@ -764,7 +776,11 @@ pub async fn unknown_ids_are_not_found<B: Backend>(place: &B::Place) {
         Code::NotFound
     );
     assert_eq!(
-        store.ack_and_prune("nope", "d").await.unwrap_err().code(),
+        store
+            .ack_and_prune(Consumed::new("nope", "d"))
+            .await
+            .unwrap_err()
+            .code(),
         Code::NotFound
     );
     assert_eq!(
@@ -1271,7 +1287,7 @@ async fn make<S: ApprovalStore>(store: &S, id: &str, state: ApprovalState) {
         }
         ApprovalState::Pruned => {
             let d = decide().await;
-            store.ack_and_prune(id, &d).await.unwrap();
+            store.ack_and_prune(Consumed::new(id, &d)).await.unwrap();
         }
         ApprovalState::Cancelled => {
             store.cancel(id, "runner", "run cancelled").await.unwrap();

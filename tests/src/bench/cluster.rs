@@ -58,11 +58,12 @@ pub struct Db {
 
 impl Db {
     fn query(&self, sql: &str) -> f64 {
-        self.pg
-            .psql(&self.url, sql)
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0.0)
+        self.number(sql).unwrap_or(0.0)
+    }
+
+    /// The number `sql` answers (`None`: it failed, or answered something else).
+    fn number(&self, sql: &str) -> Option<f64> {
+        self.pg.psql(&self.url, sql).ok()?.trim().parse().ok()
     }
 
     /// `pg_database_size` of this database.
@@ -147,8 +148,9 @@ impl Db {
     /// Bytes of WAL the whole server wrote since `position` (the bench runs one configuration
     /// at a time, so they are the configuration's).
     pub fn wal_bytes_since(&self, position: &str) -> Option<f64> {
-        let sql = format!("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '{position}')");
-        self.pg.psql(&self.url, &sql).ok()?.trim().parse().ok()
+        self.number(&format!(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '{position}')"
+        ))
     }
 
     /// CPU seconds of the whole server so far (postmaster, backends, background processes).

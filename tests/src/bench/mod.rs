@@ -68,7 +68,6 @@ impl Meters {
 /// Whether PostgreSQL configurations print the statements they ran (`--pg-stats`).
 pub static PG_STATS: AtomicBool = AtomicBool::new(false);
 
-/// The statements of one configuration per cycle, most frequent first, with their total.
 /// Each table's row writes per cycle (see [`cluster::Db::table_writes`]).
 pub fn print_table_writes(cycles: usize, tables: &[(String, [f64; 4])]) {
     let per = |v: f64| v / cycles.max(1) as f64;
@@ -84,6 +83,7 @@ pub fn print_table_writes(cycles: usize, tables: &[(String, [f64; 4])]) {
     }
 }
 
+/// The statements of one configuration per cycle, most frequent first, with their total.
 pub fn print_statements(name: &str, cycles: usize, statements: &[cluster::Statement]) {
     let per = |v: f64| v / cycles.max(1) as f64;
     let total: f64 = statements.iter().map(|s| s.calls).sum();

@@ -458,16 +458,6 @@ impl ApprovalStore for PgStore {
             .await
     }
 
-    async fn ack_and_prune(
-        &self,
-        request_id: &str,
-        decision_id: &str,
-    ) -> Result<(Approval, Approval)> {
-        let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
-        self.transact(move |tx| rules::ack_and_prune(tx, &request_id, &decision_id, false))
-            .await
-    }
-
     /// All in one transaction: one commit (and one WAL flush) for the consumptions of a whole
     /// batch of the runner's events. One that is missing or that the rules refuse answers its
     /// error alone, having written nothing; any other failure fails the call and changes

@@ -619,14 +619,11 @@ impl Records for PgTx<'_> {
         let one_request = entries
             .windows(2)
             .all(|w| (&w[0].request_id, &w[0].run_id) == (&w[1].request_id, &w[1].run_id));
-        let audits = match Audits::of(entries.len()) {
-            Some(audits @ (Audits::Two | Audits::Three)) if one_request => audits,
-            _ => {
-                for entry in entries {
-                    self.append(entry)?;
-                }
-                return Ok(());
+        let (Some(audits), true) = (Audits::of(entries.len()), one_request) else {
+            for entry in entries {
+                self.append(entry)?;
             }
+            return Ok(());
         };
         // The first entry's parameters, then each other's action and entry (see `Audits`).
         let mut entries = entries.into_iter();

@@ -460,16 +460,6 @@ impl ApprovalStore for SledStore {
         self.commit(move |tx| rules::prune(tx, &request_id)).await
     }
 
-    async fn ack_and_prune(
-        &self,
-        request_id: &str,
-        decision_id: &str,
-    ) -> Result<(Approval, Approval)> {
-        let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
-        self.commit(move |tx| rules::ack_and_prune(tx, &request_id, &decision_id, false))
-            .await
-    }
-
     /// Each in a transaction of its own; the group commit makes them share a flush.
     async fn ack_and_prune_all(
         &self,
