@@ -8,7 +8,7 @@
 mod conformance;
 mod support;
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use arbor_approval_svc::{
     ApprovalStore, Error,
@@ -300,7 +300,7 @@ async fn reading_the_outbox_reads_a_few_pages_however_many_were_delivered() {
             std::time::Instant::now() < deadline,
             "the read still took {pages} pages: {plan:#}"
         );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -406,7 +406,7 @@ async fn a_late_commit_never_lands_behind_an_entry_already_visible() {
         }
     });
     // The slow decision's entry is numbered and lingers uncommitted.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     store
         .resolve_request("fast", NewDecision::person(DecisionKind::Approve, "ana"))
         .await
@@ -861,8 +861,12 @@ async fn a_transaction_s_writes_go_out_with_its_commit() {
     };
     // The first batch prepares the statements on its connection.
     round_trips(&attempts[..2]).await;
+    // Answers held back as a distant server's are: the writes a client pipelines have all
+    // gone out before the first answer comes, however they are split into sends.
+    relay.delay_answers(Duration::from_millis(25));
     let two = round_trips(&attempts[2..4]).await;
     let forty = round_trips(&attempts[4..]).await;
+    relay.delay_answers(Duration::ZERO);
     // One write a round trip would take 38 more. What else may fall in either count: a look
     // at the server's reachability, and a connection the pool opens meanwhile (its start-up
     // and the statements it prepares).

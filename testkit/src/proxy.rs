@@ -2,7 +2,8 @@
 //! can, at any moment, cut every connection (RST), stall them (stop forwarding bytes without
 //! closing anything), refuse new connections, blackhole the open connections for good (as a
 //! crashed host or a lost NAT entry leaves them: no FIN, no RST), and restore. It counts the
-//! round trips its clients make.
+//! round trips its clients make, and can hold the server's answers back, as a distant server's
+//! are, so that a client which sends without waiting shows it.
 
 #![allow(clippy::expect_used)] // a test fixture: failing the test is its error path
 
@@ -43,6 +44,8 @@ struct Shared {
     accepted: AtomicU64,
     forwarded_bytes: AtomicU64,
     round_trips: AtomicU64,
+    /// How long each answer is held back, in microseconds (see `delay_answers`).
+    answer_delay_us: AtomicU64,
 }
 
 /// A running proxy; dropping it stops accepting (open connections end with the test runtime).
@@ -72,6 +75,7 @@ impl Proxy {
             accepted: AtomicU64::new(0),
             forwarded_bytes: AtomicU64::new(0),
             round_trips: AtomicU64::new(0),
+            answer_delay_us: AtomicU64::new(0),
         });
         let accept = tokio::spawn(accept_loop(listener, upstream, shared.clone()));
         Proxy {
@@ -136,8 +140,17 @@ impl Proxy {
         self.shared.forwarded_bytes.load(Ordering::Relaxed)
     }
 
-    /// Round trips so far, over all connections: the times a client sent something after the
-    /// server had answered it since its last send. Requests sent together are one.
+    /// Holds every answer (server to client bytes) back by `delay` before passing it on, from
+    /// now on; zero forwards at once again. A client that pipelines has sent all of its
+    /// requests long before the first answer reaches it, so [`round_trips`](Self::round_trips)
+    /// counts only the times it waited, however its requests are split into writes.
+    pub fn delay_answers(&self, delay: Duration) {
+        let us = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        self.shared.answer_delay_us.store(us, Ordering::SeqCst);
+    }
+
+    /// Round trips so far, over all connections: the times a client sent something after an
+    /// answer had reached it since its last send. Requests sent together are one.
     pub fn round_trips(&self) -> u64 {
         self.shared.round_trips.load(Ordering::SeqCst)
     }
@@ -240,7 +253,12 @@ async fn pump(
                 shared.round_trips.fetch_add(1, Ordering::SeqCst);
             }
             Way::Up(_) => {}
-            Way::Down(answered) => answered.store(true, Ordering::SeqCst),
+            Way::Down(_) => {
+                let delay = shared.answer_delay_us.load(Ordering::SeqCst);
+                if delay > 0 {
+                    tokio::time::sleep(Duration::from_micros(delay)).await;
+                }
+            }
         }
         // Bytes read just before a stall are held back too.
         if !forwarding(&mut mode, &mut freezes, born).await {
@@ -248,6 +266,9 @@ async fn pump(
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
+        }
+        if let Way::Down(answered) = &way {
+            answered.store(true, Ordering::SeqCst);
         }
         shared
             .forwarded_bytes
