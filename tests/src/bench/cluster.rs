@@ -137,20 +137,11 @@ impl Db {
             .collect()
     }
 
-    /// Where the server's WAL ends now (an LSN, for [`wal_bytes_since`](Self::wal_bytes_since)).
-    pub fn wal_position(&self) -> Option<String> {
-        let lsn = self
-            .pg
-            .psql(&self.url, "SELECT pg_current_wal_insert_lsn()");
-        lsn.ok().filter(|l| !l.is_empty())
-    }
-
-    /// Bytes of WAL the whole server wrote since `position` (the bench runs one configuration
-    /// at a time, so they are the configuration's).
-    pub fn wal_bytes_since(&self, position: &str) -> Option<f64> {
-        self.number(&format!(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '{position}')"
-        ))
+    /// Bytes of WAL the whole server has written so far (its WAL position as a number: exact
+    /// at once, where the cumulative statistics lag by up to a second per backend). The bench
+    /// runs one configuration at a time, so a difference is the configuration's.
+    pub fn wal_bytes(&self) -> Option<f64> {
+        self.number("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')")
     }
 
     /// CPU seconds of the whole server so far (postmaster, backends, background processes).

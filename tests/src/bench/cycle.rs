@@ -174,7 +174,7 @@ pub async fn run(
     if let Some(db) = cluster.db.as_ref().filter(|_| pg_stats) {
         db.reset_statements();
     }
-    let wal_from = cluster.db.as_ref().and_then(|db| db.wal_position());
+    let wal0 = cluster.db.as_ref().and_then(|db| db.wal_bytes());
     let remaining = Arc::new(AtomicUsize::new(cycles));
     let start = Instant::now();
     let mut drivers = Vec::new();
@@ -244,8 +244,7 @@ pub async fn run(
     let wal_bytes = cluster
         .db
         .as_ref()
-        .zip(wal_from)
-        .and_then(|(db, from)| db.wal_bytes_since(&from));
+        .and_then(|db| Some(db.wal_bytes()? - wal0?));
     if let Some(db) = cluster.db.as_ref().filter(|_| pg_stats) {
         super::print_statements(&name, cycles, &db.statements());
         super::print_table_writes(cycles, &db.table_writes());
