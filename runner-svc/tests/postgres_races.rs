@@ -1,7 +1,7 @@
 //! Races that only PostgreSQL lets overlap (on sled, transactions run one at a time): claimers
 //! racing for the same queue entries take different ones without waiting for each other
 //! (`Txn::lock_first` is `FOR UPDATE SKIP LOCKED`), a wake-up never folds into a job that
-//! a concurrent claim took, a replica tells the others about the jobs it queued only when
+//! a concurrent claim took, an interrupt and a claim of its thread's job see each other, a replica tells the others about the jobs it queued only when
 //! it has no idle worker for them, and a durable batch that waited for another replica's turn
 //! of the event log takes every commit queued during the wait.
 
@@ -22,6 +22,7 @@ use arbor_runner_svc::{
     mailbox::{EnqueueRequest, Mailbox, MailboxConfig, MailboxStore, SystemClock, tx as mtx},
     store::{Change, Store, T, TxError},
 };
+use arbor_shared::domain::JobStatus;
 
 /// While one transaction holds the first candidate, another takes the second at once, and both
 /// commit: each removed the entry it took.
@@ -469,5 +470,75 @@ async fn commits_queued_while_another_replica_has_the_log_go_in_the_batch_that_w
             Some(&b"checkpoint"[..]),
             "{key}"
         );
+    }
+}
+
+/// An interrupt (committed in the durable batch as `InterruptThread` commits it) and a
+/// worker's claim of a job of the same thread (the claim batch) that overlap must come out as
+/// if one ran after the other: either the claim saw the new generation and superseded the job,
+/// or the interrupt saw the claim and names the claimed job as the thread's running one. Here
+/// the interrupt's list of queued jobs was read before the job was queued, so nothing but
+/// the thread's own rows tells the two about each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_and_a_claim_of_its_thread_see_each_other() {
+    let cluster = arbor_testkit::PgCluster::shared();
+    let store = common::open_postgres(&cluster.fresh_database("interrupt_vs_claim"));
+    let (mailbox, _) = Mailbox::open(
+        store.clone(),
+        Arc::new(SystemClock::default()),
+        MailboxConfig::default(),
+    )
+    .unwrap();
+    mailbox
+        .enqueue_durable(EnqueueRequest {
+            job_id: "job-1".into(),
+            mailbox_id: "thread-1".into(),
+            run_id: "run-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    let (read_tx, read_rx) = mpsc::channel::<()>();
+    let (claimed_tx, claimed_rx) = mpsc::channel::<()>();
+    let claimed_rx = Mutex::new(claimed_rx);
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let tries = attempts.clone();
+    let interrupting = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .commit_as(Vec::new(), mtx::INTERRUPT_COMMIT, move |t| {
+                    let intr = mtx::interrupt(t, "thread-1", &[], 1)?;
+                    // The first attempt has read the thread; it waits for the claim to commit.
+                    if tries.fetch_add(1, Ordering::SeqCst) == 0 {
+                        read_tx.send(()).unwrap();
+                        let _ = claimed_rx
+                            .lock()
+                            .unwrap()
+                            .recv_timeout(Duration::from_secs(20));
+                    }
+                    Ok(intr)
+                })
+                .await
+        }
+    });
+    tokio::task::spawn_blocking(move || read_rx.recv_timeout(Duration::from_secs(20)))
+        .await
+        .unwrap()
+        .expect("the interrupt read the thread");
+    let (claim, _) = mailbox.claim_next("worker").await.unwrap();
+    claimed_tx.send(()).unwrap();
+    let intr = interrupting.await.unwrap().unwrap();
+
+    let job = mailbox.get("job-1").unwrap().unwrap();
+    match claim {
+        Some(claim) => assert_eq!(
+            intr.active_job.map(|j| j.job_id),
+            Some(claim.job.job_id),
+            "the job was claimed at the old generation and the interrupt did not see the claim \
+             (job: {job:?})"
+        ),
+        None => assert_eq!(job.status, JobStatus::Superseded, "{job:?}"),
     }
 }

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::{
     counts::{self, Counted},
-    store::{Store, T, Tx, TxResult, abort, codec},
+    store::{Commit, Store, T, Tx, TxResult, abort, codec},
 };
 
 /// Mailbox operations usable inside a larger runner transaction.
@@ -484,6 +484,15 @@ pub mod tx {
         put_job(tx, &job)?;
         Ok(job)
     }
+
+    /// How a transaction that runs [`interrupt`] in the batched commit must commit. The
+    /// interrupt reads the thread's claimed job and writes its generation; a claim of a job of
+    /// the thread reads the generation and writes the claimed job. Unless the job was among
+    /// `candidates` (then both write it), no row is written by both, and under snapshot
+    /// isolation the two would commit blind to each other: the job, queued before the
+    /// interrupt, would run at the old generation, and the interrupt would not name it as the
+    /// thread's running job.
+    pub const INTERRUPT_COMMIT: Commit = Commit::Serializable;
 
     /// Bumps the thread's generation; queued jobs of older generations among `candidates` are
     /// superseded. Returns the new generation, the superseded jobs and the claimed job.

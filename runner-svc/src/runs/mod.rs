@@ -34,7 +34,7 @@ use crate::{
     error::RunnerError,
     events::EventLog,
     mailbox::{Claim, Clock, Job, Mailbox, MailboxConfig, MailboxStore, Reaped},
-    store::{Change, Reads, Store, T, Tx, TxResult, codec},
+    store::{Change, Commit, Reads, Store, T, Tx, TxResult, codec},
 };
 
 /// How long `caught_up` waits for a commit in flight to publish its events before it syncs.
@@ -270,14 +270,14 @@ impl Runner {
         reads: Reads,
         body: impl Fn(&Tx<'_>) -> TxResult<((R, Option<Job>), Vec<Event>), RunnerError> + Send + 'static,
     ) -> Result<R, RunnerError> {
-        self.commit_then(reads, body, move |(r, claimed)| match (claimed, hand_off) {
+        let then = move |(r, claimed)| match (claimed, hand_off) {
             (Some(job), Some(hand_off)) => {
                 hand_off.give(job);
                 (r, false)
             }
             _ => (r, true),
-        })
-        .await
+        };
+        self.commit_then(reads, Commit::Durable, body, then).await
     }
 
     /// Commits one transaction that also appends events, waits until it is durable, then
@@ -296,7 +296,18 @@ impl Runner {
         reads: Reads,
         body: impl Fn(&Tx<'_>) -> TxResult<(R, Vec<Event>), RunnerError> + Send + 'static,
     ) -> Result<R, RunnerError> {
-        self.commit_then(reads, body, |r| (r, false)).await
+        self.commit_then(reads, Commit::Durable, body, |r| (r, false))
+            .await
+    }
+
+    /// [`commit`](Self::commit) run as `how` says (see [`Commit`]).
+    pub(crate) async fn commit_as<R: Send + 'static>(
+        &self,
+        how: Commit,
+        body: impl Fn(&Tx<'_>) -> TxResult<(R, Vec<Event>), RunnerError> + Send + 'static,
+    ) -> Result<R, RunnerError> {
+        self.commit_then(Vec::new(), how, body, |r| (r, false))
+            .await
     }
 
     /// Commits `body`; once it is durable, runs `then` on its outcome (which answers whether
@@ -309,6 +320,7 @@ impl Runner {
     async fn commit_then<X: Send + 'static, R: Send + 'static>(
         &self,
         reads: Reads,
+        how: Commit,
         body: impl Fn(&Tx<'_>) -> TxResult<(X, Vec<Event>), RunnerError> + Send + 'static,
         then: impl FnOnce(X) -> (R, bool) + Send + 'static,
     ) -> Result<R, RunnerError> {
@@ -320,7 +332,7 @@ impl Runner {
         );
         tokio::spawn(
             async move {
-                let (x, appended) = store.commit_reading(reads, body).await?;
+                let (x, appended) = store.commit_as(reads, how, body).await?;
                 let (r, wake) = then(x);
                 if let Some(last) = appended.last().map(|e| e.seq) {
                     events.remember(appended);

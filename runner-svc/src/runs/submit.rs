@@ -326,7 +326,7 @@ impl Runner {
         };
         let (thread, reason) = (thread_id.to_string(), reason.to_string());
         let intr = self
-            .commit(move |tx| {
+            .commit_as(mtx::INTERRUPT_COMMIT, move |tx| {
                 let intr = lift(mtx::interrupt(tx, &thread, &candidates, now))?;
                 let mut new_events = Vec::new();
                 let superseded_runs: Vec<&str> = intr

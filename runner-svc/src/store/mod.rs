@@ -256,6 +256,20 @@ pub enum Failed {
 /// A transaction body with its result erased (the result goes to a slot the caller holds).
 pub type Body<'a> = dyn Fn(&Tx<'_>) -> TxResult<(), ()> + Send + 'a;
 
+/// How a batched commit runs (see [`Backend::commit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commit {
+    /// Answers once durable.
+    Durable,
+    /// Answers once durable, and is serialisable against every transaction that runs beside
+    /// its batch (claims, single transactions), not only against the batches before and after
+    /// it: for a body that reads a row a concurrent claim writes and writes a row that claim
+    /// reads, where no row written by both makes one of the two fail (an interrupt of a thread).
+    Serializable,
+    /// Answers as soon as committed, before it is durable (a claim).
+    Unflushed,
+}
+
 /// A boxed future of a backend.
 pub type Pending<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -327,14 +341,15 @@ pub trait Backend: Send + Sync + 'static {
     /// committed, before it is durable.
     fn transact(&self, body: &Body<'_>) -> Result<(), Failed>;
     /// Runs `body` in a transaction that may be shared with other queued bodies (each body
-    /// aborts alone). Resolves once that transaction is durable, or, with `durable` false, as
-    /// soon as it committed. `reads` are keys the body reads: a backend whose reads are round
-    /// trips fetches those of every body of the transaction with its first read.
+    /// aborts alone). Resolves once that transaction is durable, or, for
+    /// [`Commit::Unflushed`], as soon as it committed. `reads` are keys the body reads: a
+    /// backend whose reads are round trips fetches those of every body of the transaction with
+    /// its first read.
     fn commit(
         &self,
         reads: Reads,
         body: Box<Body<'static>>,
-        durable: bool,
+        how: Commit,
     ) -> Pending<Result<(), Failed>>;
     /// Resolves once everything committed before the call is durable.
     fn durable(&self) -> Pending<Result<(), StoreError>>;
@@ -590,7 +605,7 @@ impl Store {
         E: Send + 'static,
         F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
     {
-        self.batched(reads, body, true).await
+        self.commit_as(reads, Commit::Durable, body).await
     }
 
     /// [`commit`](Self::commit) that resolves as soon as the transaction has committed, without
@@ -602,10 +617,16 @@ impl Store {
         E: Send + 'static,
         F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
     {
-        self.batched(Vec::new(), body, false).await
+        self.commit_as(Vec::new(), Commit::Unflushed, body).await
     }
 
-    async fn batched<R, E, F>(&self, reads: Reads, body: F, durable: bool) -> Result<R, TxError<E>>
+    /// [`commit_reading`](Self::commit_reading) run as `how` says.
+    pub async fn commit_as<R, E, F>(
+        &self,
+        reads: Reads,
+        how: Commit,
+        body: F,
+    ) -> Result<R, TxError<E>>
     where
         R: Send + 'static,
         E: Send + 'static,
@@ -614,7 +635,7 @@ impl Store {
         let slot: Slot<R, E> = Arc::default();
         let ran = self
             .0
-            .commit(reads, Box::new(erase(body, slot.clone())), durable)
+            .commit(reads, Box::new(erase(body, slot.clone())), how)
             .await;
         take(ran, &slot)
     }

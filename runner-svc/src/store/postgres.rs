@@ -21,14 +21,17 @@
 //!     conflict the runner relies on is two writes of one row, which `REPEATABLE READ` refuses
 //!     as `SERIALIZABLE` does (the fencing of a claimed job, a wake-up folded into a queued job
 //!     a claim takes). Predicate locks would add nothing there but false conflicts, which
-//!     failed 4 in 10 such batches.
+//!     failed 4 in 10 such batches. The one exception is a thread's interrupt
+//!     ([`Commit::Serializable`]), which reads what a claim writes and writes what it reads
+//!     with no row written by both: a batch that holds one is raised to `SERIALIZABLE` before
+//!     its first read, so that the predicate locks refuse the pair.
 //!   - **Claim batches** (`apply`): the same, on a second thread and connection, without the
 //!     writer lock and without waiting for the flush (`synchronous_commit = off`: a claim lost
 //!     in a crash leaves its job queued). `SERIALIZABLE`. Claimers take their queue entries
 //!     with `FOR UPDATE SKIP LOCKED` (`lock_first`), so the claim batches of several replicas
 //!     take different jobs at once.
-//!   - **Single transactions** (`transact`: interrupts, nacks, lease ends) at `SERIALIZABLE`,
-//!     and single statements (`insert_new`).
+//!   - **Single transactions** (`transact`: nacks, lease extensions and ends) at
+//!     `SERIALIZABLE`, and single statements (`insert_new`).
 //! - Counters move without being read (`add`): a durable batch adds to a counter's own row,
 //!   any other transaction to one of [`STRIPES`] rows of it, picked at random, so that two
 //!   transactions rarely move one row at once; `counter` sums them.
@@ -60,8 +63,8 @@ use arbor_shared::postgres::{
 };
 
 use super::{
-    Abort, Backend, Body, Change, Entries, Failed, Fault, ManyAndPrefix, Pending, Reads, Stats,
-    Store, StoreError, T, TABLES, Txn, Value,
+    Abort, Backend, Body, Change, Commit, Entries, Failed, Fault, ManyAndPrefix, Pending, Reads,
+    Stats, Store, StoreError, T, TABLES, Txn, Value,
 };
 
 /// The runner's schema, oldest migration first. Never edit a released migration.
@@ -85,6 +88,12 @@ const SCHEMA: Schema = Schema {
 /// and each sees every one before it (see the module's documentation for why `REPEATABLE READ`).
 const WRITER_BEGIN: &str =
     "BEGIN ISOLATION LEVEL REPEATABLE READ; LOCK TABLE runner_writer IN EXCLUSIVE MODE";
+/// How a durable batch that holds a [`Commit::Serializable`] body begins again after a
+/// conflict; its first try, begun as `WRITER_BEGIN`, is raised to `SERIALIZABLE` by
+/// `TO_SERIALIZABLE` before its first read (the `LOCK` took no snapshot, so it may).
+const WRITER_BEGIN_SERIALIZABLE: &str =
+    "BEGIN ISOLATION LEVEL SERIALIZABLE; LOCK TABLE runner_writer IN EXCLUSIVE MODE";
+const TO_SERIALIZABLE: &str = "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE";
 /// How any other transaction begins.
 const BEGIN: &str = "BEGIN ISOLATION LEVEL SERIALIZABLE";
 /// How a commit that need not be durable begins (a claim: one lost in a crash leaves its job
@@ -186,6 +195,8 @@ struct Counts {
 struct Queued {
     /// Rows the body reads, fetched with the batch's first read.
     reads: Reads,
+    /// Whether the body needs its batch to run at `SERIALIZABLE` ([`Commit::Serializable`]).
+    serializable: bool,
     body: Box<Body<'static>>,
     done: tokio::sync::oneshot::Sender<Result<(), Failed>>,
 }
@@ -352,6 +363,11 @@ fn committer_loop(
             }
         }
         let queued: Vec<&Body<'_>> = batch.iter().map(|q| &*q.body).collect();
+        let serializable = lane.writer && batch.iter().any(|q| q.serializable);
+        let locked = match (locked, serializable) {
+            (Ok(()), true) => to_serializable(&mut own),
+            (locked, _) => locked,
+        };
         let outcomes = match locked {
             Ok(()) => {
                 let hot = match lane.writer {
@@ -360,7 +376,10 @@ fn committer_loop(
                 };
                 let ahead = reads_ahead(hot, batch.iter().map(|q| &q.reads));
                 let setup = Setup {
-                    begin: lane.begin,
+                    begin: match serializable {
+                        true => WRITER_BEGIN_SERIALIZABLE,
+                        false => lane.begin,
+                    },
                     ahead: &ahead,
                     stripe: lane.writer.then_some(0),
                     origin,
@@ -385,19 +404,35 @@ fn committer_loop(
 }
 
 /// Begins a durable batch's transaction and waits for the writer lock (see `WRITER_BEGIN`).
-/// A failure fails the batch, as a failed first statement would; the connection is dropped,
-/// and the next batch makes a new one.
 fn take_writer_lock(own: &mut Dedicated) -> Result<(), StoreError> {
-    let locked = match own.connection() {
+    execute_own(own, WRITER_BEGIN)
+}
+
+/// Runs `sql` on the commit thread's own connection. A failure fails the batch, as a failed
+/// first statement would; the connection is dropped, and the next batch makes a new one.
+fn execute_own(own: &mut Dedicated, sql: &str) -> Result<(), StoreError> {
+    let ran = match own.connection() {
         Ok((client, rt)) => rt
-            .block_on(client.batch_execute(WRITER_BEGIN))
+            .block_on(client.batch_execute(sql))
             .map_err(DbError::from),
         Err(e) => Err(e),
     };
-    locked.map_err(|e| {
+    ran.map_err(|e| {
         own.reset();
         StoreError::from(e)
     })
+}
+
+/// Raises the durable batch's transaction, begun and holding the writer lock, to
+/// `SERIALIZABLE` before its first read: for a batch that holds a [`Commit::Serializable`]
+/// body (an interrupt of a thread). That body reads a row a concurrent claim writes (the
+/// thread's claimed job) and writes a row the claim reads (the thread's generation), and no
+/// row is written by both, so at `REPEATABLE READ` both would commit, each blind to the other:
+/// a job queued before the interrupt would run as if it came after. Only predicate locks,
+/// which PostgreSQL takes at `SERIALIZABLE` alone, refuse the pair. One more round trip, for
+/// the rare batch that needs it.
+fn to_serializable(own: &mut Dedicated) -> Result<(), StoreError> {
+    execute_own(own, TO_SERIALIZABLE)
 }
 
 /// The outcomes of `bodies` bodies that a storage failure failed together.
@@ -1230,14 +1265,19 @@ impl Backend for PgBackend {
         &self,
         reads: Reads,
         body: Box<Body<'static>>,
-        durable: bool,
+        how: Commit,
     ) -> Pending<Result<(), Failed>> {
-        let lane = match durable {
-            true => &self.committer,
-            false => &self.claimer,
+        let lane = match how {
+            Commit::Durable | Commit::Serializable => &self.committer,
+            Commit::Unflushed => &self.claimer,
         };
         let (done, answer) = tokio::sync::oneshot::channel();
-        let queued = lane.send(Queued { reads, body, done });
+        let queued = lane.send(Queued {
+            reads,
+            serializable: how == Commit::Serializable,
+            body,
+            done,
+        });
         Box::pin(async move {
             if queued.is_err() {
                 return Err(Failed::Storage(StoreError::Failed(

@@ -23,8 +23,8 @@ use sled::{
 };
 
 use super::{
-    Abort, Backend, Body, Entries, FIRST_SEQ, Failed, Fault, NEXT_SEQ, Pending, Reads, Stats,
-    Store, StoreError, T, TABLE_NAMES, Txn, Value, codec,
+    Abort, Backend, Body, Commit, Entries, FIRST_SEQ, Failed, Fault, NEXT_SEQ, Pending, Reads,
+    Stats, Store, StoreError, T, TABLE_NAMES, Txn, Value, codec,
 };
 
 /// Opening the database failed.
@@ -265,14 +265,15 @@ impl Backend for SledBackend {
         &self,
         _reads: Reads,
         body: Box<Body<'static>>,
-        durable: bool,
+        how: Commit,
     ) -> Pending<Result<(), Failed>> {
         let batches = self.batches.clone();
         Box::pin(async move {
             let body = move |tx: &SledTx<'_>| to_sled(body(tx));
-            let ran = match durable {
-                true => batches.commit(body).await,
-                false => batches.apply(body).await,
+            // Every transaction here is serialisable: sled's are.
+            let ran = match how {
+                Commit::Durable | Commit::Serializable => batches.commit(body).await,
+                Commit::Unflushed => batches.apply(body).await,
             };
             ran.map_err(|e| match e {
                 CommitError::Abort(()) => Failed::Aborted,
