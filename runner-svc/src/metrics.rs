@@ -53,6 +53,12 @@ fn sample(runner: &Runner, s: &mut Samples) {
         store.flush_count(),
     );
     s.counter(
+        "arbor_runner_store_conflicts",
+        "Transactions run again because they conflicted with another (PostgreSQL: serialisation failures, deadlocks, unique violations; always 0 on sled).",
+        &[],
+        store.stats().conflicts,
+    );
+    s.counter(
         "arbor_runner_lease_takeovers",
         "Jobs whose lease expired (or whose process died) and went back to the queue.",
         &[],

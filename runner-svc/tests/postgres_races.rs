@@ -1,9 +1,10 @@
 //! Races that only PostgreSQL lets overlap (on sled, transactions run one at a time): claimers
 //! racing for the same queue entries take different ones without waiting for each other
 //! (`Txn::lock_first` is `FOR UPDATE SKIP LOCKED`), a wake-up never folds into a job that
-//! a concurrent claim took, an interrupt and a claim of its thread's job see each other, a replica tells the others about the jobs it queued only when
-//! it has no idle worker for them, and a durable batch that waited for another replica's turn
-//! of the event log takes every commit queued during the wait.
+//! a concurrent claim took, an interrupt and a claim of its thread's job see each other, a
+//! transaction that conflicts runs again and is counted, a replica tells the others about the
+//! jobs it queued only when it has no idle worker for them, and a durable batch that waited
+//! for another replica's turn of the event log takes every commit queued during the wait.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -20,7 +21,7 @@ use std::{
 
 use arbor_runner_svc::{
     mailbox::{EnqueueRequest, Mailbox, MailboxConfig, MailboxStore, SystemClock, tx as mtx},
-    store::{Change, Store, T, TxError},
+    store::{Abort, Change, Store, T, TxError},
 };
 use arbor_shared::domain::JobStatus;
 
@@ -541,4 +542,61 @@ async fn an_interrupt_and_a_claim_of_its_thread_see_each_other() {
         ),
         None => assert_eq!(job.status, JobStatus::Superseded, "{job:?}"),
     }
+}
+
+/// A transaction whose read another transaction changes before it commits runs again, sees
+/// the change, and is counted once as a conflict (`Stats::conflicts`, the metric
+/// `arbor_runner_store_conflicts_total`): the increment it made is not lost.
+#[test]
+fn a_transaction_that_conflicts_runs_again_and_is_counted() {
+    let cluster = arbor_testkit::PgCluster::shared();
+    let store = common::open_postgres(&cluster.fresh_database("counted_conflict"));
+    let read = |t: &arbor_runner_svc::store::Tx<'_>| -> Result<u8, Abort<()>> {
+        Ok(t.tree(T::Ledger).get(b"n")?.map_or(0, |v| v[0]))
+    };
+    let write = |t: &arbor_runner_svc::store::Tx<'_>, n: u8| -> Result<(), Abort<()>> {
+        t.tree(T::Ledger).insert(b"n", [n])?;
+        Ok(())
+    };
+    store.transact(|t| write(t, 0)).unwrap();
+    let before = store.stats().conflicts;
+
+    let (read_tx, read_rx) = mpsc::channel::<()>();
+    let (wrote_tx, wrote_rx) = mpsc::channel::<()>();
+    let wrote_rx = Mutex::new(wrote_rx);
+    let runs = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let slow = s.spawn(|| {
+            store
+                .transact(|t| {
+                    let n = read(t)?;
+                    // The first run waits, having read, for the other writer to commit.
+                    if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                        read_tx.send(()).unwrap();
+                        wrote_rx
+                            .lock()
+                            .unwrap()
+                            .recv_timeout(Duration::from_secs(20))
+                            .expect("the other writer committed");
+                    }
+                    write(t, n + 1)
+                })
+                .unwrap();
+        });
+        read_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        store.transact(|t| write(t, read(t)? + 10)).unwrap();
+        wrote_tx.send(()).unwrap();
+        slow.join().unwrap();
+    });
+    assert_eq!(
+        store.tree(T::Ledger).get(b"n").unwrap().as_deref(),
+        Some(&[11][..]),
+        "an increment was lost"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the conflicting transaction ran again"
+    );
+    assert_eq!(store.stats().conflicts - before, 1);
 }

@@ -421,6 +421,10 @@ pub struct Stats {
     pub flushes: u64,
     pub batches: u64,
     pub bodies: u64,
+    /// Transactions run again because they conflicted with another (on PostgreSQL a
+    /// serialisation failure, deadlock or unique violation, a batch counting once; sled runs
+    /// its transactions one at a time).
+    pub conflicts: u64,
 }
 
 /// Handle to the runner's storage. Cheap to clone.

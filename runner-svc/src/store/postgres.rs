@@ -189,6 +189,7 @@ struct Counts {
     flushes: AtomicU64,
     batches: AtomicU64,
     bodies: AtomicU64,
+    conflicts: AtomicU64,
 }
 
 /// A body and where its outcome goes, queued for the committer thread.
@@ -383,6 +384,7 @@ fn committer_loop(
                     ahead: &ahead,
                     stripe: lane.writer.then_some(0),
                     origin,
+                    conflicts: &counts.conflicts,
                     begun: lane.writer,
                 };
                 run_bodies(&mut Conn::Own(&mut own), &queued, setup)
@@ -472,6 +474,8 @@ struct Setup<'a> {
     stripe: Option<u8>,
     /// This process, named in its notifications so that it can skip them.
     origin: &'a Origin,
+    /// Where a conflict that runs the transaction again is counted.
+    conflicts: &'a AtomicU64,
     /// Whether the transaction was begun already, on the connection it runs on (its first
     /// try's only: a retry begins anew).
     begun: bool,
@@ -528,7 +532,10 @@ fn run_bodies(
         })();
         match ran {
             Ok(outcomes) => return outcomes,
-            Err(DbError::Conflict(_)) if attempt < MAX_TRIES => conflict_pause(attempt),
+            Err(DbError::Conflict(_)) if attempt < MAX_TRIES => {
+                setup.conflicts.fetch_add(1, Ordering::Relaxed);
+                conflict_pause(attempt);
+            }
             Err(e) => {
                 // The connection may be unusable (the database restarted): the next batch
                 // makes a new one.
@@ -1251,6 +1258,7 @@ impl Backend for PgBackend {
             ahead: &[],
             stripe: None,
             origin: &self.origin,
+            conflicts: &self.counts.conflicts,
             begun: false,
         };
         run_bodies(&mut Conn::Pool(&self.db), &[body], setup)
@@ -1342,6 +1350,7 @@ impl Backend for PgBackend {
             flushes: load(&self.counts.flushes),
             batches: load(&self.counts.batches),
             bodies: load(&self.counts.bodies),
+            conflicts: load(&self.counts.conflicts),
         }
     }
 

@@ -83,6 +83,8 @@ pub struct CycleResult {
     /// Runs whose end the driver did not see within [`RUN_PATIENCE`].
     pub unfinished: usize,
     pub fsyncs: Option<u64>,
+    /// The runners' transactions run again after a conflict (see `Meters`).
+    pub conflicts: Option<u64>,
     /// Bytes of WAL PostgreSQL wrote during the cycles, where there is a PostgreSQL.
     pub wal_bytes: Option<f64>,
     /// Where suspended → resumed went, per run (wall-clock ms, whole milliseconds): the runner's
@@ -251,6 +253,7 @@ pub async fn run(
     }
     let meters = super::Meters::read(&cluster, decider.label()).await;
     let fsyncs = meters.fsyncs_since(&meters_before);
+    let conflicts = meters.conflicts_since(&meters_before);
     let decide_ms = meters.decide_ms_since(&meters_before);
     follower.abort();
     if let Some(p) = person {
@@ -297,6 +300,7 @@ pub async fn run(
         failed,
         unfinished,
         fsyncs,
+        conflicts,
         stages,
         decide_ms,
     };

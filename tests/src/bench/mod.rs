@@ -15,11 +15,13 @@ use std::{sync::atomic::AtomicBool, time::Duration};
 use cycle::{CycleResult, Decider};
 use procstat::pct_ms;
 
-/// What both services' `/metrics` say so far, from one scrape of each replica: fsyncs of both, and
-/// approval-svc's decision latency histogram for `source` (sum of seconds, count).
+/// What both services' `/metrics` say so far, from one scrape of each replica: fsyncs of both,
+/// the runners' transactions run again after a conflict, and approval-svc's decision latency
+/// histogram for `source` (sum of seconds, count).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Meters {
     pub fsyncs: Option<f64>,
+    pub conflicts: Option<f64>,
     pub decided: Option<(f64, f64)>,
 }
 
@@ -28,12 +30,15 @@ impl Meters {
     /// takes the policy decisions (a follower's histogram stays empty).
     pub async fn read(cluster: &cluster::BenchCluster, source: &str) -> Self {
         let labels = [("source", source)];
-        let mut fsyncs = Some(0.0);
+        let (mut fsyncs, mut conflicts) = (Some(0.0), Some(0.0));
         let mut decided = None::<(f64, f64)>;
         for r in &cluster.runners {
             let runner = crate::scrape::scrape(&r.metrics_url()).await;
             fsyncs = fsyncs
                 .zip(runner.get("arbor_runner_fsyncs_total", &[]))
+                .map(|(a, b)| a + b);
+            conflicts = conflicts
+                .zip(runner.get("arbor_runner_store_conflicts_total", &[]))
                 .map(|(a, b)| a + b);
         }
         for a in &cluster.approvals {
@@ -49,12 +54,22 @@ impl Meters {
                 decided = Some((s0 + s, n0 + n));
             }
         }
-        Self { fsyncs, decided }
+        Self {
+            fsyncs,
+            conflicts,
+            decided,
+        }
     }
 
     /// fsyncs since `before`.
     pub fn fsyncs_since(&self, before: &Self) -> Option<u64> {
         let (a, b) = before.fsyncs.zip(self.fsyncs)?;
+        Some((b - a).max(0.0) as u64)
+    }
+
+    /// The runners' conflicts since `before`.
+    pub fn conflicts_since(&self, before: &Self) -> Option<u64> {
+        let (a, b) = before.conflicts.zip(self.conflicts)?;
         Some((b - a).max(0.0) as u64)
     }
 
@@ -178,8 +193,18 @@ pub fn print_cycle_table(rows: &[CycleResult]) {
             println!("        approval-svc: request arrival → decision, mean {ms:.2} ms");
         }
         if let Some(bytes) = r.wal_bytes {
-            let per = bytes / r.cycles.max(1) as f64 / 1024.0;
-            println!("        PostgreSQL: {per:.1} KB of WAL per cycle");
+            let cycles = r.cycles.max(1) as f64;
+            let per = bytes / cycles / 1024.0;
+            let conflicts = r
+                .conflicts
+                .map(|c| {
+                    format!(
+                        ", runner transactions run again after a conflict: {:.3} per cycle",
+                        c as f64 / cycles
+                    )
+                })
+                .unwrap_or_default();
+            println!("        PostgreSQL: {per:.1} KB of WAL per cycle{conflicts}");
         }
         if !r.stages[0].is_empty() {
             let q = |v: &[i64], p: f64| v[((v.len() as f64 * p) as usize).min(v.len() - 1)];
