@@ -101,6 +101,13 @@ async fn metrics_move_by_exactly_one_approved_run() {
     assert!(
         r2.value("arbor_runner_fsyncs_total", &[]) > r0.value("arbor_runner_fsyncs_total", &[])
     );
+    // sled runs its transactions one at a time: none is ever run again after a conflict.
+    assert_eq!(
+        r2.get("arbor_runner_store_conflicts_total", &[]),
+        Some(0.0),
+        "{}",
+        r2.text
+    );
     assert_eq!(
         r2.value("arbor_runner_event_last_seq", &[]),
         flow::events_of(&cluster, &run.run_id)
