@@ -25,6 +25,60 @@ use arbor_runner_svc::{
 };
 use arbor_shared::domain::JobStatus;
 
+/// How long a race test waits for the other side.
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A point a transaction body's first run stops at until the test lets it go on, so that
+/// another transaction runs in between; a run after a conflict passes straight through.
+struct Hold {
+    reached: (mpsc::Sender<()>, Mutex<mpsc::Receiver<()>>),
+    go_on: (mpsc::Sender<()>, Mutex<mpsc::Receiver<()>>),
+    runs: AtomicUsize,
+}
+
+impl Hold {
+    fn new() -> Arc<Self> {
+        let ((reached, was_reached), (go_on, may_go_on)) = (mpsc::channel(), mpsc::channel());
+        Arc::new(Self {
+            reached: (reached, Mutex::new(was_reached)),
+            go_on: (go_on, Mutex::new(may_go_on)),
+            runs: AtomicUsize::new(0),
+        })
+    }
+
+    /// In the body: on its first run, says it got here and waits to be let go on (without
+    /// panicking, so that a body on a commit thread cannot take the thread down); answers
+    /// whether this is the first run.
+    fn here(&self) -> bool {
+        if self.runs.fetch_add(1, Ordering::SeqCst) > 0 {
+            return false;
+        }
+        let _ = self.reached.0.send(());
+        let _ = self.go_on.1.lock().unwrap().recv_timeout(WAIT);
+        true
+    }
+
+    /// In the test: waits until the body's first run stands at the hold.
+    fn wait_reached(&self) {
+        self.reached
+            .1
+            .lock()
+            .unwrap()
+            .recv_timeout(WAIT)
+            .expect("the body reached its hold");
+    }
+
+    /// In the test: lets the body go on.
+    fn release(&self) {
+        let _ = self.go_on.0.send(());
+    }
+
+    /// How many times the body ran.
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
 /// While one transaction holds the first candidate, another takes the second at once, and both
 /// commit: each removed the entry it took.
 #[test]
@@ -118,33 +172,24 @@ fn a_wake_up_never_folds_into_a_job_a_concurrent_claim_took() {
         .unwrap();
     assert!(!first.deduplicated);
 
-    let (read_tx, read_rx) = mpsc::channel::<()>();
-    let (claimed_tx, claimed_rx) = mpsc::channel::<()>();
-    let claimed_rx = Mutex::new(claimed_rx);
-    let attempts = AtomicUsize::new(0);
+    let hold = Hold::new();
     std::thread::scope(|s| {
         let waking = s.spawn(|| {
             store
                 .transact(|t| {
                     let enqueued = mtx::enqueue(t, &wake("wake-2"), 2, 0, 3)?;
-                    // The first attempt saw the queued job; it waits for the claim to commit.
-                    if attempts.fetch_add(1, Ordering::SeqCst) == 0 {
+                    // The first run saw the queued job; it waits for the claim to commit.
+                    if hold.here() {
                         assert!(enqueued.deduplicated);
-                        read_tx.send(()).unwrap();
-                        claimed_rx
-                            .lock()
-                            .unwrap()
-                            .recv_timeout(Duration::from_secs(20))
-                            .expect("the claim committed");
                     }
                     Ok(enqueued)
                 })
                 .unwrap()
         });
-        read_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        hold.wait_reached();
         let claim = mailbox.claim_or_next("worker").unwrap().0.expect("a claim");
         assert_eq!(claim.job.job_id, "wake-1");
-        claimed_tx.send(()).unwrap();
+        hold.release();
         let enqueued = waking.join().unwrap();
         assert!(
             !enqueued.deduplicated && enqueued.job.job_id == "wake-2",
@@ -500,36 +545,28 @@ async fn an_interrupt_and_a_claim_of_its_thread_see_each_other() {
         .await
         .unwrap();
 
-    let (read_tx, read_rx) = mpsc::channel::<()>();
-    let (claimed_tx, claimed_rx) = mpsc::channel::<()>();
-    let claimed_rx = Mutex::new(claimed_rx);
-    let attempts = Arc::new(AtomicUsize::new(0));
-    let tries = attempts.clone();
+    let hold = Hold::new();
     let interrupting = tokio::spawn({
-        let store = store.clone();
+        let (store, hold) = (store.clone(), hold.clone());
         async move {
             store
                 .commit_as(Vec::new(), mtx::INTERRUPT_COMMIT, move |t| {
                     let intr = mtx::interrupt(t, "thread-1", &[], 1)?;
-                    // The first attempt has read the thread; it waits for the claim to commit.
-                    if tries.fetch_add(1, Ordering::SeqCst) == 0 {
-                        read_tx.send(()).unwrap();
-                        let _ = claimed_rx
-                            .lock()
-                            .unwrap()
-                            .recv_timeout(Duration::from_secs(20));
-                    }
+                    // The first run has read the thread; it waits for the claim to commit.
+                    hold.here();
                     Ok(intr)
                 })
                 .await
         }
     });
-    tokio::task::spawn_blocking(move || read_rx.recv_timeout(Duration::from_secs(20)))
-        .await
-        .unwrap()
-        .expect("the interrupt read the thread");
+    tokio::task::spawn_blocking({
+        let hold = hold.clone();
+        move || hold.wait_reached()
+    })
+    .await
+    .unwrap();
     let (claim, _) = mailbox.claim_next("worker").await.unwrap();
-    claimed_tx.send(()).unwrap();
+    hold.release();
     let intr = interrupting.await.unwrap().unwrap();
 
     let job = mailbox.get("job-1").unwrap().unwrap();
@@ -561,31 +598,21 @@ fn a_transaction_that_conflicts_runs_again_and_is_counted() {
     store.transact(|t| write(t, 0)).unwrap();
     let before = store.stats().conflicts;
 
-    let (read_tx, read_rx) = mpsc::channel::<()>();
-    let (wrote_tx, wrote_rx) = mpsc::channel::<()>();
-    let wrote_rx = Mutex::new(wrote_rx);
-    let runs = AtomicUsize::new(0);
+    let hold = Hold::new();
     std::thread::scope(|s| {
         let slow = s.spawn(|| {
             store
                 .transact(|t| {
                     let n = read(t)?;
                     // The first run waits, having read, for the other writer to commit.
-                    if runs.fetch_add(1, Ordering::SeqCst) == 0 {
-                        read_tx.send(()).unwrap();
-                        wrote_rx
-                            .lock()
-                            .unwrap()
-                            .recv_timeout(Duration::from_secs(20))
-                            .expect("the other writer committed");
-                    }
+                    hold.here();
                     write(t, n + 1)
                 })
                 .unwrap();
         });
-        read_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        hold.wait_reached();
         store.transact(|t| write(t, read(t)? + 10)).unwrap();
-        wrote_tx.send(()).unwrap();
+        hold.release();
         slow.join().unwrap();
     });
     assert_eq!(
@@ -593,10 +620,6 @@ fn a_transaction_that_conflicts_runs_again_and_is_counted() {
         Some(&[11][..]),
         "an increment was lost"
     );
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        2,
-        "the conflicting transaction ran again"
-    );
+    assert_eq!(hold.runs(), 2, "the conflicting transaction ran again");
     assert_eq!(store.stats().conflicts - before, 1);
 }
