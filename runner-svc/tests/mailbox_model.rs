@@ -422,11 +422,15 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .map(|j| Out::Job(j.job_id, j.status))
                     .unwrap_or_else(err_out);
                 let wall = m.wall;
+                let mailbox = m.jobs[&id].mailbox.clone();
+                let current = *m.generations.get(&mailbox).unwrap_or(&0);
                 let j = m.jobs.get_mut(&id).unwrap();
                 let model = if j.status == JobStatus::DeadLetter {
                     j.status = JobStatus::Queued;
                     j.attempts = 0;
                     j.available_at = wall;
+                    // Back at the thread's current generation.
+                    j.generation = current;
                     Out::Job(id.clone(), JobStatus::Queued)
                 } else {
                     Out::Illegal

@@ -167,3 +167,66 @@ async fn a_dead_lettered_run_withdraws_its_open_approval_in_the_same_step() {
     assert_eq!(fresh.len(), 2, "{fresh:?}");
     assert!(!fresh.contains(&gate.as_str()) && !fresh.contains(&input.as_str()));
 }
+
+const BUGGY_FIRST: &str = r#"{"id": "buggy-first", "version": 1, "root": {"type": "sequence",
+  "name": "main", "children": [
+    {"type": "tool", "name": "buggy", "tool": "panics-once"},
+    {"type": "set", "name": "done", "key": "x", "value": 1}
+  ]}}"#;
+
+/// A run that failed as a dead letter before its thread was interrupted, revived by an
+/// operator's requeue afterwards, runs: the requeued job joins the thread's current generation
+/// instead of being superseded when claimed, which would leave the revived run queued for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_revived_after_its_thread_was_interrupted_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let runner = common::open_runner(dir.path(), |tools| {
+        tools.register(PanicsOnce(AtomicBool::new(false)))
+    })
+    .await;
+    runner
+        .register_tree(BUGGY_FIRST, TreeFormat::Json)
+        .await
+        .unwrap();
+    let run = runner
+        .submit(SubmitInput {
+            tree_id: "buggy-first".into(),
+            thread_id: "chat-1".into(),
+            max_attempts: 1,
+            submitted_by: "alice".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .run;
+    assert!(matches!(process_next(&runner).await, Processed::Failed(_)));
+    assert_eq!(
+        runner.get_run(&run.run_id).unwrap().run.status,
+        RunStatus::Failed
+    );
+
+    let (intr, _) = runner
+        .interrupt("chat-1", "user sent a new message", None)
+        .await
+        .unwrap();
+    assert_eq!(intr.new_generation, 1);
+    let dead = runner
+        .mailbox()
+        .list(&Default::default(), "", 100)
+        .unwrap()
+        .into_iter()
+        .find(|j| j.status == JobStatus::DeadLetter)
+        .unwrap();
+    let requeued = runner.requeue_job(&dead.job_id).await.unwrap();
+    assert_eq!(requeued.generation, 1);
+    let view = runner.get_run(&run.run_id).unwrap();
+    assert_eq!(
+        (view.run.status, view.run.generation),
+        (RunStatus::Queued, 1)
+    );
+
+    assert_eq!(
+        process_next(&runner).await,
+        Processed::Done(RunStatus::Succeeded)
+    );
+}

@@ -505,15 +505,7 @@ pub mod tx {
         let new_generation = generation(tx, mailbox_id)? + 1;
         tx.tree(T::Mailboxes)
             .insert(mailbox_id.as_bytes(), codec::u64_key(new_generation))?;
-        let mut superseded = Vec::new();
-        for id in candidates {
-            if let Some(job) = get_job(tx, id)?
-                && job.status == JobStatus::Queued
-                && job.generation < new_generation
-            {
-                superseded.push(supersede(tx, id, now_ms)?);
-            }
-        }
+        let superseded = supersede_older(tx, candidates, new_generation, now_ms)?;
         let active_job = match tx.get(T::Active, mailbox_id.as_bytes())? {
             Some(id) => get_job(tx, &String::from_utf8_lossy(&id))?,
             None => None,
@@ -526,9 +518,34 @@ pub mod tx {
         })
     }
 
+    /// Supersedes those of `candidates` that are queued at a generation older than
+    /// `generation`; returns them.
+    pub fn supersede_older(
+        tx: &Tx<'_>,
+        candidates: &[String],
+        generation: u64,
+        now_ms: u64,
+    ) -> TxResult<Vec<Job>, MailboxError> {
+        let mut superseded = Vec::new();
+        for id in candidates {
+            if let Some(job) = get_job(tx, id)?
+                && job.status == JobStatus::Queued
+                && job.generation < generation
+            {
+                superseded.push(supersede(tx, id, now_ms)?);
+            }
+        }
+        Ok(superseded)
+    }
+
+    /// Returns a dead-lettered job to the queue, at its thread's current generation: the
+    /// operator asks for it to run now, and a job of an older generation would only be
+    /// superseded when claimed (an interrupt since it failed did not touch it, its run having
+    /// ended), leaving the run it revives queued with no job.
     pub fn requeue(tx: &Tx<'_>, job_id: &str, now_ms: u64) -> TxResult<Job, MailboxError> {
         let mut job = must_get_job(tx, job_id)?;
         move_to(tx, &mut job, JobEvent::Requeue, now_ms)?;
+        job.generation = generation(tx, &job.mailbox_id)?;
         job.attempt_count = 0;
         job.available_at_ms = now_ms;
         job.last_error.clear();

@@ -196,6 +196,7 @@ impl Runner {
                         },
                     )?;
                     run.error.clear();
+                    run.generation = job.generation;
                     run.updated_at_ms = now;
                     records::put_run(tx, &run)?;
                     appended = events::append(

@@ -13,7 +13,7 @@ use crate::{
     error::RunnerError,
     events::{self, NewEvent},
     mailbox::{EnqueueRequest, MailboxInterrupt, tx as mtx},
-    store::{T, Tx, TxResult, abort, codec, lift},
+    store::{Commit, T, Tx, TxResult, abort, codec, lift},
 };
 
 /// Ids are path- and key-safe: they end up in store keys with NUL separators.
@@ -311,60 +311,29 @@ impl Runner {
                 }
             }
         }
-        let candidates = self.mailbox.queued_of(thread_id)?;
-        let runs = self.thread_runs(thread_id)?;
-        let now = arbor_shared::time::now_ms();
-        let mut orders = Vec::new();
-        for _ in 0..runs.len() {
-            orders.push(self.store.next_id()?);
-        }
-        let default_max = self.mailbox.config().default_max_attempts;
         let reason = if reason.is_empty() {
             "thread interrupted"
         } else {
             reason
         };
-        let (thread, reason) = (thread_id.to_string(), reason.to_string());
-        let intr = self
-            .commit_as(mtx::INTERRUPT_COMMIT, move |tx| {
-                let intr = lift(mtx::interrupt(tx, &thread, &candidates, now))?;
-                let mut new_events = Vec::new();
-                let superseded_runs: Vec<&str> = intr
-                    .superseded
-                    .iter()
-                    .filter(|j| j.kind == JobKind::Start)
-                    .map(|j| j.run_id.as_str())
-                    .collect();
-                for (run_id, order) in runs.iter().zip(&orders) {
-                    let Some(mut run) = records::get_run(tx, run_id)? else {
-                        continue;
-                    };
-                    if run.status.is_terminal() {
-                        continue;
-                    }
-                    if superseded_runs.contains(&run_id.as_str()) && !run.started {
-                        run.status =
-                            super::state::apply(run.status, super::state::RunEvent::Supersede)?;
-                        run.error = reason.to_string();
-                        run.updated_at_ms = now;
-                        records::put_run(tx, &run)?;
-                        new_events.push(NewEvent {
-                            run_id: run.run_id.clone(),
-                            thread_id: run.thread_id.clone(),
-                            detail: EventDetail::RunFinished {
-                                status: RunStatus::Superseded,
-                                error: reason.to_string(),
-                                blackboard: Default::default(),
-                            },
-                        });
-                        continue;
-                    }
-                    enqueue_cancel(tx, &run, &reason, *order, now, default_max)?;
-                }
-                let appended = events::append(tx, &new_events, now, "")?;
-                Ok((intr, appended))
-            })
+        let seen = self.look(thread_id, None)?;
+        let mut intr = self
+            .interrupt_seen(thread_id, reason, seen.clone(), None)
             .await?;
+        // A run submitted after the look above and committed before the interrupt is of an
+        // older generation, and the interrupt did not see it: its queued job would only be
+        // superseded when claimed, leaving the run queued with no job, and a claimed one would
+        // not be cancelled. Everything the interrupt came after is visible now: look again and
+        // end those runs as the interrupt ends the others. A crash before this leaves them to
+        // the client's retry of the interrupt, which sees them.
+        let again = self.look(thread_id, Some(&seen))?;
+        if !again.runs.is_empty() {
+            let late = self
+                .interrupt_seen(thread_id, reason, again, Some(intr.new_generation))
+                .await?;
+            intr.superseded_count += late.superseded_count;
+            intr.superseded.extend(late.superseded);
+        }
         let next_run = match next {
             Some(mut next) => {
                 next.thread_id = thread_id.to_string();
@@ -374,6 +343,95 @@ impl Runner {
         };
         self.wake_workers();
         Ok((intr, next_run))
+    }
+
+    /// The thread's queued jobs and its runs, as committed now; with `besides`, those not
+    /// in it.
+    fn look(&self, thread_id: &str, besides: Option<&Look>) -> Result<Look, RunnerError> {
+        let (mut candidates, mut runs) = (
+            self.mailbox.queued_of(thread_id)?,
+            self.thread_runs(thread_id)?,
+        );
+        if let Some(seen) = besides {
+            candidates.retain(|id| !seen.candidates.contains(id));
+            runs.retain(|id| !seen.runs.contains(id));
+        }
+        Ok(Look { candidates, runs })
+    }
+
+    /// The interrupt's commit, of what a look saw: without `bumped`, the generation moves on;
+    /// with it (the generation the interrupt moved to), only runs of an older generation are
+    /// ended. Queued jobs of an older generation are superseded, and never-started runs whose
+    /// job that was become SUPERSEDED; every other unfinished run gets a cancel job.
+    async fn interrupt_seen(
+        &self,
+        thread_id: &str,
+        reason: &str,
+        seen: Look,
+        bumped: Option<u64>,
+    ) -> Result<MailboxInterrupt, RunnerError> {
+        let Look { candidates, runs } = seen;
+        let now = arbor_shared::time::now_ms();
+        let mut orders = Vec::new();
+        for _ in 0..runs.len() {
+            orders.push(self.store.next_id()?);
+        }
+        let default_max = self.mailbox.config().default_max_attempts;
+        let (thread, reason) = (thread_id.to_string(), reason.to_string());
+        let how = match bumped {
+            None => mtx::INTERRUPT_COMMIT,
+            Some(_) => Commit::Durable,
+        };
+        self.commit_as(how, move |tx| {
+            let intr = match bumped {
+                None => lift(mtx::interrupt(tx, &thread, &candidates, now))?,
+                Some(generation) => {
+                    let superseded = lift(mtx::supersede_older(tx, &candidates, generation, now))?;
+                    MailboxInterrupt {
+                        new_generation: generation,
+                        active_job: None,
+                        superseded_count: superseded.len() as u32,
+                        superseded,
+                    }
+                }
+            };
+            let mut new_events = Vec::new();
+            let superseded_runs: Vec<&str> = intr
+                .superseded
+                .iter()
+                .filter(|j| j.kind == JobKind::Start)
+                .map(|j| j.run_id.as_str())
+                .collect();
+            for (run_id, order) in runs.iter().zip(&orders) {
+                let Some(mut run) = records::get_run(tx, run_id)? else {
+                    continue;
+                };
+                if run.status.is_terminal() || run.generation >= intr.new_generation {
+                    continue;
+                }
+                if superseded_runs.contains(&run_id.as_str()) && !run.started {
+                    run.status =
+                        super::state::apply(run.status, super::state::RunEvent::Supersede)?;
+                    run.error = reason.to_string();
+                    run.updated_at_ms = now;
+                    records::put_run(tx, &run)?;
+                    new_events.push(NewEvent {
+                        run_id: run.run_id.clone(),
+                        thread_id: run.thread_id.clone(),
+                        detail: EventDetail::RunFinished {
+                            status: RunStatus::Superseded,
+                            error: reason.to_string(),
+                            blackboard: Default::default(),
+                        },
+                    });
+                    continue;
+                }
+                enqueue_cancel(tx, &run, &reason, *order, now, default_max)?;
+            }
+            let appended = events::append(tx, &new_events, now, "")?;
+            Ok((intr, appended))
+        })
+        .await
     }
 
     /// Run ids of a thread.
@@ -391,6 +449,14 @@ impl Runner {
         }
         Ok(out)
     }
+}
+
+/// What an interrupt saw of its thread before its commit: the ids of its queued jobs and of
+/// its runs.
+#[derive(Debug, Clone)]
+struct Look {
+    candidates: Vec<String>,
+    runs: Vec<String>,
 }
 
 /// Why a submission with `policy` may not (re)use `run_id` given the run stored under it, if it
@@ -444,4 +510,89 @@ pub(crate) fn enqueue_cancel(
         records::put_run(tx, &run)?;
     }
     Ok(enq.job)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        engine::{GuardConfig, LedgerTool, ToolRegistry},
+        mailbox::SystemClock,
+        runs::RunnerOptions,
+        store::Store,
+    };
+
+    const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "name": "s", "key": "x", "value": 1}}"#;
+
+    /// `Runner::interrupt` commits what its look at the thread saw, then looks again. A run
+    /// submitted after the first look and committed before the interrupt (here, in between, in
+    /// that order) is missed by the first commit and ended by the second, as the runs seen
+    /// first are; a run submitted after the interrupt, of the new generation, is left alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_submitted_while_its_thread_is_interrupted_is_ended_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), 1 << 20).unwrap();
+        let tools = ToolRegistry::with_builtins(
+            LedgerTool::new(store.clone()).unwrap(),
+            GuardConfig::default(),
+        );
+        let runner = Runner::open(
+            store,
+            Arc::new(SystemClock::default()),
+            Arc::new(tools),
+            RunnerOptions::default(),
+        )
+        .await
+        .unwrap();
+        runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
+        let submit = || async {
+            let input = SubmitInput {
+                tree_id: "quick".into(),
+                thread_id: "chat".into(),
+                submitted_by: "alice".into(),
+                ..Default::default()
+            };
+            runner.submit(input).await.unwrap().run
+        };
+        let status = |run: &RunRecord| runner.get_run(&run.run_id).unwrap().run.status;
+
+        let seen_run = submit().await;
+        let seen = runner.look("chat", None).unwrap();
+        let late_run = submit().await;
+        let intr = runner
+            .interrupt_seen("chat", "new message", seen.clone(), None)
+            .await
+            .unwrap();
+        assert_eq!(intr.new_generation, 1);
+        assert_eq!(status(&seen_run), RunStatus::Superseded);
+        assert_eq!(
+            status(&late_run),
+            RunStatus::Queued,
+            "the first commit missed it"
+        );
+
+        let after = submit().await;
+        assert_eq!(after.generation, 1);
+        let again = runner.look("chat", Some(&seen)).unwrap();
+        assert_eq!(again.runs.len(), 2, "{again:?}");
+        let late = runner
+            .interrupt_seen("chat", "new message", again, Some(intr.new_generation))
+            .await
+            .unwrap();
+        assert_eq!(
+            late.superseded
+                .iter()
+                .map(|j| &j.run_id)
+                .collect::<Vec<_>>(),
+            [&late_run.run_id]
+        );
+        assert_eq!(status(&late_run), RunStatus::Superseded);
+        assert_eq!(status(&after), RunStatus::Queued);
+        let queued = runner.mailbox().queued_of("chat").unwrap();
+        assert_eq!(queued.len(), 1, "the new generation's job is still queued");
+    }
 }
