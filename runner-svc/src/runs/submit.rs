@@ -353,8 +353,12 @@ impl Runner {
             self.thread_runs(thread_id)?,
         );
         if let Some(seen) = besides {
-            candidates.retain(|id| !seen.candidates.contains(id));
-            runs.retain(|id| !seen.runs.contains(id));
+            let unseen = |ids: &mut Vec<String>, seen: &[String]| {
+                let seen: std::collections::HashSet<&String> = seen.iter().collect();
+                ids.retain(|id| !seen.contains(id));
+            };
+            unseen(&mut candidates, &seen.candidates);
+            unseen(&mut runs, &seen.runs);
         }
         Ok(Look { candidates, runs })
     }
