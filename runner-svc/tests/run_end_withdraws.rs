@@ -13,8 +13,8 @@ mod common;
 
 use arbor_runner_svc::{
     engine::{Tool, ToolCall, ToolError, TreeFormat},
-    mailbox::MailboxStore,
-    runs::{Processed, ResolveInput, Runner, SubmitInput},
+    mailbox::{Job, MailboxStore},
+    runs::{Processed, ResolveInput, RunRecord, Runner, SubmitInput},
 };
 use arbor_shared::domain::{
     DecisionSource, EventDetail, EventKind, JobStatus, RunStatus, SuspensionCategory, Verdict,
@@ -46,6 +46,43 @@ const TREE: &str = r#"{"id": "dies", "version": 1, "root": {"type": "parallel", 
     ]}
   ]}}"#;
 
+/// A runner whose `panics-once` tool fails its first call, with `tree` registered.
+async fn runner_with(dir: &std::path::Path, tree: &str) -> Arc<Runner> {
+    let runner = common::open_runner(dir, |tools| {
+        tools.register(PanicsOnce(AtomicBool::new(false)))
+    })
+    .await;
+    runner.register_tree(tree, TreeFormat::Json).await.unwrap();
+    runner
+}
+
+/// Submits a run of `tree_id` on `thread_id` (empty: a thread of its own) with one attempt.
+async fn submit_one_attempt(runner: &Runner, tree_id: &str, thread_id: &str) -> RunRecord {
+    runner
+        .submit(SubmitInput {
+            tree_id: tree_id.into(),
+            thread_id: thread_id.into(),
+            max_attempts: 1,
+            submitted_by: "alice".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .run
+}
+
+/// An operator requeues the dead-lettered job.
+async fn requeue_dead_letter(runner: &Runner) -> Job {
+    let dead = runner
+        .mailbox()
+        .list(&Default::default(), "", 100)
+        .unwrap()
+        .into_iter()
+        .find(|j| j.status == JobStatus::DeadLetter)
+        .unwrap();
+    runner.requeue_job(&dead.job_id).await.unwrap()
+}
+
 async fn process_next(runner: &Arc<Runner>) -> Processed {
     let claim = runner.mailbox().claim("w").unwrap().expect("a job to do");
     runner.process(&claim).await
@@ -54,21 +91,8 @@ async fn process_next(runner: &Arc<Runner>) -> Processed {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_lettered_run_withdraws_its_open_approval_in_the_same_step() {
     let dir = tempfile::tempdir().unwrap();
-    let runner = common::open_runner(dir.path(), |tools| {
-        tools.register(PanicsOnce(AtomicBool::new(false)))
-    })
-    .await;
-    runner.register_tree(TREE, TreeFormat::Json).await.unwrap();
-    let run = runner
-        .submit(SubmitInput {
-            tree_id: "dies".into(),
-            max_attempts: 1,
-            submitted_by: "alice".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .run;
+    let runner = runner_with(dir.path(), TREE).await;
+    let run = submit_one_attempt(&runner, "dies", "").await;
     assert_eq!(
         process_next(&runner).await,
         Processed::Done(RunStatus::Suspended)
@@ -146,14 +170,7 @@ async fn a_dead_lettered_run_withdraws_its_open_approval_in_the_same_step() {
     );
 
     // Revived by an operator, the run asks anew instead of waiting on withdrawn requests.
-    let dead = runner
-        .mailbox()
-        .list(&Default::default(), "", 100)
-        .unwrap()
-        .into_iter()
-        .find(|j| j.status == JobStatus::DeadLetter)
-        .unwrap();
-    runner.requeue_job(&dead.job_id).await.unwrap();
+    requeue_dead_letter(&runner).await;
     assert_eq!(
         process_next(&runner).await,
         Processed::Done(RunStatus::Suspended)
@@ -180,25 +197,8 @@ const BUGGY_FIRST: &str = r#"{"id": "buggy-first", "version": 1, "root": {"type"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_revived_after_its_thread_was_interrupted_runs() {
     let dir = tempfile::tempdir().unwrap();
-    let runner = common::open_runner(dir.path(), |tools| {
-        tools.register(PanicsOnce(AtomicBool::new(false)))
-    })
-    .await;
-    runner
-        .register_tree(BUGGY_FIRST, TreeFormat::Json)
-        .await
-        .unwrap();
-    let run = runner
-        .submit(SubmitInput {
-            tree_id: "buggy-first".into(),
-            thread_id: "chat-1".into(),
-            max_attempts: 1,
-            submitted_by: "alice".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .run;
+    let runner = runner_with(dir.path(), BUGGY_FIRST).await;
+    let run = submit_one_attempt(&runner, "buggy-first", "chat-1").await;
     assert!(matches!(process_next(&runner).await, Processed::Failed(_)));
     assert_eq!(
         runner.get_run(&run.run_id).unwrap().run.status,
@@ -210,14 +210,7 @@ async fn a_run_revived_after_its_thread_was_interrupted_runs() {
         .await
         .unwrap();
     assert_eq!(intr.new_generation, 1);
-    let dead = runner
-        .mailbox()
-        .list(&Default::default(), "", 100)
-        .unwrap()
-        .into_iter()
-        .find(|j| j.status == JobStatus::DeadLetter)
-        .unwrap();
-    let requeued = runner.requeue_job(&dead.job_id).await.unwrap();
+    let requeued = requeue_dead_letter(&runner).await;
     assert_eq!(requeued.generation, 1);
     let view = runner.get_run(&run.run_id).unwrap();
     assert_eq!(

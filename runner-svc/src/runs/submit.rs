@@ -520,15 +520,7 @@ pub(crate) fn enqueue_cancel(
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use std::sync::Arc;
-
     use super::*;
-    use crate::{
-        engine::{GuardConfig, LedgerTool, ToolRegistry},
-        mailbox::SystemClock,
-        runs::RunnerOptions,
-        store::Store,
-    };
 
     const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "name": "s", "key": "x", "value": 1}}"#;
 
@@ -539,17 +531,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_run_submitted_while_its_thread_is_interrupted_is_ended_too() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), 1 << 20).unwrap();
-        let tools = ToolRegistry::with_builtins(
-            LedgerTool::new(store.clone()).unwrap(),
-            GuardConfig::default(),
-        );
-        let runner = Runner::open(
-            store,
-            Arc::new(SystemClock::default()),
-            Arc::new(tools),
-            RunnerOptions::default(),
-        )
+        let runner = crate::open_runner(&crate::ServeConfig {
+            data_dir: dir.path().to_path_buf(),
+            ..crate::ServeConfig::default()
+        })
         .await
         .unwrap();
         runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
