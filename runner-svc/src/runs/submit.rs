@@ -345,20 +345,26 @@ impl Runner {
         Ok((intr, next_run))
     }
 
-    /// The thread's queued jobs and its runs, as committed now; with `besides`, those not
-    /// in it.
+    /// The thread's queued jobs and its runs, as committed now (the jobs first: a run
+    /// submitted between the two reads is seen without its job, and cancelled). With
+    /// `besides`, those not in it; the jobs are read only when there are such runs.
     fn look(&self, thread_id: &str, besides: Option<&Look>) -> Result<Look, RunnerError> {
-        let (mut candidates, mut runs) = (
-            self.mailbox.queued_of(thread_id)?,
-            self.thread_runs(thread_id)?,
-        );
-        if let Some(seen) = besides {
-            let unseen = |ids: &mut Vec<String>, seen: &[String]| {
-                let seen: std::collections::HashSet<&String> = seen.iter().collect();
-                ids.retain(|id| !seen.contains(id));
-            };
+        let Some(seen) = besides else {
+            return Ok(Look {
+                candidates: self.mailbox.queued_of(thread_id)?,
+                runs: self.thread_runs(thread_id)?,
+            });
+        };
+        let unseen = |ids: &mut Vec<String>, seen: &[String]| {
+            let seen: std::collections::HashSet<&String> = seen.iter().collect();
+            ids.retain(|id| !seen.contains(id));
+        };
+        let mut runs = self.thread_runs(thread_id)?;
+        unseen(&mut runs, &seen.runs);
+        let mut candidates = Vec::new();
+        if !runs.is_empty() {
+            candidates = self.mailbox.queued_of(thread_id)?;
             unseen(&mut candidates, &seen.candidates);
-            unseen(&mut runs, &seen.runs);
         }
         Ok(Look { candidates, runs })
     }
