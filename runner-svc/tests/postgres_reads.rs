@@ -1,6 +1,7 @@
 //! On PostgreSQL, a batch of durable commits reads the rows its bodies named when they were
 //! queued (`Store::commit_reading`) with one statement, before its first body runs, instead of
-//! one round trip per body while the batch holds the event log's writer lock.
+//! one round trip per body while the batch holds the event log's writer lock; an interrupt
+//! names every row it reads, however many runs its thread has.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -88,4 +89,59 @@ async fn a_batch_reads_the_rows_its_bodies_named_in_one_statement() {
             Some(&b"checkpoint"[..])
         );
     }
+}
+
+/// An interrupt reads the thread's jobs in one statement before it commits, and the rows its
+/// commit changes (the thread's generation and claimed job, each queued job, each run with its
+/// checkpoint, trace context and cancel key) with its batch's first statement: not one round
+/// trip per job and per run, most of them while its batch holds the event log's writer lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_reads_its_thread_s_rows_in_one_statement() {
+    const RUNS: usize = 20;
+    let cluster = PgCluster::start_with(&["shared_preload_libraries=pg_stat_statements"]);
+    let url = cluster.fresh_database("interrupt_reads");
+    cluster
+        .psql(&url, "CREATE EXTENSION pg_stat_statements")
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let runner = arbor_runner_svc::open_runner(&arbor_runner_svc::ServeConfig {
+        data_dir: dir.path().to_path_buf(),
+        store_url: Some(url.clone()),
+        ..arbor_runner_svc::ServeConfig::default()
+    })
+    .await
+    .unwrap();
+    runner
+        .register_tree(
+            r#"{"id": "quick", "version": 1, "root": {"type": "set", "name": "s", "key": "x", "value": 1}}"#,
+            arbor_runner_svc::engine::TreeFormat::Json,
+        )
+        .await
+        .unwrap();
+    for _ in 0..RUNS {
+        runner
+            .submit(arbor_runner_svc::runs::SubmitInput {
+                tree_id: "quick".into(),
+                thread_id: "chat".into(),
+                submitted_by: "alice".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    cluster
+        .psql(&url, "SELECT pg_stat_statements_reset()")
+        .unwrap();
+    let before = row_reads(&cluster, &url);
+
+    let (intr, _) = runner.interrupt("chat", "new message", None).await.unwrap();
+    assert_eq!(intr.superseded_count, RUNS as u32);
+    let reads = row_reads(&cluster, &url) - before;
+    // Two: the look at the thread's jobs, and the batch's first read. A few more may be the
+    // runner's own looks (about one a second) falling in the window; one read per job or per
+    // run would be over 40.
+    assert!(
+        reads <= 6,
+        "an interrupt of {RUNS} queued runs took {reads} row reads"
+    );
 }

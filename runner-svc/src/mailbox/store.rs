@@ -1157,22 +1157,23 @@ impl Mailbox {
 
     /// Ids of the thread's queued jobs (candidates for an interrupt).
     pub fn queued_of(&self, mailbox_id: &str) -> Result<Vec<String>, MailboxError> {
-        let mut ids = Vec::new();
-        for entry in self
+        let ids = self
             .store
             .tree(T::MailboxJobs)
             .scan_prefix(codec::prefix(mailbox_id))
-        {
-            let (_, id) = entry?;
-            let id = String::from_utf8_lossy(&id).into_owned();
-            if self
-                .get(&id)?
-                .is_some_and(|j| j.status == JobStatus::Queued)
+            .values()
+            .collect::<Result<Vec<_>, _>>()?;
+        // The jobs read together: one round trip on a store whose reads are round trips.
+        let keys: Vec<(T, &[u8])> = ids.iter().map(|id| (T::Jobs, id.as_slice())).collect();
+        let mut queued = Vec::new();
+        for (id, job) in ids.iter().zip(self.store.get_many(&keys)?) {
+            if let Some(bytes) = job
+                && codec::decode::<Job>("job", &bytes)?.status == JobStatus::Queued
             {
-                ids.push(id);
+                queued.push(String::from_utf8_lossy(id).into_owned());
             }
         }
-        Ok(ids)
+        Ok(queued)
     }
 }
 

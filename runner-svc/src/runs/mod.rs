@@ -296,18 +296,17 @@ impl Runner {
         reads: Reads,
         body: impl Fn(&Tx<'_>) -> TxResult<(R, Vec<Event>), RunnerError> + Send + 'static,
     ) -> Result<R, RunnerError> {
-        self.commit_then(reads, Commit::Durable, body, |r| (r, false))
-            .await
+        self.commit_as(reads, Commit::Durable, body).await
     }
 
-    /// [`commit`](Self::commit) run as `how` says (see [`Commit`]).
+    /// [`commit_reading`](Self::commit_reading) run as `how` says (see [`Commit`]).
     pub(crate) async fn commit_as<R: Send + 'static>(
         &self,
+        reads: Reads,
         how: Commit,
         body: impl Fn(&Tx<'_>) -> TxResult<(R, Vec<Event>), RunnerError> + Send + 'static,
     ) -> Result<R, RunnerError> {
-        self.commit_then(Vec::new(), how, body, |r| (r, false))
-            .await
+        self.commit_then(reads, how, body, |r| (r, false)).await
     }
 
     /// Commits `body`; once it is durable, runs `then` on its outcome (which answers whether

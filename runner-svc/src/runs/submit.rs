@@ -13,7 +13,7 @@ use crate::{
     error::RunnerError,
     events::{self, NewEvent},
     mailbox::{EnqueueRequest, MailboxInterrupt, tx as mtx},
-    store::{Commit, T, Tx, TxResult, abort, codec, lift},
+    store::{Commit, Reads, T, Tx, TxResult, abort, codec, lift},
 };
 
 /// Ids are path- and key-safe: they end up in store keys with NUL separators.
@@ -387,12 +387,31 @@ impl Runner {
             orders.push(self.store.next_id()?);
         }
         let default_max = self.mailbox.config().default_max_attempts;
+        // Every row the commit reads, fetched with its batch's first read rather than one
+        // round trip each while the batch holds the event log's writer lock.
+        let thread_key = thread_id.as_bytes().to_vec();
+        let reads: Reads = [(T::Mailboxes, thread_key.clone()), (T::Active, thread_key)]
+            .into_iter()
+            .chain(
+                candidates
+                    .iter()
+                    .map(|id| (T::Jobs, id.clone().into_bytes())),
+            )
+            .chain(runs.iter().flat_map(|id| {
+                [
+                    (T::Runs, id.clone().into_bytes()),
+                    (T::Checkpoints, id.clone().into_bytes()),
+                    (T::Meta, events::trace_key(id)),
+                    (T::Dedupe, cancel_key(id).into_bytes()),
+                ]
+            }))
+            .collect();
         let (thread, reason) = (thread_id.to_string(), reason.to_string());
         let how = match bumped {
             None => mtx::INTERRUPT_COMMIT,
             Some(_) => Commit::Durable,
         };
-        self.commit_as(how, move |tx| {
+        self.commit_as(reads, how, move |tx| {
             let intr = match bumped {
                 None => lift(mtx::interrupt(tx, &thread, &candidates, now))?,
                 Some(generation) => {
@@ -487,6 +506,11 @@ fn restore_conflict(
     }
 }
 
+/// The dedupe key of a run's cancel job: one cancel job per run at a time.
+fn cancel_key(run_id: &str) -> String {
+    format!("cancel:{run_id}")
+}
+
 /// Enqueues the cooperative cancel of a run and records why on the run.
 pub(crate) fn enqueue_cancel(
     tx: &Tx<'_>,
@@ -505,7 +529,7 @@ pub(crate) fn enqueue_cancel(
             origin: JobOrigin::Internal,
             kind: Some(JobKind::Cancel),
             priority: CANCEL_PRIORITY,
-            dedupe_key: format!("cancel:{}", run.run_id),
+            dedupe_key: cancel_key(&run.run_id),
             dedupe_while_claimed: false,
             available_at_ms: now,
             max_attempts: 0,
