@@ -93,6 +93,13 @@ const WRITER_BEGIN: &str =
 /// `TO_SERIALIZABLE` before its first read (the `LOCK` took no snapshot, so it may).
 const WRITER_BEGIN_SERIALIZABLE: &str =
     "BEGIN ISOLATION LEVEL SERIALIZABLE; LOCK TABLE runner_writer IN EXCLUSIVE MODE";
+/// Raises a durable batch's transaction, begun and holding the writer lock, to `SERIALIZABLE`
+/// before its first read: for a batch that holds a [`Commit::Serializable`] body (an interrupt
+/// of a thread). That body reads a row a concurrent claim writes (the thread's claimed job)
+/// and writes a row the claim reads (the thread's generation), and no row is written by both,
+/// so at `REPEATABLE READ` both would commit, each blind to the other. Only predicate locks,
+/// which PostgreSQL takes at `SERIALIZABLE` alone, refuse the pair. One more round trip, for
+/// the batches that need it.
 const TO_SERIALIZABLE: &str = "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE";
 /// How any other transaction begins.
 const BEGIN: &str = "BEGIN ISOLATION LEVEL SERIALIZABLE";
@@ -366,7 +373,7 @@ fn committer_loop(
         let queued: Vec<&Body<'_>> = batch.iter().map(|q| &*q.body).collect();
         let serializable = lane.writer && batch.iter().any(|q| q.serializable);
         let locked = match (locked, serializable) {
-            (Ok(()), true) => to_serializable(&mut own),
+            (Ok(()), true) => execute_own(&mut own, TO_SERIALIZABLE),
             (locked, _) => locked,
         };
         let outcomes = match locked {
@@ -423,18 +430,6 @@ fn execute_own(own: &mut Dedicated, sql: &str) -> Result<(), StoreError> {
         own.reset();
         StoreError::from(e)
     })
-}
-
-/// Raises the durable batch's transaction, begun and holding the writer lock, to
-/// `SERIALIZABLE` before its first read: for a batch that holds a [`Commit::Serializable`]
-/// body (an interrupt of a thread). That body reads a row a concurrent claim writes (the
-/// thread's claimed job) and writes a row the claim reads (the thread's generation), and no
-/// row is written by both, so at `REPEATABLE READ` both would commit, each blind to the other:
-/// a job queued before the interrupt would run as if it came after. Only predicate locks,
-/// which PostgreSQL takes at `SERIALIZABLE` alone, refuse the pair. One more round trip, for
-/// the rare batch that needs it.
-fn to_serializable(own: &mut Dedicated) -> Result<(), StoreError> {
-    execute_own(own, TO_SERIALIZABLE)
 }
 
 /// The outcomes of `bodies` bodies that a storage failure failed together.

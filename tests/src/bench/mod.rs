@@ -63,14 +63,12 @@ impl Meters {
 
     /// fsyncs since `before`.
     pub fn fsyncs_since(&self, before: &Self) -> Option<u64> {
-        let (a, b) = before.fsyncs.zip(self.fsyncs)?;
-        Some((b - a).max(0.0) as u64)
+        counted_since(before.fsyncs, self.fsyncs)
     }
 
     /// The runners' conflicts since `before`.
     pub fn conflicts_since(&self, before: &Self) -> Option<u64> {
-        let (a, b) = before.conflicts.zip(self.conflicts)?;
-        Some((b - a).max(0.0) as u64)
+        counted_since(before.conflicts, self.conflicts)
     }
 
     /// Mean decision latency (ms) of the decisions taken since `before`.
@@ -78,6 +76,12 @@ impl Meters {
         let ((s0, n0), (s1, n1)) = before.decided.zip(self.decided)?;
         (n1 > n0).then(|| (s1 - s0) / (n1 - n0) * 1e3)
     }
+}
+
+/// How far a counter moved from `then` to `now`, when both were read.
+fn counted_since(then: Option<f64>, now: Option<f64>) -> Option<u64> {
+    let (a, b) = then.zip(now)?;
+    Some((b - a).max(0.0) as u64)
 }
 
 /// Whether PostgreSQL configurations print the statements they ran (`--pg-stats`).
