@@ -10,6 +10,17 @@ mod common;
 use arbor_runner_svc::store::{Abort, T};
 use arbor_testkit::PgCluster;
 
+/// A cluster of its own that counts its statements (a reset would clear another test's
+/// counts), and a fresh database `name` in it.
+fn counting_cluster(name: &str) -> (PgCluster, String) {
+    let cluster = PgCluster::start_with(&["shared_preload_libraries=pg_stat_statements"]);
+    let url = cluster.fresh_database(name);
+    cluster
+        .psql(&url, "CREATE EXTENSION pg_stat_statements")
+        .unwrap();
+    (cluster, url)
+}
+
 /// Calls of the store's row reads (of several keys, and of one) since the last reset.
 fn row_reads(cluster: &PgCluster, url: &str) -> u64 {
     let calls = cluster
@@ -27,11 +38,7 @@ fn row_reads(cluster: &PgCluster, url: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_reads_the_rows_its_bodies_named_in_one_statement() {
     const BODIES: usize = 24;
-    let cluster = PgCluster::start_with(&["shared_preload_libraries=pg_stat_statements"]);
-    let url = cluster.fresh_database("batch_reads");
-    cluster
-        .psql(&url, "CREATE EXTENSION pg_stat_statements")
-        .unwrap();
+    let (cluster, url) = counting_cluster("batch_reads");
     let store = common::open_postgres(&url);
     store
         .transact(|t| {
@@ -98,11 +105,7 @@ async fn a_batch_reads_the_rows_its_bodies_named_in_one_statement() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupt_reads_its_thread_s_rows_in_one_statement() {
     const RUNS: usize = 20;
-    let cluster = PgCluster::start_with(&["shared_preload_libraries=pg_stat_statements"]);
-    let url = cluster.fresh_database("interrupt_reads");
-    cluster
-        .psql(&url, "CREATE EXTENSION pg_stat_statements")
-        .unwrap();
+    let (cluster, url) = counting_cluster("interrupt_reads");
     let dir = tempfile::tempdir().unwrap();
     let runner = arbor_runner_svc::open_runner(&arbor_runner_svc::ServeConfig {
         data_dir: dir.path().to_path_buf(),
