@@ -1,7 +1,8 @@
 //! On PostgreSQL, a batch of durable commits reads the rows its bodies named when they were
 //! queued (`Store::commit_reading`) with one statement, before its first body runs, instead of
 //! one round trip per body while the batch holds the event log's writer lock; an interrupt
-//! names every row it reads, however many runs its thread has.
+//! names every row it reads, however many runs its thread has; a worker's look at the queue
+//! reads the rows of the threads it looks at, however many jobs are running.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -146,5 +147,64 @@ async fn an_interrupt_reads_its_thread_s_rows_in_one_statement() {
     assert!(
         reads <= 6,
         "an interrupt of {RUNS} queued runs took {reads} row reads"
+    );
+}
+
+/// Rows the store's reads (`SELECT`s of the runner's table) returned since the last reset.
+fn rows_read(cluster: &PgCluster, url: &str) -> u64 {
+    let rows = cluster
+        .psql(
+            url,
+            "SELECT coalesce(sum(rows), 0) FROM pg_stat_statements \
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND query LIKE 'SELECT%runner_kv%'",
+        )
+        .unwrap();
+    rows.trim().parse().unwrap()
+}
+
+/// A worker's look at the queue reads the claimed-job rows of the threads of the jobs it looks
+/// at, not every thread's: with 200 jobs running, claiming the one queued job reads a handful of
+/// rows, as it does with none running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_at_the_queue_reads_only_the_threads_it_looks_at() {
+    use arbor_runner_svc::mailbox::{
+        EnqueueRequest, Mailbox, MailboxConfig, MailboxStore, SystemClock,
+    };
+    const RUNNING: usize = 200;
+    let (cluster, url) = counting_cluster("look_reads");
+    let (mailbox, _) = Mailbox::open(
+        common::open_postgres(&url),
+        std::sync::Arc::new(SystemClock::default()),
+        MailboxConfig::default(),
+    )
+    .unwrap();
+    let enqueue = |job: &str, thread: &str| {
+        mailbox
+            .enqueue(EnqueueRequest {
+                job_id: job.into(),
+                mailbox_id: thread.into(),
+                run_id: format!("run-of-{job}"),
+                ..Default::default()
+            })
+            .unwrap();
+    };
+    for i in 0..RUNNING {
+        enqueue(&format!("running-{i}"), &format!("thread-{i}"));
+        assert!(mailbox.claim(&format!("w-{i}")).unwrap().is_some());
+    }
+    enqueue("waiting", "thread-new");
+    cluster
+        .psql(&url, "SELECT pg_stat_statements_reset()")
+        .unwrap();
+
+    let claim = mailbox.claim("w-new").unwrap().unwrap();
+    assert_eq!(claim.job.job_id, "waiting");
+    let rows = rows_read(&cluster, &url);
+    // The queued job, its thread's rows, the claim's reads of its job: about ten. Reading
+    // every running job's thread would be over 200.
+    assert!(
+        rows < 40,
+        "claiming one job with {RUNNING} running read {rows} rows"
     );
 }

@@ -657,6 +657,10 @@ struct Candidates {
     passed_over: PassedOver,
 }
 
+/// A due job a look found: its queue key, and its generation and thread (`None`: a value that
+/// does not parse, left to the claim to judge).
+type Due = (Vec<u8>, Option<(u64, Vec<u8>)>);
+
 /// A claim under way: its look at the queue, what that found, and its token.
 struct Begun<'b> {
     look: Look<'b>,
@@ -1097,57 +1101,75 @@ impl Mailbox {
     /// job is claimed.
     fn claim_candidates(&self, now: u64) -> Result<Candidates, MailboxError> {
         const MAX_CANDIDATES: usize = 16;
-        let mut candidates = Vec::new();
-        let mut next: Option<u64> = None;
-        // The threads with a claimed job (and its id): one entry per busy worker at most, read
-        // once per scan.
-        let mut busy: Option<HashMap<Vec<u8>, Vec<u8>>> = None;
-        let mut behind = PassedOver::new();
-        for entry in self.store.tree(T::Queue).iter() {
-            let (key, value) = entry?;
-            if let Some((available_at, generation, mailbox_id)) = tx::queued_head(&value) {
-                if available_at > now {
-                    next = Some(next.map_or(available_at, |n| n.min(available_at)));
-                    continue;
-                }
-                let busy = match &mut busy {
-                    Some(busy) => busy,
-                    None => {
-                        busy.insert(self.store.tree(T::Active).all().collect::<Result<_, _>>()?)
+        let mut found = Candidates {
+            keys: Vec::new(),
+            next: None,
+            passed_over: PassedOver::new(),
+        };
+        let mut queue = self.store.tree(T::Queue).iter();
+        loop {
+            // The next due jobs, as many as candidates are still wanted, each with its thread
+            // and generation (a key whose value does not parse is left to the claim to judge).
+            let wanted = MAX_CANDIDATES - found.keys.len();
+            let mut due: Vec<Due> = Vec::with_capacity(wanted);
+            for entry in queue.by_ref() {
+                let (key, value) = entry?;
+                match tx::queued_head(&value) {
+                    Some((available_at, _, _)) if available_at > now => {
+                        found.next = Some(found.next.map_or(available_at, |n| n.min(available_at)));
+                        continue;
                     }
-                };
-                // A job of an older generation is a candidate even on a busy thread: the claim
-                // transaction supersedes it.
-                if let Some(holder) = busy.get(mailbox_id)
-                    && generation >= self.generation_of(mailbox_id)?
-                {
-                    behind.push((mailbox_id.to_vec(), holder.clone()));
-                    continue;
+                    Some((_, generation, mailbox_id)) => {
+                        due.push((key, Some((generation, mailbox_id.to_vec()))));
+                    }
+                    None => due.push((key, None)),
+                }
+                if due.len() == wanted {
+                    break;
                 }
             }
-            candidates.push(key);
-            if candidates.len() == MAX_CANDIDATES {
-                return Ok(Candidates {
-                    keys: candidates,
-                    next: Some(now),
-                    passed_over: behind,
-                });
+            let more = due.len() == wanted;
+            // Which of their threads have a claimed job, and at which generation each thread
+            // is: one read of just those threads' rows, so a look costs the same however many
+            // jobs are running.
+            let threads: Vec<&[u8]> = due
+                .iter()
+                .filter_map(|(_, head)| head.as_ref().map(|(_, m)| m.as_slice()))
+                .collect();
+            let rows = if threads.is_empty() {
+                Vec::new()
+            } else {
+                let keys: Vec<(T, &[u8])> = threads
+                    .iter()
+                    .flat_map(|m| [(T::Active, *m), (T::Mailboxes, *m)])
+                    .collect();
+                self.store.get_many(&keys)?
+            };
+            let mut rows = rows.into_iter();
+            for (key, head) in due {
+                if let Some((generation, mailbox_id)) = head {
+                    let (holder, current) = (rows.next().flatten(), rows.next().flatten());
+                    let current = current.map_or(0, |v| codec::read_u64(&v));
+                    // A job of an older generation is a candidate even on a busy thread: the
+                    // claim transaction supersedes it.
+                    if let Some(holder) = holder
+                        && generation >= current
+                    {
+                        found.passed_over.push((mailbox_id, holder));
+                        continue;
+                    }
+                }
+                found.keys.push(key);
+            }
+            if found.keys.len() == MAX_CANDIDATES {
+                // Stopped early: a worker that loses every race looks again.
+                found.next = Some(now);
+                return Ok(found);
+            }
+            if !more {
+                return Ok(found);
             }
         }
-        Ok(Candidates {
-            keys: candidates,
-            next,
-            passed_over: behind,
-        })
-    }
-
-    /// A thread's generation (0 until its first interrupt).
-    fn generation_of(&self, mailbox_id: &[u8]) -> Result<u64, MailboxError> {
-        Ok(self
-            .store
-            .tree(T::Mailboxes)
-            .get(mailbox_id)?
-            .map_or(0, |v| codec::read_u64(&v)))
     }
 
     /// Unique per claim without a syscall (a random token would cost one each time).
