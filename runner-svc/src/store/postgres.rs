@@ -80,6 +80,10 @@ const SCHEMA: Schema = Schema {
          CREATE SEQUENCE runner_ids INCREMENT BY 64;",
         // Locked by every batched commit before it reads anything (see `WRITER_BEGIN`).
         "CREATE TABLE runner_writer ();",
+        // Room on each page for a row's next version: a run's record, checkpoint and job are
+        // rewritten a few times soon after they are written, and a new version that fits on
+        // its row's page is heap-only (no new index entry; pruned in place).
+        "ALTER TABLE runner_kv SET (fillfactor = 80);",
     ],
 };
 

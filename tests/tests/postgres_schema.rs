@@ -1,0 +1,111 @@
+//! The schema on PostgreSQL, with real processes: replicas of both services starting together
+//! on an empty database migrate it once and all serve; a database that a newer release
+//! migrated is refused at start-up with a message naming both versions, and left as it was;
+//! an older release's database is brought up to date.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use arbor_testkit::PgCluster;
+use arbor_tests::{Profile, WAIT, process::Replicas};
+
+/// The line a service logs for each migration it applies.
+const MIGRATED: &str = "schema migrated";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_migrate_once_a_newer_schema_is_refused_and_an_older_one_upgraded() {
+    let cluster = PgCluster::shared();
+    let url = cluster.fresh_database("schema_versions");
+    let sql = |q: &str| cluster.psql(&url, q).unwrap().trim().to_string();
+    let versions = || {
+        sql(
+            "SELECT string_agg(component || '=' || version, ' ' ORDER BY component) FROM arbor_schema",
+        )
+    };
+
+    // Two replicas of each service, all started at once on the empty database.
+    let mut r = Replicas::prepare(Profile::Debug, &url, (2, 2), Vec::new(), Vec::new());
+    for s in r.runners.iter_mut().chain(r.approvals.iter_mut()) {
+        s.spawn();
+    }
+    for s in r.runners.iter_mut().chain(r.approvals.iter_mut()) {
+        s.wait_serving(WAIT).await;
+    }
+    let current = versions();
+    let known: Vec<(String, i32)> = current
+        .split(' ')
+        .map(|cv| {
+            let (c, v) = cv.split_once('=').unwrap();
+            (c.to_string(), v.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        known.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>(),
+        ["approval", "runner"],
+        "{current}"
+    );
+    // Each migration applied once, by one of the four.
+    let applied: usize = r
+        .runners
+        .iter()
+        .chain(&r.approvals)
+        .map(|s| s.log_since_start().matches(MIGRATED).count())
+        .sum();
+    let migrations: i32 = known.iter().map(|(_, v)| v).sum();
+    assert_eq!(
+        applied, migrations as usize,
+        "migrations applied, all replicas"
+    );
+    assert!(r.stop_all().await.is_empty());
+
+    // A newer release migrated the database since: neither service starts on it, and each
+    // says which versions it found and knows.
+    sql("UPDATE arbor_schema SET version = version + 1");
+    let ahead = versions();
+    let rows = || {
+        sql(
+            "SELECT (SELECT count(*) FROM runner_kv) || '/' || (SELECT count(*) FROM approval_records)",
+        )
+    };
+    let rows_before = rows();
+    for (s, (component, v)) in [&mut r.approvals[0], &mut r.runners[0]]
+        .into_iter()
+        .zip(&known)
+    {
+        s.spawn();
+        let code = s.wait_exit(WAIT).await;
+        assert!(
+            matches!(code, Some(c) if c != 0),
+            "{component}: exit {code:?}; log:\n{}",
+            s.log_tail()
+        );
+        let said = format!(
+            "the database's {component} schema is at version {}, newer than this binary's {v}",
+            v + 1
+        );
+        assert!(
+            s.log_since_start().contains(&said),
+            "{component} did not say {said:?}; log:\n{}",
+            s.log_tail()
+        );
+    }
+    assert_eq!(versions(), ahead, "a refused start changed the versions");
+    assert_eq!(rows(), rows_before, "a refused start changed the data");
+
+    // An older release's database: each component one migration behind, with what its last
+    // migration made undone (the runner table's fill factor, the approvals' open-by-run index).
+    sql("UPDATE arbor_schema SET version = version - 2; \
+         ALTER TABLE runner_kv RESET (fillfactor); \
+         DROP INDEX approval_records_open_by_run");
+    r.runners[0].start().await;
+    r.approvals[0].start().await;
+    assert_eq!(versions(), current, "an older database brought up to date");
+    assert_eq!(
+        sql("SELECT array_to_string(reloptions, ',') FROM pg_class WHERE relname = 'runner_kv'"),
+        "fillfactor=80"
+    );
+    assert_eq!(
+        sql("SELECT count(*) FROM pg_indexes WHERE indexname = 'approval_records_open_by_run'"),
+        "1"
+    );
+    assert!(r.stop_all().await.is_empty());
+}
