@@ -234,7 +234,7 @@ pub async fn compactor(
             _ = tokio::time::sleep(cfg.interval) => {}
             _ = stop.cancelled() => return,
         }
-        match runner.compact(&cfg, arbor_shared::time::now_ms()).await {
+        match runner.compact(&cfg, runner.now_ms()).await {
             Ok(c) if c != Compacted::default() => {
                 tracing::info!(events = c.events, runs = c.runs, jobs = c.jobs, "compacted")
             }

@@ -205,6 +205,14 @@ impl Runner {
         &self.mailbox
     }
 
+    /// Now, on the clock of every time the runner writes (a step's, a timer's deadline, a
+    /// job's availability, an event's time): the mailbox's, by which claims and leases are
+    /// judged. In service that is the store's clock, so on PostgreSQL every replica reads the
+    /// database server's time, whatever its own clock says.
+    pub fn now_ms(&self) -> u64 {
+        self.mailbox.clock().wall_ms()
+    }
+
     pub fn tools(&self) -> &Arc<ToolRegistry> {
         &self.tools
     }
@@ -482,7 +490,7 @@ impl Runner {
         job: &crate::mailbox::Job,
     ) -> Result<(), RunnerError> {
         use arbor_shared::domain::EventDetail;
-        let now = arbor_shared::time::now_ms();
+        let now = self.now_ms();
         let job = job.clone();
         // The spec is needed to halt the waiting nodes; without it the records are still
         // withdrawn.

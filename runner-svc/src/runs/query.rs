@@ -179,7 +179,7 @@ impl Runner {
         if job_id.is_empty() {
             return Err(RunnerError::invalid("job_id", "required"));
         }
-        let now = arbor_shared::time::now_ms();
+        let now = self.now_ms();
         let job_id = job_id.to_string();
         let job = self
             .commit(move |tx| {
@@ -240,7 +240,7 @@ impl Runner {
             reason
         };
         let order = self.store.next_id()?;
-        let now = arbor_shared::time::now_ms();
+        let now = self.now_ms();
         let default_max = self.mailbox.config().default_max_attempts;
         let (id, reason) = (run_id.to_string(), reason.to_string());
         self.commit(move |tx| {

@@ -57,7 +57,7 @@ impl Runner {
         if input.decision_id.is_empty() || input.decision_id.len() > 128 {
             return Err(RunnerError::invalid("decision_id", "must be 1-128 bytes"));
         }
-        let now = arbor_shared::time::now_ms();
+        let now = self.now_ms();
         let order = self.store.next_id()?;
         let default_max = self.mailbox.config().default_max_attempts;
         let decision = Decision {

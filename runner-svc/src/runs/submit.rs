@@ -90,7 +90,7 @@ impl Runner {
             digest: hex::encode(Sha1::digest(canonical.as_bytes())),
             document: canonical,
             node_count: spec.node_count() as u32,
-            registered_at_ms: arbor_shared::time::now_ms(),
+            registered_at_ms: self.now_ms(),
         };
         let key = records::tree_key(&record.id, record.version);
         let (stored, existed) = self
@@ -120,7 +120,7 @@ impl Runner {
     /// durable.
     pub async fn submit(&self, input: SubmitInput) -> Result<Submitted, RunnerError> {
         let (record, spec) = self.check_submit(&input)?;
-        let now = arbor_shared::time::now_ms();
+        let now = self.now_ms();
         let run_id = if input.run_id.is_empty() {
             uuid::Uuid::now_v7().to_string()
         } else {
@@ -381,7 +381,7 @@ impl Runner {
         bumped: Option<u64>,
     ) -> Result<MailboxInterrupt, RunnerError> {
         let Look { candidates, runs } = seen;
-        let now = arbor_shared::time::now_ms();
+        let now = self.now_ms();
         let mut orders = Vec::new();
         for _ in 0..runs.len() {
             orders.push(self.store.next_id()?);

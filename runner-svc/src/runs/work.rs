@@ -129,7 +129,7 @@ impl Runner {
     /// Everything of a step before its commit: the run, its checkpoint and inbox, the tick.
     fn prepare(&self, claim: &Claim) -> Result<Prepared, RunnerError> {
         let job = &claim.job;
-        let now = arbor_shared::time::now_ms();
+        let now = self.now_ms();
         // The run, its checkpoint and its inbox, read together (one statement on PostgreSQL).
         let key = job.run_id.as_bytes();
         let (read, inbox) = self.store.get_many_and_prefix(
@@ -415,7 +415,7 @@ impl Runner {
 
     /// Acks a job that had nothing to do.
     async fn ack_only(&self, claim: &Claim) -> Result<(), RunnerError> {
-        let now = arbor_shared::time::now_ms();
+        let now = self.now_ms();
         let (job_id, token) = (claim.job.job_id.clone(), claim.token.clone());
         self.commit(move |tx| {
             lift(mtx::ack(tx, &job_id, &token, now))?;

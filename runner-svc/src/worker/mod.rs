@@ -145,7 +145,7 @@ async fn next_claim(
         false => runner.mailbox().next_due(),
     };
     let idle = match next {
-        Some(at) => Duration::from_millis(at.saturating_sub(arbor_shared::time::now_ms()).max(1)),
+        Some(at) => Duration::from_millis(at.saturating_sub(runner.now_ms()).max(1)),
         None => Duration::from_secs(5),
     };
     let mut handed = runner.wait_for_work(worker_id);
