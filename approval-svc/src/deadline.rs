@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use arbor_shared::time::now_ms;
 use tokio_util::sync::CancellationToken;
 
 use crate::{approvals::Approvals, store::ApprovalStore};
@@ -24,8 +23,9 @@ impl<S: ApprovalStore> DeadlineTimer<S> {
         let wake = self.approvals.deadline_wake();
         loop {
             let woken = wake.notified();
+            let now = self.approvals.store().now_ms();
             let sleep = match self.approvals.store().next_deadline() {
-                Ok(Some((at, request_id))) if at <= now_ms() => {
+                Ok(Some((at, request_id))) if at <= now => {
                     match self.approvals.expire(&request_id).await {
                         Ok(_) => continue,
                         Err(e) => {
@@ -34,9 +34,7 @@ impl<S: ApprovalStore> DeadlineTimer<S> {
                         }
                     }
                 }
-                Ok(Some((at, _))) => {
-                    Duration::from_millis(at.saturating_sub(now_ms())).min(MAX_SLEEP)
-                }
+                Ok(Some((at, _))) => Duration::from_millis(at.saturating_sub(now)).min(MAX_SLEEP),
                 Ok(None) => MAX_SLEEP,
                 Err(e) => {
                     tracing::error!(error = %e, "cannot read approval deadlines");

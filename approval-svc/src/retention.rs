@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use arbor_shared::time::now_ms;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -72,7 +71,7 @@ impl<S: ApprovalStore> Compactor<S> {
                 _ = self.shutdown.cancelled() => return,
                 _ = tokio::time::sleep(self.cfg.interval) => {}
             }
-            match compact_once(&self.approvals, &self.cfg, now_ms()).await {
+            match compact_once(&self.approvals, &self.cfg, self.approvals.store().now_ms()).await {
                 Ok(c) if c != Compacted::default() => tracing::info!(
                     approvals = c.approvals,
                     audit_entries = c.audit_entries,

@@ -7,7 +7,15 @@
 //! from synchronous code on any thread ([`Database::block`]): the stores' read paths are
 //! synchronous, as the embedded store's are.
 
-use std::{cell::Cell, future::Future, sync::Arc, time::Duration};
+use std::{
+    cell::Cell,
+    future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicI64, Ordering},
+    },
+    time::Duration,
+};
 
 pub use deadpool_postgres::{ClientWrapper, Object};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
@@ -18,6 +26,22 @@ use tokio_postgres::{NoTls, Row, error::SqlState, types::ToSql};
 pub const POOL_SIZE: usize = 24;
 /// How long a caller waits for a pooled connection, or for a new one to be made.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The database server's clock, read on this host: the local clock plus its measured offset
+/// from the server's. Replicas on several hosts that stamp and compare times (deadlines, when a
+/// job may run, leases) by it agree on them, whatever their own clocks say.
+#[derive(Debug, Clone)]
+pub struct ServerClock {
+    offset_ms: Arc<AtomicI64>,
+}
+
+impl ServerClock {
+    /// Now on the server's clock, in epoch milliseconds.
+    pub fn now_ms(&self) -> u64 {
+        let now = crate::time::now_ms() as i64 + self.offset_ms.load(Ordering::Relaxed);
+        now.max(0) as u64
+    }
+}
 
 /// What went wrong talking to PostgreSQL.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -270,6 +294,51 @@ impl Database {
             answered.map_err(|_| DbError::Unavailable("ping timed out".into()))?
         });
         probe.await.is_ok()
+    }
+
+    /// The server's clock as this process reads it (see [`ServerClock`]): measured before this
+    /// returns, and again every `period` for as long as a copy of the clock is left.
+    pub async fn server_clock(&self, period: Duration) -> ServerClock {
+        let offset_ms = Arc::new(AtomicI64::new(0));
+        match self.clock_offset().await {
+            Ok(offset) => offset_ms.store(offset, Ordering::Relaxed),
+            Err(e) => tracing::warn!("the database's clock not read yet: {e}"),
+        }
+        let (db, clock) = (self.clone(), Arc::downgrade(&offset_ms));
+        if let Ok(pool_runtime) = self.handle() {
+            pool_runtime.spawn(async move {
+                loop {
+                    tokio::time::sleep(period).await;
+                    let Some(offset_ms) = clock.upgrade() else {
+                        return;
+                    };
+                    match db.clock_offset().await {
+                        Ok(offset) => offset_ms.store(offset, Ordering::Relaxed),
+                        Err(e) => tracing::debug!("the database's clock not read: {e}"),
+                    }
+                }
+            });
+        }
+        ServerClock { offset_ms }
+    }
+
+    /// How far the server's clock is ahead of this host's, in ms: the server's time against
+    /// the middle of the round trip that read it.
+    async fn clock_offset(&self) -> Result<i64, DbError> {
+        let pool = self.pool.clone();
+        self.run(async move {
+            let client = pool.get().await?;
+            let before = crate::time::now_ms() as i64;
+            let row = client
+                .query_one(
+                    "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                    &[],
+                )
+                .await?;
+            let after = crate::time::now_ms() as i64;
+            Ok(row.get::<_, i64>(0) - (before + after) / 2)
+        })
+        .await
     }
 
     /// Whether the database can be reached, probed every `period` for as long as a receiver

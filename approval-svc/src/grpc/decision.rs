@@ -4,7 +4,7 @@
 
 use arbor_shared::{
     auth::Principal, domain::DecisionKind, json::from_proto_value, proto::approval::v1 as pb,
-    status::FieldViolation, time::now_ms,
+    status::FieldViolation,
 };
 use prost_types::Value;
 
@@ -106,7 +106,7 @@ pub fn bulk_targets<S: ApprovalStore>(
                 0 => MAX_PAGE_SIZE,
                 n => n.min(MAX_PAGE_SIZE),
             };
-            let page = store.list(&filter, limit, None, now_ms())?;
+            let page = store.list(&filter, limit, None, store.now_ms())?;
             Ok(page.items.iter().map(|a| a.id().to_string()).collect())
         }
     }

@@ -7,7 +7,6 @@ mod watch;
 use arbor_shared::{
     auth::{Principal, Role, principal_of},
     proto::approval::v1::{self as pb, approval_service_server::ApprovalService},
-    time::now_ms,
 };
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -119,7 +118,7 @@ impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
             &filter,
             page_size(r.page_size),
             token(&r.page_token),
-            now_ms(),
+            self.store().now_ms(),
         )?;
         Ok(Response::new(pb::ListApprovalsResponse {
             approvals: page.items.iter().map(Into::into).collect(),

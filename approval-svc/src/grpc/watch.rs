@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use arbor_shared::{proto::approval::v1 as pb, time::now_ms};
+use arbor_shared::proto::approval::v1 as pb;
 use tokio::sync::{broadcast::error::RecvError, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -97,7 +97,7 @@ impl Watcher {
                 &self.filter,
                 SNAPSHOT_PAGE,
                 token.as_deref(),
-                now_ms(),
+                approvals.store().now_ms(),
             ) {
                 Ok(p) => p,
                 Err(e) => return Err(self.end(e.into()).await),
@@ -139,7 +139,7 @@ impl Watcher {
             if known.is_some_and(|v| a.version <= v) {
                 continue; // the snapshot or an earlier change already showed this
             }
-            if known.is_none() && !self.filter.matches(&a, now_ms()) {
+            if known.is_none() && !self.filter.matches(&a, approvals.store().now_ms()) {
                 continue;
             }
             let kind = if a.version == 1 {

@@ -376,6 +376,13 @@ pub trait ApprovalStore: Send + Sync + 'static {
     /// The earliest deadline among PENDING approvals.
     fn next_deadline(&self) -> Result<Option<(u64, String)>>;
 
+    /// Now, on the clock the store's times are on (epoch ms): this host's for an embedded
+    /// store, the database server's for a shared one, so that replicas on several hosts stamp
+    /// times and fire deadlines by one clock.
+    fn now_ms(&self) -> u64 {
+        arbor_shared::time::now_ms()
+    }
+
     /// How many approvals are PENDING: a count kept with the writes, not a scan.
     fn pending_count(&self) -> Result<u64>;
 

@@ -43,22 +43,23 @@
 //! - Statements are prepared once per connection. The batch threads drive their own
 //!   connections while they wait, so their round trips skip the hand-over to the pool's
 //!   runtime and back.
-//! - Leases and timers use the database's clock: the offset of the local clock from the
-//!   server's is measured at open and every few seconds.
+//! - Leases, timers and every time the runner writes use the database's clock
+//!   ([`ServerClock`]): the offset of the local clock from the server's is measured at open
+//!   and every few seconds.
 
 use std::{
     cell::RefCell,
     collections::{BTreeMap, HashMap, VecDeque},
     sync::{
         Arc, OnceLock,
-        atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         mpsc,
     },
     time::Duration,
 };
 
 use arbor_shared::postgres::{
-    ClientWrapper, Database, DbError, Dedicated, LazyBegin, Prepared, Schema,
+    ClientWrapper, Database, DbError, Dedicated, LazyBegin, Prepared, Schema, ServerClock,
     tokio_postgres::types::ToSql, wait,
 };
 
@@ -174,19 +175,8 @@ impl Store {
             .map_err(DbError::from)?
             .get(0);
         let reachable = db.reachability(Duration::from_millis(500));
-        let backend = Arc::new(PgBackend::new(db, reachable, log));
-        backend.measure_skew();
-        let skew_of = Arc::downgrade(&backend);
-        std::thread::Builder::new()
-            .name("arbor-pg-clock".into())
-            .spawn(move || {
-                while let Some(b) = skew_of.upgrade() {
-                    b.measure_skew();
-                    drop(b);
-                    std::thread::sleep(Duration::from_secs(5));
-                }
-            })
-            .map_err(|e| DbError::Failed(e.to_string()))?;
+        let clock = db.server_clock(Duration::from_secs(5)).await;
+        let backend = Arc::new(PgBackend::new(db, reachable, log, clock));
         Ok(Store::new(backend))
     }
 }
@@ -239,7 +229,7 @@ struct PgBackend {
     /// Whether the database answers (probed twice a second).
     reachable: tokio::sync::watch::Receiver<bool>,
     /// The server's clock minus ours, in ms.
-    skew_ms: AtomicI64,
+    clock: ServerClock,
     /// The batched commit of durable writes.
     committer: mpsc::Sender<Queued>,
     origin: Arc<Origin>,
@@ -254,7 +244,12 @@ struct PgBackend {
 }
 
 impl PgBackend {
-    fn new(db: Database, reachable: tokio::sync::watch::Receiver<bool>, log: u32) -> Self {
+    fn new(
+        db: Database,
+        reachable: tokio::sync::watch::Receiver<bool>,
+        log: u32,
+        clock: ServerClock,
+    ) -> Self {
         let counts = Arc::new(Counts::default());
         let hot: Arc<OnceLock<Keys>> = Arc::default();
         let origin = Arc::new(Origin {
@@ -280,31 +275,13 @@ impl PgBackend {
         Self {
             db,
             reachable,
-            skew_ms: AtomicI64::new(0),
+            clock,
             committer,
             origin,
             claimer,
             ids: std::sync::Mutex::new((0, 0)),
             counts,
             hot,
-        }
-    }
-
-    fn measure_skew(&self) {
-        let measured = (|| -> Result<i64, DbError> {
-            let client = self.db.client_blocking()?;
-            let before = arbor_shared::time::now_ms() as i64;
-            let row = wait(client.query_one(
-                "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
-                &[],
-            ))?;
-            let after = arbor_shared::time::now_ms() as i64;
-            let server: i64 = row.get(0);
-            Ok(server - (before + after) / 2)
-        })();
-        match measured {
-            Ok(skew) => self.skew_ms.store(skew, Ordering::Relaxed),
-            Err(e) => tracing::debug!("clock offset not measured: {e}"),
         }
     }
 }
@@ -1358,8 +1335,7 @@ impl Backend for PgBackend {
     }
 
     fn now_ms(&self) -> u64 {
-        let now = arbor_shared::time::now_ms() as i64 + self.skew_ms.load(Ordering::Relaxed);
-        now.max(0) as u64
+        self.clock.now_ms()
     }
 
     fn reachable(&self) -> Option<tokio::sync::watch::Receiver<bool>> {

@@ -35,8 +35,7 @@ use std::{
 
 use arbor_shared::{
     domain::ApprovalRequest,
-    postgres::{Database, DbError, Prepared, wait},
-    time::now_ms,
+    postgres::{Database, DbError, Prepared, ServerClock, wait},
 };
 use serde::{Serialize, de::DeserializeOwned};
 use tokio::sync::{mpsc, watch};
@@ -111,6 +110,8 @@ const CHANNEL: &str = "arbor_approvals";
 const OPEN_PATIENCE: Duration = Duration::from_secs(30);
 /// How often the database's reachability is probed (health).
 const HEALTH_PERIOD: Duration = Duration::from_secs(1);
+/// How often the offset of this host's clock from the database server's is measured.
+const CLOCK_PERIOD: Duration = Duration::from_secs(5);
 /// Tries of a transaction that keeps conflicting before it fails.
 const MAX_TRIES: u32 = 50;
 /// Approvals deleted per retention statement.
@@ -173,6 +174,7 @@ pub struct PgStore {
     instance: Arc<str>,
     commits: Arc<AtomicU64>,
     reachable: watch::Receiver<bool>,
+    clock: ServerClock,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -193,8 +195,10 @@ impl PgStore {
                 other => Error::Storage(other.to_string()),
             })?;
         let reachable = db.reachability(HEALTH_PERIOD);
+        let clock = db.server_clock(CLOCK_PERIOD).await;
         Ok(PgStore {
             db,
+            clock,
             instance: uuid::Uuid::new_v4().simple().to_string().into(),
             commits: Arc::new(AtomicU64::new(0)),
             reachable,
@@ -207,10 +211,14 @@ impl PgStore {
         &self,
         body: impl Fn(&PgTx<'_>) -> Result<T, Fail> + Send + 'static,
     ) -> Result<T> {
-        let (db, instance, commits) =
-            (self.db.clone(), self.instance.clone(), self.commits.clone());
+        let (db, instance, commits, clock) = (
+            self.db.clone(),
+            self.instance.clone(),
+            self.commits.clone(),
+            self.clock.clone(),
+        );
         tokio::task::spawn_blocking(move || {
-            let outcome = transact_blocking(&db, &instance, &body);
+            let outcome = transact_blocking(&db, &instance, &clock, &body);
             if outcome.is_ok() {
                 commits.fetch_add(1, Ordering::Relaxed);
             }
@@ -265,6 +273,7 @@ fn in_id_order<I, O>(
 fn transact_blocking<T>(
     db: &Database,
     instance: &str,
+    clock: &ServerClock,
     body: &impl Fn(&PgTx<'_>) -> Result<T, Fail>,
 ) -> Result<T> {
     let mut attempt = 0;
@@ -272,7 +281,7 @@ fn transact_blocking<T>(
         attempt += 1;
         let ran = (|| -> Result<Result<T, Error>, DbError> {
             let client = db.client_blocking()?;
-            let tx = PgTx::begin(&client, instance);
+            let tx = PgTx::begin(&client, instance, clock.now_ms());
             let outcome = body(&tx);
             let result = match outcome {
                 Ok(v) => tx.commit().map(|()| Ok(v)),
@@ -592,6 +601,10 @@ impl ApprovalStore for PgStore {
         self.list_audit(query, page_size, page_token)
     }
 
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
     fn next_deadline(&self) -> Result<Option<(u64, String)>> {
         let client = self.db.client_blocking()?;
         let row = wait(client.prepared_query_opt(
@@ -659,7 +672,12 @@ impl ApprovalStore for PgStore {
         wait(client.prepared_execute(
             "INSERT INTO approval_meta (key, value) VALUES ($1, $2), ($3, $4)
              ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-            &[&CURSOR_KEY, &clamp(seq), &CURSOR_AT_KEY, &clamp(now_ms())],
+            &[
+                &CURSOR_KEY,
+                &clamp(seq),
+                &CURSOR_AT_KEY,
+                &clamp(self.now_ms()),
+            ],
         ))
         .map_err(db_error)?;
         Ok(())

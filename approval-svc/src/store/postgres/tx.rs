@@ -78,10 +78,11 @@ pub struct PgTx<'c> {
 }
 
 impl<'c> PgTx<'c> {
-    pub fn begin(client: &'c Object, instance: &'c str) -> Self {
+    /// A transaction whose times are `now` (the database's clock, as the store reads it).
+    pub fn begin(client: &'c Object, instance: &'c str, now: u64) -> Self {
         Self {
             client,
-            now: arbor_shared::time::now_ms(),
+            now,
             changed: RefCell::default(),
             unsent: RefCell::default(),
             deferred: RefCell::default(),
