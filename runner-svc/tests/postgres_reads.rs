@@ -22,18 +22,36 @@ fn counting_cluster(name: &str) -> (PgCluster, String) {
     (cluster, url)
 }
 
-/// Calls of the store's row reads (of several keys, and of one) since the last reset.
-fn row_reads(cluster: &PgCluster, url: &str) -> u64 {
-    let calls = cluster
+/// The sum of `column` of this database's statements (as `pg_stat_statements` counts them
+/// since the last reset) that match `which`.
+fn statements_sum(cluster: &PgCluster, url: &str, column: &str, which: &str) -> u64 {
+    let sum = cluster
         .psql(
             url,
-            "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements \
-             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-             AND (query LIKE 'SELECT u.i, r.v FROM unnest%' \
-                  OR query LIKE 'SELECT v FROM runner_kv WHERE t = $1 AND k = $2%')",
+            &format!(
+                "SELECT coalesce(sum({column}), 0) FROM pg_stat_statements \
+                 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND ({which})"
+            ),
         )
         .unwrap();
-    calls.trim().parse().unwrap()
+    sum.trim().parse().unwrap()
+}
+
+/// Calls of the store's row reads (of several keys, and of one) since the last reset.
+fn row_reads(cluster: &PgCluster, url: &str) -> u64 {
+    statements_sum(
+        cluster,
+        url,
+        "calls",
+        "query LIKE 'SELECT u.i, r.v FROM unnest%' \
+         OR query LIKE 'SELECT v FROM runner_kv WHERE t = $1 AND k = $2%'",
+    )
+}
+
+/// Rows the store's reads (`SELECT`s of the runner's table) returned since the last reset.
+fn rows_read(cluster: &PgCluster, url: &str) -> u64 {
+    statements_sum(cluster, url, "rows", "query LIKE 'SELECT%runner_kv%'")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,19 +166,6 @@ async fn an_interrupt_reads_its_thread_s_rows_in_one_statement() {
         reads <= 6,
         "an interrupt of {RUNS} queued runs took {reads} row reads"
     );
-}
-
-/// Rows the store's reads (`SELECT`s of the runner's table) returned since the last reset.
-fn rows_read(cluster: &PgCluster, url: &str) -> u64 {
-    let rows = cluster
-        .psql(
-            url,
-            "SELECT coalesce(sum(rows), 0) FROM pg_stat_statements \
-             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-             AND query LIKE 'SELECT%runner_kv%'",
-        )
-        .unwrap();
-    rows.trim().parse().unwrap()
 }
 
 /// A worker's look at the queue reads the claimed-job rows of the threads of the jobs it looks
