@@ -323,7 +323,9 @@ impl Database {
     }
 
     /// How far the server's clock is ahead of this host's, in ms: the server's time against
-    /// the middle of the round trip that read it.
+    /// the middle of the round trip that read it. A server time inside that round trip (give
+    /// or take the millisecond each side rounds to) is no offset at all: the clocks agree as
+    /// far as one read can tell, and a host that is the server's own reads exactly its time.
     async fn clock_offset(&self) -> Result<i64, DbError> {
         let pool = self.pool.clone();
         self.run(async move {
@@ -336,7 +338,12 @@ impl Database {
                 )
                 .await?;
             let after = crate::time::now_ms() as i64;
-            Ok(row.get::<_, i64>(0) - (before + after) / 2)
+            let server: i64 = row.get(0);
+            Ok(if (before - 1..=after + 1).contains(&server) {
+                0
+            } else {
+                server - (before + after) / 2
+            })
         })
         .await
     }

@@ -21,7 +21,13 @@ impl PgBins {
     /// Finds the installation, or panics with the command that installs one: a test that
     /// needs PostgreSQL must fail without it, never skip.
     pub(crate) fn find() -> PgBins {
-        let Some(initdb) = on_path("initdb").or_else(debian_initdb) else {
+        let find_initdb = || on_path("initdb").or_else(debian_initdb);
+        let initdb = find_initdb().or_else(|| {
+            // A fresh machine: the test command sets up what the tests need.
+            crate::apt_install(&["postgresql", "util-linux"]);
+            find_initdb()
+        });
+        let Some(initdb) = initdb else {
             panic!(
                 "PostgreSQL's server programs (initdb, pg_ctl) are neither on PATH nor under \
                  /usr/lib/postgresql/*/bin; install them with `{INSTALL_HINT}`"

@@ -566,6 +566,33 @@ pub fn free_port() -> u16 {
     panic!("no free port on 127.0.0.1 in {FIRST}..{}", FIRST + span)
 }
 
+/// Installs Debian `packages` with `apt-get` when the tests run as root and `apt-get` is there
+/// (a fresh machine or container, as CI's): the test command sets up what its tests need.
+/// Anywhere else it installs nothing, and the caller fails naming the command. One install at
+/// a time in a test process.
+pub fn apt_install(packages: &[&str]) {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    if !running_as_root() || bins::on_path("apt-get").is_none() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    eprintln!("installing {} with apt-get (missing)", packages.join(" "));
+    let apt = |args: &[&str]| {
+        let status = Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(std::process::Stdio::null())
+            .status();
+        if !matches!(status, Ok(s) if s.success()) {
+            eprintln!("apt-get {} failed: {status:?}", args.join(" "));
+        }
+    };
+    apt(&["update", "-qq"]);
+    let mut install = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    install.extend(packages);
+    apt(&install);
+}
+
 /// Whether this process's effective uid is 0 (`Uid:` real, effective, saved, fs).
 fn running_as_root() -> bool {
     std::fs::read_to_string("/proc/self/status")

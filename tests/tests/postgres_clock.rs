@@ -33,12 +33,18 @@ const WAIT_MS: u64 = 4_000;
 
 /// libfaketime's library for multi-threaded programs, from Debian's `libfaketime` package.
 fn faketime_library() -> PathBuf {
-    let found = std::fs::read_dir("/usr/lib")
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .map(|d| d.path().join("faketime/libfaketimeMT.so.1"))
-        .find(|p| p.is_file());
+    let find = || {
+        std::fs::read_dir("/usr/lib")
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|d| d.path().join("faketime/libfaketimeMT.so.1"))
+            .find(|p| p.is_file())
+    };
+    let found = find().or_else(|| {
+        arbor_testkit::apt_install(&["libfaketime"]);
+        find()
+    });
     found.unwrap_or_else(|| {
         panic!("libfaketime (faketime/libfaketimeMT.so.1 under /usr/lib) is missing: `{INSTALL}`")
     })
