@@ -26,6 +26,8 @@ use tokio_postgres::{NoTls, Row, error::SqlState, types::ToSql};
 pub const POOL_SIZE: usize = 24;
 /// How long a caller waits for a pooled connection, or for a new one to be made.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a [`ServerClock`] measures its offset from the server's clock again.
+pub const CLOCK_PERIOD: Duration = Duration::from_secs(5);
 
 /// The database server's clock, read on this host: the local clock plus its measured offset
 /// from the server's. Replicas on several hosts that stamp and compare times (deadlines, when a
@@ -297,8 +299,8 @@ impl Database {
     }
 
     /// The server's clock as this process reads it (see [`ServerClock`]): measured before this
-    /// returns, and again every `period` for as long as a copy of the clock is left.
-    pub async fn server_clock(&self, period: Duration) -> ServerClock {
+    /// returns, and again every [`CLOCK_PERIOD`] for as long as a copy of the clock is left.
+    pub async fn server_clock(&self) -> ServerClock {
         let offset_ms = Arc::new(AtomicI64::new(0));
         match self.clock_offset().await {
             Ok(offset) => offset_ms.store(offset, Ordering::Relaxed),
@@ -308,7 +310,7 @@ impl Database {
         if let Ok(pool_runtime) = self.handle() {
             pool_runtime.spawn(async move {
                 loop {
-                    tokio::time::sleep(period).await;
+                    tokio::time::sleep(CLOCK_PERIOD).await;
                     let Some(offset_ms) = clock.upgrade() else {
                         return;
                     };

@@ -248,7 +248,7 @@ impl WorkerService for WorkerGrpc {
                                 continue;
                             }
                             if let Some(due) = next_due {
-                                let now = runner.store().now_ms();
+                                let now = runner.now_ms();
                                 wait = wait.min(Duration::from_millis(due.saturating_sub(now)));
                             }
                         }

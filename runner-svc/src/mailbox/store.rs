@@ -1132,18 +1132,14 @@ impl Mailbox {
             // Which of their threads have a claimed job, and at which generation each thread
             // is: one read of just those threads' rows, so a look costs the same however many
             // jobs are running.
-            let threads: Vec<&[u8]> = due
+            let keys: Vec<(T, &[u8])> = due
                 .iter()
-                .filter_map(|(_, head)| head.as_ref().map(|(_, m)| m.as_slice()))
+                .filter_map(|(_, head)| head.as_ref())
+                .flat_map(|(_, m)| [(T::Active, m.as_slice()), (T::Mailboxes, m.as_slice())])
                 .collect();
-            let rows = if threads.is_empty() {
-                Vec::new()
-            } else {
-                let keys: Vec<(T, &[u8])> = threads
-                    .iter()
-                    .flat_map(|m| [(T::Active, *m), (T::Mailboxes, *m)])
-                    .collect();
-                self.store.get_many(&keys)?
+            let rows = match keys.is_empty() {
+                true => Vec::new(),
+                false => self.store.get_many(&keys)?,
             };
             let mut rows = rows.into_iter();
             for (key, head) in due {

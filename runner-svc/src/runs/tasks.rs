@@ -118,7 +118,7 @@ impl Runner {
         lease_ms: u32,
         max: usize,
     ) -> Result<(Vec<Task>, Option<u64>), RunnerError> {
-        let now = self.store.now_ms();
+        let now = self.now_ms();
         let mut candidates = Vec::new();
         let mut next_due = None;
         if max == 0 {
@@ -198,7 +198,7 @@ impl Runner {
         token: &str,
         details: Option<Json>,
     ) -> Result<Task, RunnerError> {
-        let now = self.store.now_ms();
+        let now = self.now_ms();
         let (id, token) = (task_id.to_string(), token.to_string());
         self.commit(move |tx| {
             let task = ttx::leased(tx, &id, &token)?;
@@ -243,7 +243,7 @@ impl Runner {
         result: Json,
         error: String,
     ) -> Result<Taken, RunnerError> {
-        let now = self.store.now_ms();
+        let now = self.now_ms();
         let order = self.store.next_id()?;
         let default_max = self.mailbox.config().default_max_attempts;
         let (id, token) = (task_id.to_string(), token.to_string());
@@ -335,7 +335,7 @@ impl Runner {
         retryable: bool,
         backoff_ms: Option<u64>,
     ) -> Result<FailOutcome, RunnerError> {
-        let now = self.store.now_ms();
+        let now = self.now_ms();
         let order = self.store.next_id()?;
         let default_max = self.mailbox.config().default_max_attempts;
         let (id, token, error) = (task_id.to_string(), token.to_string(), error.to_string());
@@ -402,7 +402,7 @@ impl Runner {
     /// Returns tasks whose lease ran out to the queue (attempt + 1), or fails their node when
     /// no attempt is left; a task whose cancellation was requested is cancelled.
     pub async fn reap_tasks(&self) -> Result<usize, RunnerError> {
-        let now = self.store.now_ms();
+        let now = self.now_ms();
         let mut expired = Vec::new();
         for key in self.store.tree(T::TaskLeases).iter().keys() {
             let key = key?;
@@ -629,7 +629,7 @@ pub async fn reap_task_leases(runner: Arc<Runner>, stop: tokio_util::sync::Cance
         let mut wait = MAX_SLEEP;
         match runner.next_lease_expiry() {
             Ok(Some(at)) => {
-                let now = runner.store().now_ms();
+                let now = runner.now_ms();
                 if at <= now {
                     match runner.reap_tasks().await {
                         Ok(n) if n > 0 => continue,

@@ -307,8 +307,6 @@ impl Runner {
             None => 0,
         };
         let default_max = self.mailbox.config().default_max_attempts;
-        // Tasks are timed on the store's clock, which replicas share.
-        let task_now = self.store.now_ms();
         let task_order = match step.tasks.is_empty() {
             true => 0,
             false => self.store.next_id()?,
@@ -339,11 +337,11 @@ impl Runner {
                 records::inbox_remove(tx, &run.run_id, request_id)?;
             }
             for order in &step.tasks {
-                ttx::queue(tx, order, &run, task_order, task_now)?;
+                ttx::queue(tx, order, &run, task_order, now)?;
             }
             let mut events_in = step.events.clone();
             for (request_id, reason) in &step.withdrawn {
-                if let Some(task) = ttx::cancel(tx, request_id, reason, task_now)?
+                if let Some(task) = ttx::cancel(tx, request_id, reason, now)?
                     && task.state == crate::tasks::TaskState::Cancelled
                 {
                     events_in.push(super::tasks::cancelled_event(&task));

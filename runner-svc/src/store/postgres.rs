@@ -175,7 +175,7 @@ impl Store {
             .map_err(DbError::from)?
             .get(0);
         let reachable = db.reachability(Duration::from_millis(500));
-        let clock = db.server_clock(Duration::from_secs(5)).await;
+        let clock = db.server_clock().await;
         let backend = Arc::new(PgBackend::new(db, reachable, log, clock));
         Ok(Store::new(backend))
     }
@@ -228,7 +228,7 @@ struct PgBackend {
     db: Database,
     /// Whether the database answers (probed twice a second).
     reachable: tokio::sync::watch::Receiver<bool>,
-    /// The server's clock minus ours, in ms.
+    /// The database server's clock, which every replica's times are on.
     clock: ServerClock,
     /// The batched commit of durable writes.
     committer: mpsc::Sender<Queued>,

@@ -110,8 +110,6 @@ const CHANNEL: &str = "arbor_approvals";
 const OPEN_PATIENCE: Duration = Duration::from_secs(30);
 /// How often the database's reachability is probed (health).
 const HEALTH_PERIOD: Duration = Duration::from_secs(1);
-/// How often the offset of this host's clock from the database server's is measured.
-const CLOCK_PERIOD: Duration = Duration::from_secs(5);
 /// Tries of a transaction that keeps conflicting before it fails.
 const MAX_TRIES: u32 = 50;
 /// Approvals deleted per retention statement.
@@ -195,7 +193,7 @@ impl PgStore {
                 other => Error::Storage(other.to_string()),
             })?;
         let reachable = db.reachability(HEALTH_PERIOD);
-        let clock = db.server_clock(CLOCK_PERIOD).await;
+        let clock = db.server_clock().await;
         Ok(PgStore {
             db,
             clock,
