@@ -149,6 +149,19 @@ pub fn filter_from_pb(f: Option<&pb::ApprovalFilter>, prefix: &str) -> Result<Fi
                 .compile_matcher(),
         )
     };
+    // No stored id holds a NUL (PostgreSQL's text cannot): such a filter is a mistake.
+    for (field, value) in [
+        ("run_id", &f.run_id),
+        ("thread_id", &f.thread_id),
+        ("tree_id", &f.tree_id),
+    ] {
+        if value.contains('\0') {
+            return Err(Error::invalid(
+                &format!("{prefix}.{field}"),
+                "holds a NUL byte",
+            ));
+        }
+    }
     if f.max_age_ms > 0 && f.min_age_ms > f.max_age_ms {
         return Err(Error::invalid(
             &format!("{prefix}.min_age_ms"),

@@ -791,7 +791,7 @@ async fn two_audit_entries_of_one_move_are_written_with_the_record_in_one_statem
     let rows = cluster
         .psql(
             &url,
-            "SELECT string_agg(id::text || ':' || (entry->>'id') || ':' || action, ',' ORDER BY id) \
+            "SELECT string_agg(id::text || ':' || (entry::jsonb->>'id') || ':' || action, ',' ORDER BY id) \
              FROM approval_audit WHERE request_id = 'a'",
         )
         .unwrap();
@@ -894,4 +894,90 @@ async fn decided(store: &PgStore, prefix: &str, n: usize) -> Vec<(String, String
         out.push((id, resolved.approval.decision.unwrap().decision_id));
     }
     out
+}
+
+/// A database an older release wrote, with the records and audit entries as `jsonb` (schema
+/// version 2), is brought up to date at open and reads exactly as it did; what is written after
+/// the upgrade is numbered on from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_2_database_is_upgraded_with_everything_in_it() {
+    let url = Postgres::place().await;
+    let sql = |q: &'static str| {
+        let url = url.clone();
+        async move {
+            tokio::task::spawn_blocking(move || PgCluster::shared().psql(&url, q).unwrap())
+                .await
+                .unwrap()
+                .trim()
+                .to_string()
+        }
+    };
+    let trail = |store: &PgStore, id: &str| {
+        store
+            .audit(&AuditQuery::Request(id.into()), 100, None)
+            .unwrap()
+            .items
+    };
+    let (decided, pending, decided_trail) = {
+        let store = Postgres::open(&url).await;
+        store.put_request(tool("r1", "run-1"), None).await.unwrap();
+        store.put_request(tool("r2", "run-1"), None).await.unwrap();
+        let decided = store
+            .resolve_request(
+                "r1",
+                NewDecision::person(DecisionKind::Reject, "ana").with_reason("not now"),
+            )
+            .await
+            .unwrap()
+            .approval;
+        (
+            decided,
+            store.get("r2").unwrap().unwrap(),
+            trail(&store, "r1"),
+        )
+    };
+    // As version 2 kept them: `jsonb`.
+    sql(
+        "ALTER TABLE approval_records ALTER COLUMN record TYPE jsonb USING record::jsonb; \
+         ALTER TABLE approval_audit ALTER COLUMN entry TYPE jsonb USING entry::jsonb; \
+         UPDATE arbor_schema SET version = 2 WHERE component = 'approval'",
+    )
+    .await;
+    let column_types = "SELECT string_agg(data_type, ' ' ORDER BY table_name) \
+         FROM information_schema.columns WHERE (table_name, column_name) \
+         IN (('approval_records', 'record'), ('approval_audit', 'entry'))";
+    assert_eq!(sql(column_types).await, "jsonb jsonb");
+
+    let store = Postgres::open(&url).await;
+    assert_eq!(sql(column_types).await, "text text");
+    assert_eq!(
+        sql("SELECT version FROM arbor_schema WHERE component = 'approval'").await,
+        "3"
+    );
+    assert_eq!(store.get("r1").unwrap().unwrap(), decided);
+    assert_eq!(store.get("r2").unwrap().unwrap(), pending);
+    assert_eq!(trail(&store, "r1"), decided_trail);
+    let approved = store
+        .resolve_request("r2", NewDecision::person(DecisionKind::Approve, "bo"))
+        .await
+        .unwrap();
+    assert!(!approved.duplicate);
+    let run_trail = store
+        .audit(&AuditQuery::Run("run-1".into()), 100, None)
+        .unwrap()
+        .items;
+    let ids: Vec<u64> = run_trail.iter().map(|e| e.id).collect();
+    assert_eq!(run_trail.len(), 4, "{run_trail:?}");
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    let of_r1: Vec<_> = run_trail
+        .iter()
+        .filter(|e| e.request_id == "r1")
+        .cloned()
+        .collect();
+    assert_eq!(of_r1, decided_trail);
+    let last = run_trail.last().unwrap();
+    assert_eq!(
+        (last.request_id.as_str(), last.action, last.actor.as_str()),
+        ("r2", AuditAction::Decided, "bo")
+    );
 }

@@ -369,7 +369,17 @@ impl Cluster {
     /// Both services with authentication on (see [`crate::auth::Tokens`]); the tokens file
     /// lives in the cluster's temp dir.
     pub async fn start_secure(profile: Profile) -> (Cluster, crate::auth::Tokens) {
-        let mut cluster = Self::prepare(profile, Vec::new(), Vec::new());
+        Self::start_secure_with(profile, Vec::new(), Vec::new()).await
+    }
+
+    /// [`start_secure`](Self::start_secure) with more arguments for each service (a
+    /// `--store`, say).
+    pub async fn start_secure_with(
+        profile: Profile,
+        runner_args: Vec<String>,
+        approval_args: Vec<String>,
+    ) -> (Cluster, crate::auth::Tokens) {
+        let mut cluster = Self::prepare(profile, runner_args, approval_args);
         let tokens = crate::auth::Tokens::write(cluster.dir.path());
         cluster.runner.extra_args.extend(tokens.runner_args());
         cluster.approval.extra_args.extend(tokens.approval_args());

@@ -16,6 +16,7 @@ use arbor_shared::{
         runner::v1::{self as rpb, runner_service_client::RunnerServiceClient},
     },
 };
+use arbor_testkit::PgCluster;
 use arbor_tests::{
     Cluster, Profile,
     auth::Tokens,
@@ -212,7 +213,26 @@ const BAD_TREE_IDS: &[&str] = &["bad", "bi-gate", "deep", "huge", "many", "yaml"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_the_right_code_and_changes_nothing() {
     let (cluster, tokens) = Cluster::start_secure(Profile::Release).await;
-    let fx = fixture(&cluster, tokens).await;
+    every_row(&cluster, tokens).await;
+}
+
+/// The same table with both services on one PostgreSQL database: a value the database cannot
+/// hold (a NUL in a text column) is refused by the service, never passed on to fail there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_the_right_code_and_changes_nothing_on_postgresql() {
+    let url = tokio::task::spawn_blocking(|| PgCluster::shared().fresh_database("bad_input"))
+        .await
+        .unwrap();
+    let store = vec!["--store".to_string(), url];
+    let (cluster, tokens) =
+        Cluster::start_secure_with(Profile::Release, store.clone(), store).await;
+    every_row(&cluster, tokens).await;
+}
+
+/// Every row of the table against `cluster`, each followed by a look at the state of both
+/// services.
+async fn every_row(cluster: &Cluster, tokens: Tokens) {
+    let fx = fixture(cluster, tokens).await;
     let mut op_runner = runner_as(&fx.runner_url, Some(&fx.tokens.operator));
     let mut op_approvals = approvals_as(&fx.approval_url, Some(&fx.tokens.operator));
     let probes = Probes {
@@ -542,6 +562,20 @@ fn approval_cases(fx: &Fixture) -> Vec<Case> {
                 apb::ListApprovalsRequest {
                     filter: Some(apb::ApprovalFilter {
                         tool_name: "[".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "ListApprovals: run id with NUL in filter",
+            INVALID,
+            list(
+                &alice,
+                apb::ListApprovalsRequest {
+                    filter: Some(apb::ApprovalFilter {
+                        run_id: "run\0".into(),
                         ..Default::default()
                     }),
                     ..Default::default()
@@ -881,6 +915,17 @@ fn approval_cases(fx: &Fixture) -> Vec<Case> {
             ),
         ),
         case(
+            "WatchApprovals: thread id with NUL in filter",
+            INVALID,
+            watch(
+                &alice,
+                Some(apb::ApprovalFilter {
+                    thread_id: "t\0".into(),
+                    ..Default::default()
+                }),
+            ),
+        ),
+        case(
             "WatchApprovals: submitter may not watch",
             DENIED,
             watch(&sam, None),
@@ -909,6 +954,28 @@ fn approval_cases(fx: &Fixture) -> Vec<Case> {
                 &alice,
                 apb::GetAuditLogRequest {
                     request_id: "nope".into(),
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "GetAuditLog: request id with NUL",
+            INVALID,
+            audit(
+                &alice,
+                apb::GetAuditLogRequest {
+                    request_id: "r\0".into(),
+                    ..Default::default()
+                },
+            ),
+        ),
+        case(
+            "GetAuditLog: run id with NUL",
+            INVALID,
+            audit(
+                &alice,
+                apb::GetAuditLogRequest {
+                    run_id: "run\0".into(),
                     ..Default::default()
                 },
             ),

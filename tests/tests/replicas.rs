@@ -25,13 +25,14 @@ use rpb::{DecisionKind as D, EventKind as K, SuspensionCategory as C};
 use serde_json::{Value as Json, json};
 
 /// One of each suspension kind: a gate around a ledger append, `math.add` (which the guards
-/// below make ask), a user input and an external execution.
+/// below make ask), a user input and an external execution. The gate's title holds a NUL
+/// character, as text a tool copied from a terminal might: PostgreSQL keeps it as given.
 fn flow_tree() -> String {
     json!({"id": "replica-flow", "version": 1,
         "root": {"type": "sequence", "name": "main", "children": [
             {"type": "set", "name": "plan", "key": "plan", "value": {"service": "billing", "replicas": 3}},
             {"type": "approval", "name": "gate", "phase": "before", "on_reject": "failure",
-             "title": "Ship it?", "context": ["plan"],
+             "title": TITLE, "context": ["plan"],
              "child": {"type": "tool", "name": "ship", "tool": "ledger.append",
                        "args": {"entry": {"$ref": "plan"}}, "output": "receipt"}},
             {"type": "tool", "name": "sum", "tool": "math.add", "args": {"a": 2, "b": 3},
@@ -43,6 +44,9 @@ fn flow_tree() -> String {
         ]}})
     .to_string()
 }
+
+/// The gate's title.
+const TITLE: &str = "Ship it?\0 (pasted)";
 
 /// The runner's guards: every `math.*` call needs a person's confirmation.
 const GUARDS: &str = "[[rules]]\ntool = \"math.*\"\npolicy = \"ask\"\n";
@@ -99,7 +103,7 @@ async fn drive_flow(c: &Clients, i: usize) -> rpb::Run {
     let gate = watch_for(&mut ab.clone(), &run_id, apb::ApprovalState::Pending).await;
     let request = gate.request.clone().unwrap();
     assert_eq!(request.kind, rpb::ApprovalKind::Node as i32, "{run_id}");
-    assert_eq!(request.title, "Ship it?");
+    assert_eq!(request.title, TITLE);
     decide(&mut ab.clone(), &gate.request_id, D::Approve, None).await;
 
     let tool = eventually(&format!("{run_id}'s tool approval"), WAIT, || {

@@ -243,12 +243,16 @@ impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
         let r = req.into_inner();
         let query = match (r.request_id.is_empty(), r.run_id.is_empty()) {
             (false, true) => {
+                required(&r.request_id, "request_id")?;
                 if self.store().get(&r.request_id)?.is_none() {
                     return Err(Error::NotFound(r.request_id).into());
                 }
                 AuditQuery::Request(r.request_id)
             }
-            (true, false) => AuditQuery::Run(r.run_id),
+            (true, false) => {
+                required(&r.run_id, "run_id")?;
+                AuditQuery::Run(r.run_id)
+            }
             _ => {
                 return Err(Error::invalid(
                     "request_id",

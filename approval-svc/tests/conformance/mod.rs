@@ -78,6 +78,7 @@ macro_rules! suite {
             a_batch_of_requests_is_decided_by_the_policy_as_one_at_a_time,
             delivery_attempts_recorded_together_are_each_booked,
             a_batch_of_decisions_is_taken_as_one_at_a_time,
+            text_with_nul_characters_is_kept_as_given,
         );
     };
     (@cases $backend:ty; $($case:ident),* $(,)?) => {
@@ -1936,4 +1937,44 @@ pub async fn several_approvals_are_read_at_once_in_the_order_asked<B: Backend>(p
     }
     assert_eq!(read[2].state, ApprovalState::Resolved);
     assert!(store.get_many(&[]).unwrap().is_empty());
+}
+
+/// Free text may hold any character, NUL included (a tool's output in a title, a reason pasted
+/// from a terminal): a request and its decision are stored, read back, audited and kept across
+/// a reopen exactly as given, ids aside (no stored id holds a NUL).
+pub async fn text_with_nul_characters_is_kept_as_given<B: Backend>(place: &B::Place) {
+    let mut r = tool("r1", "run-1");
+    r.title = "deploy \0 now".into();
+    r.node_name = "gate\0".into();
+    r.submitted_by = "bot\0".into();
+    r.context.insert("log".into(), json!("line\0line \\u0000"));
+    r.tool_args = json!({"text": "a\0b"});
+    let decided;
+    {
+        let store = B::open(place).await;
+        let put = store.put_request(r.clone(), None).await.unwrap();
+        assert_eq!(put.approval.request, r);
+        assert_eq!(current(&store, "r1"), put.approval);
+        let mut edit =
+            NewDecision::person(DecisionKind::Edit, "ana\0").with_reason("fine \0 \\u0000");
+        edit.args = json!({"text": "c\0d"});
+        decided = store.resolve_request("r1", edit).await.unwrap().approval;
+        let d = decided.decision.as_ref().unwrap();
+        assert_eq!(
+            (d.reason.as_str(), d.decided_by.as_str(), &d.args),
+            ("fine \0 \\u0000", "ana\0", &json!({"text": "c\0d"}))
+        );
+        assert_eq!(current(&store, "r1"), decided);
+        let trail = store
+            .audit(&AuditQuery::Request("r1".into()), 10, None)
+            .unwrap()
+            .items;
+        assert_eq!(trail.len(), 2);
+        assert_eq!(
+            (trail[1].actor.as_str(), trail[1].reason.as_str()),
+            ("ana\0", "fine \0 \\u0000")
+        );
+    }
+    let store = B::open(place).await;
+    assert_eq!(current(&store, "r1"), decided);
 }

@@ -118,11 +118,11 @@ impl PgStore {
         let limit = page_size as i64 + 1;
         let sql = match query {
             AuditQuery::Request(_) => {
-                "SELECT entry::text FROM approval_audit WHERE request_id = $1 AND id > $2
+                "SELECT entry FROM approval_audit WHERE request_id = $1 AND id > $2
                  ORDER BY id LIMIT $3"
             }
             AuditQuery::Run(_) => {
-                "SELECT entry::text FROM approval_audit WHERE run_id = $1 AND id > $2
+                "SELECT entry FROM approval_audit WHERE run_id = $1 AND id > $2
                  ORDER BY id LIMIT $3"
             }
         };

@@ -1,7 +1,7 @@
 //! The approval store's tables in PostgreSQL, as embedded migrations (oldest first; a released
 //! migration is never edited, changes are new ones).
 //!
-//! An approval is one row: the record itself as `jsonb` (what `GetApproval` answers) and, next
+//! An approval is one row: the record itself as JSON text (what `GetApproval` answers) and, next
 //! to it, the columns the service looks things up by, each kept in step with the record by the
 //! same statement that writes it. Partial indexes hold only what a loop reads: the PENDING
 //! approvals (the count and the deadline timer), the decisions awaiting delivery (the outbox)
@@ -11,7 +11,7 @@ use arbor_shared::postgres::Schema;
 
 pub const SCHEMA: Schema = Schema {
     component: "approval",
-    migrations: &[V1, V2],
+    migrations: &[V1, V2, V3],
 };
 
 const V1: &str = "
@@ -69,4 +69,16 @@ CREATE TABLE approval_traces (
 const V2: &str = "
 CREATE INDEX approval_records_open_by_run ON approval_records (run_id, request_id)
     WHERE state IN ('PENDING', 'RESOLVED', 'EXPIRED');
+";
+
+/// The record and the audit entry as the JSON text the service wrote, no longer `jsonb`: a
+/// `jsonb` string cannot hold U+0000, so a title, a context value or a decision's reason with a
+/// NUL character in it failed its write (and a request the runner had already suspended on
+/// could never be stored). Text keeps every character, and the server no longer parses each
+/// record it is given. An older binary still writes here during a rolling upgrade: its
+/// `jsonb` values are assigned to `text` by PostgreSQL's I/O conversion, and its `::text` reads
+/// are no-ops. The change rewrites both tables once, holding them locked while it does.
+const V3: &str = "
+ALTER TABLE approval_records ALTER COLUMN record TYPE text USING record::text;
+ALTER TABLE approval_audit ALTER COLUMN entry TYPE text USING entry::text;
 ";

@@ -306,10 +306,13 @@ pub const TRACES_UPSERT: &str = "INSERT INTO approval_traces (request_id, tracep
 /// migrations.
 const AUDIT_ID: &str = "l AS (SELECT pg_advisory_xact_lock(1635083380, hashtext($2))), \
      n AS (SELECT nextval('approval_audit_ids') AS id FROM l)";
-/// Writes the audit entry `$1`..`$5` numbered by `n`, answering its id.
+/// Writes the audit entry `$1`..`$5` numbered by `n`, answering its id: `$5` is the entry's
+/// JSON after its `id` (see `AUDIT_ID_FIELD`), which the statement puts back with the number.
 const AUDIT_INSERT: &str = "INSERT INTO approval_audit (id, request_id, run_id, time_ms, action, \
-     entry) SELECT n.id, $1, $2, $3, $4, jsonb_set($5::text::jsonb, '{id}', to_jsonb(n.id)) \
-     FROM n RETURNING id";
+     entry) SELECT n.id, $1, $2, $3, $4, '{\"id\":' || n.id || $5::text FROM n RETURNING id";
+/// How an audit entry's JSON begins before the store numbers it: `id` is its first field. The
+/// statements that write one are given the rest and write the number in front of it.
+const AUDIT_ID_FIELD: &str = "{\"id\":0";
 /// [`AUDIT_ID`] for `n` entries of the request `$1` of the run `$2`: `n` holds their ids with
 /// their rank `i`, ascending (the order the ids were taken in is not the order of the rows
 /// that took them, so they are ranked by value). Its shape is fixed for each count, with no
@@ -330,7 +333,7 @@ fn audits_insert(n: usize) -> String {
         .collect();
     format!(
         "INSERT INTO approval_audit (id, request_id, run_id, time_ms, action, entry) \
-         SELECT n.id, $1, $2, $3, e.action, jsonb_set(e.entry::jsonb, '{{id}}', to_jsonb(n.id)) \
+         SELECT n.id, $1, $2, $3, e.action, '{{\"id\":' || n.id || e.entry \
          FROM n JOIN (VALUES {}) AS e(i, action, entry) ON e.i = n.i",
         values.join(", ")
     )
@@ -391,9 +394,9 @@ struct Save {
 impl Save {
     const INSERT: &'static str = "INSERT INTO approval_records (request_id, run_id, state, \
          created_at_ms, arrival, updated_at_ms, deadline_ms, awaiting_delivery, record) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text::jsonb)";
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text)";
     const UPDATE: &'static str = "UPDATE approval_records SET state = $2, updated_at_ms = $3, \
-         awaiting_delivery = $4, record = $5::text::jsonb WHERE request_id = $1";
+         awaiting_delivery = $4, record = $5::text WHERE request_id = $1";
 
     /// Its statement alone.
     fn alone(&self) -> &'static str {
@@ -499,8 +502,16 @@ impl PgTx<'_> {
             Box::new(entry.run_id.clone()),
             Box::new(clamp(entry.time_ms)),
             Box::new(action_of(entry)),
-            Box::new(encode(entry)?),
+            Box::new(after_id(encode(entry)?)?),
         ])
+    }
+}
+
+/// An unnumbered audit entry's JSON after its `id` field (see [`AUDIT_ID_FIELD`]).
+fn after_id(json: String) -> Result<String, Fail> {
+    match json.strip_prefix(AUDIT_ID_FIELD) {
+        Some(rest) => Ok(rest.to_string()),
+        None => Err(Error::Storage(format!("an audit entry begins otherwise: {json}")).into()),
     }
 }
 
@@ -635,7 +646,7 @@ impl Records for PgTx<'_> {
         for mut entry in entries {
             entry.time_ms = self.now;
             audit.push(Box::new(action_of(&entry)));
-            audit.push(Box::new(encode(&entry)?));
+            audit.push(Box::new(after_id(encode(&entry)?)?));
         }
         let (sql, params) = self.audit_statement(audits, audit);
         self.defer(sql, params);
