@@ -22,7 +22,9 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-pub use postgres::{LAST_IN_RANGE, SCAN_RANGE, SESSION as POSTGRES_SESSION};
+pub use postgres::{
+    DELETE_KEYS, LAST_IN_RANGE, LOCK_FIRST, SCAN_RANGE, SESSION as POSTGRES_SESSION,
+};
 pub use sled_backend::OpenError;
 
 /// The runner's tables, in the fixed order transactions see them. Keys and values are bytes;

@@ -123,7 +123,18 @@ const STRIPES: u8 = 16;
 /// planned once per connection, not on every call as PostgreSQL would do with the batched
 /// lookup (it plans a custom plan whenever the generic plan's guessed row counts look
 /// costlier, and an `unnest` of a parameter guesses 100 rows).
-pub const SESSION: &[(&str, &str)] = &[("plan_cache_mode", "force_generic_plan")];
+///
+/// Bitmap scans are off. A connection keeps the generic plan it made at a statement's first
+/// use, and for a table that was small then (a fresh database: every replica's first minutes,
+/// every benchmark) PostgreSQL planned a delete or a claim of a few keys (`k = ANY($2)`) as a
+/// bitmap scan of the whole table `t`, filtered by key. That plan stayed while the table grew,
+/// until an analyze happened to invalidate it: a delete of three queue entries read every
+/// queued job. Every statement here reads rows by their key or a key range, which an index
+/// scan does in key order; without bitmap scans, that is the plan at any size.
+pub const SESSION: &[(&str, &str)] = &[
+    ("plan_cache_mode", "force_generic_plan"),
+    ("enable_bitmapscan", "off"),
+];
 const EVENTS_CHANNEL: &str = "arbor_runner_events";
 const WORK_CHANNEL: &str = "arbor_runner_work";
 /// Rows the first round trip of a scan fetches: most scans stop early (a claim looks at the
@@ -750,7 +761,7 @@ impl<'c> PgTx<'c> {
             // Prepared first: a statement that still has to be parsed would go out after the
             // COMMIT queued behind it, and run outside the transaction.
             let prepared = futures_util::try_join!(
-                client.prepare_cached("DELETE FROM runner_kv WHERE t = $1 AND k = ANY($2)"),
+                client.prepare_cached(DELETE_KEYS),
                 client.prepare_cached(
                     "INSERT INTO runner_kv (t, k, v) \
                      SELECT * FROM unnest($1::smallint[], $2::bytea[], $3::bytea[]) \
@@ -880,13 +891,7 @@ impl Txn for PgTx<'_> {
         }
         let rows = self.wait(async {
             let (begun, rows) = futures_util::join!(self.begin_once(), async {
-                let statement = self
-                    .client
-                    .prepare_cached(
-                        "SELECT k, v FROM runner_kv WHERE t = $1 AND k = ANY($2) \
-                         ORDER BY k LIMIT $3 FOR UPDATE SKIP LOCKED",
-                    )
-                    .await?;
+                let statement = self.client.prepare_cached(LOCK_FIRST).await?;
                 let limit = limit as i64;
                 Ok::<_, DbError>(
                     self.client
@@ -1050,6 +1055,11 @@ const READ_MANY_AND_RANGE: &str = concat!(
     " UNION ALL SELECT 0, k, v FROM runner_kv WHERE t = $3 AND k >= $4 AND k < $5"
 );
 
+/// Deletes the keys `$2` of table `$1`.
+pub const DELETE_KEYS: &str = "DELETE FROM runner_kv WHERE t = $1 AND k = ANY($2)";
+/// Of the keys `$2` of table `$1`, the first `$3` that no other transaction holds, locked.
+pub const LOCK_FIRST: &str = "SELECT k, v FROM runner_kv WHERE t = $1 AND k = ANY($2) \
+     ORDER BY k LIMIT $3 FOR UPDATE SKIP LOCKED";
 /// One page of the keys of table `$1` from `$2` up to `$3` (excluded), `$4` rows at most.
 pub const SCAN_RANGE: &str =
     "SELECT k, v FROM runner_kv WHERE t = $1 AND k >= $2 AND k < $3 ORDER BY k LIMIT $4";
