@@ -1,16 +1,17 @@
 //! On PostgreSQL, a read of a range of keys (a run's inbox, a thread's queue entries, the last
-//! event of a prefix) reads the pages of its range, however many keys of the same table follow
-//! it. The runner's connections plan every statement once (a generic plan); a range whose upper
-//! bound were only a filter (`$3 IS NULL OR k < $3`) would walk every key after the range
-//! whenever the range holds fewer rows than the page asks for. And a delete or a claim of a
-//! few keys reads those keys, however small the table was when the connection planned it.
+//! event of a prefix, a counter's stripes) reads the pages of its range, however many keys of
+//! the same table follow it. The runner's connections plan every statement once (a generic
+//! plan); a range whose upper bound were only a filter (`$3 IS NULL OR k < $3`) would walk
+//! every key after the range whenever the range holds fewer rows than the page asks for. And
+//! a delete or a claim of a few keys reads those keys, however small the table was when the
+//! connection planned it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
 use arbor_runner_svc::store::{
-    DELETE_KEYS, LAST_IN_RANGE, LOCK_FIRST, POSTGRES_SESSION, SCAN_RANGE, T,
+    COUNTER_ROWS, DELETE_KEYS, LAST_IN_RANGE, LOCK_FIRST, POSTGRES_SESSION, SCAN_RANGE, T,
 };
 use arbor_testkit::PgCluster;
 
@@ -59,6 +60,13 @@ fn a_range_read_reads_a_few_pages_however_many_keys_follow_it() {
             SCAN_RANGE,
             "smallint, bytea, bytea, bigint",
             format!("{t}, {range}, 64"),
+            5,
+        ),
+        (
+            "a counter's rows (its key, and its stripes as a range)",
+            COUNTER_ROWS,
+            "smallint, bytea, bytea, bytea",
+            format!("{t}, 'a/'::bytea, {range}"),
             5,
         ),
         (

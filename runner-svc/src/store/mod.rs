@@ -23,7 +23,7 @@ use std::{
 };
 
 pub use postgres::{
-    DELETE_KEYS, LAST_IN_RANGE, LOCK_FIRST, SCAN_RANGE, SESSION as POSTGRES_SESSION,
+    COUNTER_ROWS, DELETE_KEYS, LAST_IN_RANGE, LOCK_FIRST, SCAN_RANGE, SESSION as POSTGRES_SESSION,
 };
 pub use sled_backend::OpenError;
 

@@ -1055,6 +1055,11 @@ const READ_MANY_AND_RANGE: &str = concat!(
     " UNION ALL SELECT 0, k, v FROM runner_kv WHERE t = $3 AND k >= $4 AND k < $5"
 );
 
+/// The rows of a counter: the key `$2` of table `$1` and its stripes, from `$3` up to `$4`
+/// (excluded). Two index scans: one scan cannot take `k = $2 OR (k >= $3 AND k < $4)` as its
+/// condition, and without bitmap scans (see [`SESSION`]) the `OR` would walk the whole table.
+pub const COUNTER_ROWS: &str = "SELECT v FROM runner_kv WHERE t = $1 AND k = $2 \
+     UNION ALL SELECT v FROM runner_kv WHERE t = $1 AND k >= $3 AND k < $4";
 /// Deletes the keys `$2` of table `$1`.
 pub const DELETE_KEYS: &str = "DELETE FROM runner_kv WHERE t = $1 AND k = ANY($2)";
 /// Of the keys `$2` of table `$1`, the first `$3` that no other transaction holds, locked.
@@ -1200,11 +1205,8 @@ impl Backend for PgBackend {
     fn counter(&self, t: T, key: &[u8]) -> Result<i64, StoreError> {
         let client = self.db.client_blocking()?;
         let (stripes, end) = (stripe_key(key, 1), [key, &[1]].concat());
-        let rows = wait(client.query(
-            "SELECT v FROM runner_kv WHERE t = $1 AND (k = $2 OR (k >= $3 AND k < $4))",
-            &[&(t as i16), &key, &stripes, &end],
-        ))
-        .map_err(DbError::from)?;
+        let rows = wait(client.prepared_query(COUNTER_ROWS, &[&(t as i16), &key, &stripes, &end]))
+            .map_err(DbError::from)?;
         Ok(rows
             .iter()
             .map(|r| super::read_counter(r.get::<_, &[u8]>(0)))
