@@ -14,7 +14,7 @@ use arbor_approval_svc::{
     ApprovalStore, Error,
     approvals::Approvals,
     lifecycle::ApprovalState,
-    model::{AuditAction, AuditQuery, NewDecision},
+    model::{AuditAction, AuditEntry, AuditQuery, NewDecision},
     policy::Policy,
     store::{
         ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN, Consumed, DeliveryOutcome, OUTBOX_PAGE,
@@ -979,5 +979,29 @@ async fn a_version_2_database_is_upgraded_with_everything_in_it() {
     assert_eq!(
         (last.request_id.as_str(), last.action, last.actor.as_str()),
         ("r2", AuditAction::Decided, "bo")
+    );
+
+    // A replica of the older release, still running during a rolling upgrade, writes `jsonb`
+    // as it did (a record rewritten, an audit entry numbered by `jsonb_set`): PostgreSQL
+    // assigns it to the text columns, and this release reads it.
+    sql(
+        "UPDATE approval_records SET record = record::jsonb WHERE request_id = 'r2'; \
+         INSERT INTO approval_audit (id, request_id, run_id, time_ms, action, entry) \
+         SELECT n.id, a.request_id, a.run_id, a.time_ms, a.action, \
+             jsonb_set(a.entry::jsonb, '{id}', to_jsonb(n.id)) \
+         FROM approval_audit a, (SELECT nextval('approval_audit_ids') AS id) n \
+         WHERE a.id = (SELECT max(id) FROM approval_audit)",
+    )
+    .await;
+    assert_eq!(store.get("r2").unwrap().unwrap(), approved.approval);
+    let r2_trail = trail(&store, "r2");
+    let (copy, original) = (&r2_trail[r2_trail.len() - 1], &r2_trail[r2_trail.len() - 2]);
+    assert!(copy.id > original.id, "{r2_trail:?}");
+    assert_eq!(
+        AuditEntry {
+            id: original.id,
+            ..copy.clone()
+        },
+        *original
     );
 }
