@@ -496,7 +496,8 @@ impl PgTx<'_> {
 
     /// The parameters of the audit entry `entry`, stamped with the transaction's time.
     fn audit_params(&self, entry: &mut AuditEntry) -> Result<Vec<Param>, Fail> {
-        entry.time_ms = self.now;
+        // Numbered by the statement (see `AUDIT_ID_FIELD`).
+        (entry.id, entry.time_ms) = (0, self.now);
         Ok(vec![
             Box::new(entry.request_id.clone()),
             Box::new(entry.run_id.clone()),
@@ -644,7 +645,7 @@ impl Records for PgTx<'_> {
             None => return Ok(()),
         };
         for mut entry in entries {
-            entry.time_ms = self.now;
+            (entry.id, entry.time_ms) = (0, self.now);
             audit.push(Box::new(action_of(&entry)));
             audit.push(Box::new(after_id(encode(&entry)?)?));
         }
