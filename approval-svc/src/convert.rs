@@ -131,6 +131,15 @@ impl From<&AuditEntry> for pb::AuditEntry {
 }
 
 /// A wire filter; `prefix` names the request field in violations (`filter`).
+/// Refuses an id with a NUL in it: no stored id holds one (the runner's events with one are
+/// refused), and PostgreSQL's text cannot, so a lookup by it is a mistake.
+pub fn no_nul(value: &str, field: &str) -> Result<()> {
+    match value.contains('\0') {
+        true => Err(Error::invalid(field, "holds a NUL byte")),
+        false => Ok(()),
+    }
+}
+
 pub fn filter_from_pb(f: Option<&pb::ApprovalFilter>, prefix: &str) -> Result<Filter> {
     let Some(f) = f else {
         return Ok(Filter::default());
@@ -149,18 +158,12 @@ pub fn filter_from_pb(f: Option<&pb::ApprovalFilter>, prefix: &str) -> Result<Fi
                 .compile_matcher(),
         )
     };
-    // No stored id holds a NUL (PostgreSQL's text cannot): such a filter is a mistake.
     for (field, value) in [
         ("run_id", &f.run_id),
         ("thread_id", &f.thread_id),
         ("tree_id", &f.tree_id),
     ] {
-        if value.contains('\0') {
-            return Err(Error::invalid(
-                &format!("{prefix}.{field}"),
-                "holds a NUL byte",
-            ));
-        }
+        no_nul(value, &format!("{prefix}.{field}"))?;
     }
     if f.max_age_ms > 0 && f.min_age_ms > f.max_age_ms {
         return Err(Error::invalid(

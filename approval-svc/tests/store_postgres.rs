@@ -47,6 +47,16 @@ impl Backend for Postgres {
 
 conformance::suite!(Postgres);
 
+/// `sql` run by psql on the database at `url`, off the runtime's threads; its output.
+async fn psql(url: &str, sql: &str) -> String {
+    let (url, sql) = (url.to_string(), sql.to_string());
+    tokio::task::spawn_blocking(move || PgCluster::shared().psql(&url, &sql).unwrap())
+        .await
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_stores_on_one_database_have_exactly_one_winner() {
     let url = Postgres::place().await;
@@ -342,19 +352,12 @@ async fn a_leader_whose_session_ends_stops_leading() {
     let url = Postgres::place().await;
     let (a, b) = (Postgres::open(&url).await, Postgres::open(&url).await);
     let leadership = a.lead().await.unwrap().unwrap();
-    let terminated = tokio::task::spawn_blocking({
-        let url = url.clone();
-        move || {
-            PgCluster::shared().psql(
-                &url,
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-                 WHERE application_name = 'arbor-approval-leader' AND datname = current_database()",
-            )
-        }
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let terminated = psql(
+        &url,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = 'arbor-approval-leader' AND datname = current_database()",
+    )
+    .await;
     assert_eq!(terminated, "1");
     tokio::time::timeout(WAIT, leadership.lost())
         .await
@@ -376,21 +379,14 @@ async fn a_late_commit_never_lands_behind_an_entry_already_visible() {
     for id in ["slow", "fast"] {
         store.put_request(tool(id, "run-x"), None).await.unwrap();
     }
-    tokio::task::spawn_blocking({
-        let url = url.clone();
-        move || {
-            PgCluster::shared().psql(
-                &url,
-                "CREATE FUNCTION linger() RETURNS trigger LANGUAGE plpgsql AS
-                     $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$;
-                 CREATE TRIGGER linger AFTER INSERT ON approval_audit FOR EACH ROW
-                     WHEN (NEW.request_id = 'slow') EXECUTE FUNCTION linger();",
-            )
-        }
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    psql(
+        &url,
+        "CREATE FUNCTION linger() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$;
+         CREATE TRIGGER linger AFTER INSERT ON approval_audit FOR EACH ROW
+             WHEN (NEW.request_id = 'slow') EXECUTE FUNCTION linger();",
+    )
+    .await;
     let run = AuditQuery::Run("run-x".into());
     let trail = |store: &PgStore| -> Vec<u64> {
         let page = store.audit(&run, 100, None).unwrap();
@@ -902,16 +898,7 @@ async fn decided(store: &PgStore, prefix: &str, n: usize) -> Vec<(String, String
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_2_database_is_upgraded_with_everything_in_it() {
     let url = Postgres::place().await;
-    let sql = |q: &'static str| {
-        let url = url.clone();
-        async move {
-            tokio::task::spawn_blocking(move || PgCluster::shared().psql(&url, q).unwrap())
-                .await
-                .unwrap()
-                .trim()
-                .to_string()
-        }
-    };
+    let sql = |q: &'static str| psql(&url, q);
     let trail = |store: &PgStore, id: &str| {
         store
             .audit(&AuditQuery::Request(id.into()), 100, None)

@@ -98,16 +98,14 @@ fn a_few_keys_planned_on_a_small_table_read_a_few_pages_once_it_has_grown() {
     const GROWN: usize = 20_000;
     let cluster = PgCluster::shared();
     let t = T::Queue as usize;
-    let set: String = POSTGRES_SESSION
-        .iter()
-        .map(|(name, value)| format!("SET {name} = {value}; "))
-        .collect();
     let keys = "ARRAY['q-000005', 'q-010005', 'q-019995']::bytea[]";
-    for (what, statement, types, args, rows) in [
+    let absent = "ARRAY['absent']::bytea[]";
+    for (what, statement, types, first, args, rows) in [
         (
             "a delete of three keys",
             DELETE_KEYS,
             "smallint, bytea[]",
+            format!("{t}, {absent}"),
             format!("{t}, {keys}"),
             3,
         ),
@@ -115,37 +113,31 @@ fn a_few_keys_planned_on_a_small_table_read_a_few_pages_once_it_has_grown() {
             "a claim of the first two of three keys",
             LOCK_FIRST,
             "smallint, bytea[], bigint",
+            format!("{t}, {absent}, 1"),
             format!("{t}, {keys}, 2"),
             2,
         ),
     ] {
         let url = cluster.fresh_database("key_plans");
         drop(common::open_postgres(&url));
-        // A young database (ten keys in each table), the statement planned and run on it as a
-        // connection's first use does, then the table grown to GROWN keys, all in one session
-        // with nothing to make the plan again.
-        let young = "INSERT INTO runner_kv (t, k, v) SELECT t, convert_to('young-' || i, 'UTF8'), \
-             '\\x00' FROM generate_series(0, 17) t, generate_series(1, 10) i";
-        let grown = format!(
-            "INSERT INTO runner_kv (t, k, v) \
+        // A young database: ten keys in each table.
+        cluster
+            .psql(
+                &url,
+                "INSERT INTO runner_kv (t, k, v) SELECT t, convert_to('young-' || i, 'UTF8'), \
+                 '\\x00' FROM generate_series(0, 17) t, generate_series(1, 10) i",
+            )
+            .unwrap();
+        // The statement planned and run on it, as a connection's first use does, then the
+        // table grown to GROWN keys, in the same session, with nothing to make the plan again.
+        let meanwhile = format!(
+            "EXECUTE measured ({first}); INSERT INTO runner_kv (t, k, v) \
              SELECT {t}, convert_to('q-' || lpad(i::text, 6, '0'), 'UTF8'), '\\x00' \
              FROM generate_series(1, {GROWN}) i"
         );
-        let out = cluster
-            .psql(
-                &url,
-                &format!(
-                    "{set}{young}; PREPARE measured ({types}) AS {statement}; \
-                     EXECUTE measured ({t}, ARRAY['absent']::bytea[]{}); {grown}; \
-                     EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured ({args});",
-                    if types.ends_with("bigint") { ", 1" } else { "" }
-                ),
-            )
-            .unwrap();
-        let plan: serde_json::Value =
-            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
-        let plan = &plan[0]["Plan"];
-        let pages = arbor_testkit::pages(plan);
+        let plan =
+            cluster.explain_after(&url, POSTGRES_SESSION, statement, types, &meanwhile, &args);
+        let pages = arbor_testkit::pages(&plan);
         // A delete's rows are those of the scan below it.
         let found = match plan["Node Type"].as_str() {
             Some("ModifyTable") => &plan["Plans"][0]["Actual Rows"],

@@ -302,9 +302,8 @@ impl Database {
     /// returns, and again every [`CLOCK_PERIOD`] for as long as a copy of the clock is left.
     pub async fn server_clock(&self) -> ServerClock {
         let offset_ms = Arc::new(AtomicI64::new(0));
-        match self.clock_offset().await {
-            Ok(offset) => offset_ms.store(offset, Ordering::Relaxed),
-            Err(e) => tracing::warn!("the database's clock not read yet: {e}"),
+        if let Err(e) = self.measure_clock(&offset_ms).await {
+            tracing::warn!("the database's clock not read yet: {e}");
         }
         let (db, clock) = (self.clone(), Arc::downgrade(&offset_ms));
         if let Ok(pool_runtime) = self.handle() {
@@ -314,14 +313,20 @@ impl Database {
                     let Some(offset_ms) = clock.upgrade() else {
                         return;
                     };
-                    match db.clock_offset().await {
-                        Ok(offset) => offset_ms.store(offset, Ordering::Relaxed),
-                        Err(e) => tracing::debug!("the database's clock not read: {e}"),
+                    if let Err(e) = db.measure_clock(&offset_ms).await {
+                        tracing::debug!("the database's clock not read: {e}");
                     }
                 }
             });
         }
         ServerClock { offset_ms }
+    }
+
+    /// Measures the offset of the server's clock (see [`clock_offset`](Self::clock_offset))
+    /// into `offset_ms`; on failure it keeps the last one measured.
+    async fn measure_clock(&self, offset_ms: &AtomicI64) -> Result<(), DbError> {
+        offset_ms.store(self.clock_offset().await?, Ordering::Relaxed);
+        Ok(())
     }
 
     /// How far the server's clock is ahead of this host's, in ms: the server's time against

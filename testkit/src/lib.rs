@@ -210,6 +210,22 @@ impl PgCluster {
         types: &str,
         args: &str,
     ) -> serde_json::Value {
+        self.explain_after(url, settings, statement, types, "", args)
+    }
+
+    /// [`explain`](Self::explain), with the SQL `meanwhile` run in the same session between the
+    /// preparation of `statement` (named `measured` there) and its explained run: an `EXECUTE
+    /// measured (…)` in it makes the plan that the explained run then keeps, as a connection
+    /// keeps the plan of a statement's first use.
+    pub fn explain_after(
+        &self,
+        url: &str,
+        settings: &[(&str, &str)],
+        statement: &str,
+        types: &str,
+        meanwhile: &str,
+        args: &str,
+    ) -> serde_json::Value {
         let set: String = settings
             .iter()
             .map(|(name, value)| format!("SET {name} = {value}; "))
@@ -218,7 +234,7 @@ impl PgCluster {
             .psql(
                 url,
                 &format!(
-                    "{set}PREPARE measured ({types}) AS {statement}; \
+                    "{set}PREPARE measured ({types}) AS {statement}; {meanwhile}; \
                      EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured ({args});"
                 ),
             )

@@ -97,11 +97,7 @@ fn required<'a>(value: &'a str, field: &str) -> Result<&'a str> {
             format!("at most {MAX_ID_BYTES} bytes"),
         ));
     }
-    // No stored id holds one (the runner's events with one are refused), and PostgreSQL's
-    // text cannot.
-    if value.contains('\0') {
-        return Err(Error::invalid(field, "holds a NUL byte"));
-    }
+    crate::convert::no_nul(value, field)?;
     Ok(value)
 }
 

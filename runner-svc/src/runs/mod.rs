@@ -207,8 +207,8 @@ impl Runner {
 
     /// Now, on the clock of every time the runner writes (a step's, a timer's deadline, a
     /// job's or a task's availability and lease, an event's time): the mailbox's, by which
-    /// claims and leases are judged. In service that is the store's clock, so on PostgreSQL every replica reads the
-    /// database server's time, whatever its own clock says.
+    /// claims and leases are judged. In service that is the store's clock, so on PostgreSQL
+    /// every replica reads the database server's time, whatever its own clock says.
     pub fn now_ms(&self) -> u64 {
         self.mailbox.clock().wall_ms()
     }
