@@ -58,6 +58,15 @@ fn sample(runner: &Runner, s: &mut Samples) {
         &[],
         store.stats().conflicts,
     );
+    let (memory, store) = events.events_read();
+    for (from, n) in [("memory", memory), ("store", store)] {
+        s.counter(
+            "arbor_runner_stream_events_read",
+            "Events read for streams, by where from: memory (what this process committed lately) or the store (older events, and other replicas').",
+            &[("from", from)],
+            n,
+        );
+    }
     s.counter(
         "arbor_runner_lease_takeovers",
         "Jobs whose lease expired (or whose process died) and went back to the queue.",

@@ -25,5 +25,7 @@ mod slow_subscriber;
 mod state_counts;
 #[path = "store_races.rs"]
 mod store_races;
+#[path = "stream_reads.rs"]
+mod stream_reads;
 #[path = "tasks.rs"]
 mod tasks;

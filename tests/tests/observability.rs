@@ -108,6 +108,11 @@ async fn metrics_move_by_exactly_one_approved_run() {
         "{}",
         r2.text
     );
+    // approval-svc follows the log's head: the run's events reach it from the runner's memory.
+    let read =
+        |s: &Scrape, from| s.value("arbor_runner_stream_events_read_total", &[("from", from)]);
+    assert!(read(&r2, "memory") > read(&r0, "memory"), "{}", r2.text);
+    assert_eq!(read(&r2, "store"), read(&r0, "store"), "{}", r2.text);
     assert_eq!(
         r2.value("arbor_runner_event_last_seq", &[]),
         flow::events_of(&cluster, &run.run_id)

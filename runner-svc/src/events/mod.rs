@@ -5,7 +5,10 @@
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 use arbor_shared::{
@@ -190,6 +193,15 @@ pub struct EventLog {
     /// The events this process committed lately, by seq, as they were stored: streams that
     /// follow the log's head read them from here instead of the store.
     recent: Arc<Mutex<BTreeMap<u64, Event>>>,
+    /// Events [`read_after`](Self::read_after) answered from `recent` and from the store.
+    served: Arc<Served>,
+}
+
+/// Events read for streams, by where they were read from.
+#[derive(Debug, Default)]
+struct Served {
+    memory: AtomicU64,
+    store: AtomicU64,
 }
 
 impl EventLog {
@@ -203,6 +215,7 @@ impl EventLog {
             store,
             durable,
             recent: Arc::default(),
+            served: Arc::default(),
         })
     }
 
@@ -275,6 +288,7 @@ impl EventLog {
         // Seqs have no gaps: the events wanted are the next `wanted` entries.
         let wanted = usize::try_from(upto - after).map_or(limit, |n| n.min(limit));
         if let Some(events) = self.remembered(after + 1, wanted) {
+            (self.served.memory).fetch_add(events.len() as u64, Ordering::Relaxed);
             return Ok(events);
         }
         let entries = self
@@ -288,7 +302,18 @@ impl EventLog {
             }
             out.push(codec::decode("event", &bytes)?);
         }
+        (self.served.store).fetch_add(out.len() as u64, Ordering::Relaxed);
         Ok(out)
+    }
+
+    /// Events read for streams since the process started: from its memory (events it
+    /// committed lately), and from the store (older ones, and other replicas').
+    pub fn events_read(&self) -> (u64, u64) {
+        let served = &self.served;
+        (
+            served.memory.load(Ordering::Relaxed),
+            served.store.load(Ordering::Relaxed),
+        )
     }
 
     /// The trace id of a run's current trace context (`""` when it has none).

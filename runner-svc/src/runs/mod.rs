@@ -34,7 +34,7 @@ use crate::{
     error::RunnerError,
     events::EventLog,
     mailbox::{Claim, Clock, Job, Mailbox, MailboxConfig, MailboxStore, Reaped},
-    store::{Change, Commit, Reads, Store, T, Tx, TxResult, codec},
+    store::{Abort, Change, Commit, Reads, Store, T, Tx, TxResult, codec},
 };
 
 /// How long `caught_up` waits for a commit in flight to publish its events before it syncs.
@@ -178,7 +178,20 @@ impl Runner {
                 }
                 // A notification that named its seq spares the read of the log's head.
                 let head = match polled || said.1.swap(false, Ordering::SeqCst) {
-                    true => runner.events.last_seq(),
+                    true => match runner.events.last_seq() {
+                        // Seqs up to the head may be this process's own, committed and not
+                        // remembered yet: a commit queued now is answered once every one
+                        // before it has remembered its events, which streams then read from
+                        // memory.
+                        Ok(last) if last > runner.events.durable_seq() => {
+                            let settled = runner.store.commit(|_| Ok::<_, Abort<String>>(())).await;
+                            if let Err(e) = settled {
+                                tracing::debug!("cannot wait for this process's commits: {e}");
+                            }
+                            Ok(last)
+                        }
+                        other => other,
+                    },
                     false => Ok(said.0.load(Ordering::SeqCst)),
                 };
                 match head {
@@ -317,8 +330,8 @@ impl Runner {
         self.commit_then(reads, how, body, |r| (r, false)).await
     }
 
-    /// Commits `body`; once it is durable, runs `then` on its outcome (which answers whether
-    /// to wake a worker for a job it queued), publishes its events to streams and tells run
+    /// Commits `body`; once it is durable, publishes its events to streams, runs `then` on its
+    /// outcome (which answers whether to wake a worker for a job it queued) and tells run
     /// waiters.
     ///
     /// All of it runs as a task of its own, so it finishes even when the caller goes away
@@ -337,14 +350,19 @@ impl Runner {
             self.changes.clone(),
             self.work.clone(),
         );
+        // The events are remembered and published in commit order, before any caller of the
+        // batch wakes: a stream woken by the last commit of a batch finds every event of the
+        // batch in memory, whichever caller runs first.
+        let in_order = move |(_, appended): &mut (X, Vec<Event>)| {
+            if let Some(last) = appended.last().map(|e| e.seq) {
+                events.remember(std::mem::take(appended));
+                events.publish(last);
+            }
+        };
         tokio::spawn(
             async move {
-                let (x, appended) = store.commit_as(reads, how, body).await?;
+                let (x, _) = store.commit_in_order(reads, how, body, in_order).await?;
                 let (r, wake) = then(x);
-                if let Some(last) = appended.last().map(|e| e.seq) {
-                    events.remember(appended);
-                    events.publish(last);
-                }
                 changes.send_modify(|n| *n += 1);
                 if wake {
                     work.notify_one();

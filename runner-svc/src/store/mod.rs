@@ -258,6 +258,10 @@ pub enum Failed {
 /// A transaction body with its result erased (the result goes to a slot the caller holds).
 pub type Body<'a> = dyn Fn(&Tx<'_>) -> TxResult<(), ()> + Send + 'a;
 
+/// What runs once a batched body has committed, before its caller is answered (see
+/// [`Backend::commit`]).
+pub use arbor_shared::sled_backend::commit::InOrder;
+
 /// How a batched commit runs (see [`Backend::commit`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Commit {
@@ -346,12 +350,17 @@ pub trait Backend: Send + Sync + 'static {
     /// aborts alone). Resolves once that transaction is durable, or, for
     /// [`Commit::Unflushed`], as soon as it committed. `reads` are keys the body reads: a
     /// backend whose reads are round trips fetches those of every body of the transaction with
-    /// its first read.
+    /// its first read. `in_order`, when given, runs once the body has committed (and is
+    /// durable, unless [`Commit::Unflushed`]), before its caller is answered, on the thread that
+    /// answers: the `in_order` of this process's durable bodies (and, apart, of its unflushed
+    /// ones) run one after the other, in the order their writes were committed, whichever
+    /// caller wakes first. A body that aborts, or a transaction that fails, runs nothing.
     fn commit(
         &self,
         reads: Reads,
         body: Box<Body<'static>>,
         how: Commit,
+        in_order: Option<InOrder>,
     ) -> Pending<Result<(), Failed>>;
     /// Resolves once everything committed before the call is durable.
     fn durable(&self) -> Pending<Result<(), StoreError>>;
@@ -641,7 +650,45 @@ impl Store {
         let slot: Slot<R, E> = Arc::default();
         let ran = self
             .0
-            .commit(reads, Box::new(erase(body, slot.clone())), how)
+            .commit(reads, Box::new(erase(body, slot.clone())), how, None)
+            .await;
+        take(ran, &slot)
+    }
+
+    /// [`commit_as`](Self::commit_as) that also runs `in_order` on the body's result (which
+    /// it may take parts of) once it has committed, before the caller is answered: the
+    /// `in_order` of successive durable commits run in the order their writes were committed,
+    /// not in the order their callers happen to wake (see [`Backend::commit`]). It runs on the
+    /// store's commit thread: it must be quick and must not wait for the store.
+    pub async fn commit_in_order<R, E, F>(
+        &self,
+        reads: Reads,
+        how: Commit,
+        body: F,
+        in_order: impl FnOnce(&mut R) + Send + 'static,
+    ) -> Result<R, TxError<E>>
+    where
+        R: Send + 'static,
+        E: Send + 'static,
+        F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
+    {
+        let slot: Slot<R, E> = Arc::default();
+        let committed = slot.clone();
+        let in_order: InOrder = Box::new(move || {
+            if let Ok(mut slot) = committed.lock()
+                && let Some(Ok(r)) = slot.as_mut()
+            {
+                in_order(r);
+            }
+        });
+        let ran = self
+            .0
+            .commit(
+                reads,
+                Box::new(erase(body, slot.clone())),
+                how,
+                Some(in_order),
+            )
             .await;
         take(ran, &slot)
     }

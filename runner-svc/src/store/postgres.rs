@@ -64,8 +64,8 @@ use arbor_shared::postgres::{
 };
 
 use super::{
-    Abort, Backend, Body, Change, Commit, Entries, Failed, Fault, ManyAndPrefix, Pending, Reads,
-    Stats, Store, StoreError, T, TABLES, Txn, Value,
+    Abort, Backend, Body, Change, Commit, Entries, Failed, Fault, InOrder, ManyAndPrefix, Pending,
+    Reads, Stats, Store, StoreError, T, TABLES, Txn, Value,
 };
 
 /// The runner's schema, oldest migration first. Never edit a released migration.
@@ -211,6 +211,7 @@ struct Queued {
     /// Whether the body needs its batch to run at `SERIALIZABLE` ([`Commit::Serializable`]).
     serializable: bool,
     body: Box<Body<'static>>,
+    in_order: Option<InOrder>,
     done: tokio::sync::oneshot::Sender<Result<(), Failed>>,
 }
 
@@ -399,6 +400,9 @@ fn committer_loop(
             .bodies
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
         for (q, outcome) in batch.into_iter().zip(outcomes) {
+            if let (Ok(()), Some(in_order)) = (&outcome, q.in_order) {
+                in_order();
+            }
             let _ = q.done.send(outcome);
         }
     }
@@ -1262,6 +1266,7 @@ impl Backend for PgBackend {
         reads: Reads,
         body: Box<Body<'static>>,
         how: Commit,
+        in_order: Option<InOrder>,
     ) -> Pending<Result<(), Failed>> {
         let lane = match how {
             Commit::Durable | Commit::Serializable => &self.committer,
@@ -1272,6 +1277,7 @@ impl Backend for PgBackend {
             reads,
             serializable: how == Commit::Serializable,
             body,
+            in_order,
             done,
         });
         Box::pin(async move {

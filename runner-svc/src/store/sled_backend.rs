@@ -23,8 +23,8 @@ use sled::{
 };
 
 use super::{
-    Abort, Backend, Body, Commit, Entries, FIRST_SEQ, Failed, Fault, NEXT_SEQ, Pending, Reads,
-    Stats, Store, StoreError, T, TABLE_NAMES, Txn, Value, codec,
+    Abort, Backend, Body, Commit, Entries, FIRST_SEQ, Failed, Fault, InOrder, NEXT_SEQ, Pending,
+    Reads, Stats, Store, StoreError, T, TABLE_NAMES, Txn, Value, codec,
 };
 
 /// Opening the database failed.
@@ -266,14 +266,20 @@ impl Backend for SledBackend {
         _reads: Reads,
         body: Box<Body<'static>>,
         how: Commit,
+        in_order: Option<InOrder>,
     ) -> Pending<Result<(), Failed>> {
         let batches = self.batches.clone();
         Box::pin(async move {
             let body = move |tx: &SledTx<'_>| to_sled(body(tx));
             // Every transaction here is serialisable: sled's are.
-            let ran = match how {
-                Commit::Durable | Commit::Serializable => batches.commit(body).await,
-                Commit::Unflushed => batches.apply(body).await,
+            let durable = match how {
+                Commit::Durable | Commit::Serializable => true,
+                Commit::Unflushed => false,
+            };
+            let ran = match (in_order, durable) {
+                (Some(in_order), _) => batches.commit_in_order(body, durable, in_order).await,
+                (None, true) => batches.commit(body).await,
+                (None, false) => batches.apply(body).await,
             };
             ran.map_err(|e| match e {
                 CommitError::Abort(()) => Failed::Aborted,

@@ -179,11 +179,16 @@ trait Pending<S: TxSet>: Send {
 
 type Reply<R, E> = oneshot::Sender<Result<R, CommitError<E>>>;
 
+/// What runs on the committer thread once a body's transaction is committed (and flushed, for
+/// a durable one), before its caller is answered; see [`BatchCommit::commit_in_order`].
+pub type InOrder = Box<dyn FnOnce() + Send>;
+
 struct Op<R, E, F> {
     body: F,
     /// Answer only once the batch is flushed (otherwise as soon as it committed).
     durable: bool,
     last: std::sync::Mutex<Option<Result<R, E>>>,
+    in_order: Option<InOrder>,
     reply: Reply<R, E>,
 }
 
@@ -218,7 +223,13 @@ where
     }
 
     fn done(self: Box<Self>, outcome: Outcome) {
-        let last = self.last.into_inner().ok().flatten();
+        let Op {
+            last,
+            in_order,
+            reply,
+            ..
+        } = *self;
+        let last = last.into_inner().ok().flatten();
         let result = match (outcome, last) {
             (Outcome::Committed(Ok(())), Some(Ok(r))) => Ok(r),
             (Outcome::Committed(Err(e)), _) => Err(CommitError::Flush(e)),
@@ -228,7 +239,10 @@ where
                 "batched commit ended without a result".into(),
             ))),
         };
-        let _ = self.reply.send(result);
+        if let (Ok(_), Some(in_order)) = (&result, in_order) {
+            in_order();
+        }
+        let _ = reply.send(result);
     }
 }
 
@@ -279,7 +293,27 @@ impl<S: TxSet> BatchCommit<S> {
         E: Send + 'static,
         F: Fn(&S::Tx<'_>) -> Result<R, ConflictableTransactionError<E>> + Send + 'static,
     {
-        self.run(body, true).await
+        self.run(body, true, None).await
+    }
+
+    /// [`commit`](Self::commit) (`durable`) or [`apply`](Self::apply) that also runs
+    /// `in_order` once the body has committed (and is flushed, when `durable`), on the
+    /// committer thread, before its caller is answered: the `in_order` of successive durable
+    /// bodies (or of successive bodies that are not) run one after the other, in the order
+    /// their writes were committed, whichever caller wakes first. A body that aborts, or a
+    /// batch that fails, runs nothing.
+    pub async fn commit_in_order<R, E, F>(
+        &self,
+        body: F,
+        durable: bool,
+        in_order: InOrder,
+    ) -> Result<R, CommitError<E>>
+    where
+        R: Send + 'static,
+        E: Send + 'static,
+        F: Fn(&S::Tx<'_>) -> Result<R, ConflictableTransactionError<E>> + Send + 'static,
+    {
+        self.run(body, durable, Some(in_order)).await
     }
 
     /// Like [`commit`](Self::commit) but resolves as soon as the transaction has committed,
@@ -291,10 +325,15 @@ impl<S: TxSet> BatchCommit<S> {
         E: Send + 'static,
         F: Fn(&S::Tx<'_>) -> Result<R, ConflictableTransactionError<E>> + Send + 'static,
     {
-        self.run(body, false).await
+        self.run(body, false, None).await
     }
 
-    async fn run<R, E, F>(&self, body: F, durable: bool) -> Result<R, CommitError<E>>
+    async fn run<R, E, F>(
+        &self,
+        body: F,
+        durable: bool,
+        in_order: Option<InOrder>,
+    ) -> Result<R, CommitError<E>>
     where
         R: Send + 'static,
         E: Send + 'static,
@@ -310,6 +349,7 @@ impl<S: TxSet> BatchCommit<S> {
             body,
             durable,
             last: std::sync::Mutex::new(None),
+            in_order,
             reply,
         });
         self.tx.send(op).map_err(|_| gone())?;
@@ -481,6 +521,63 @@ mod tests {
         assert_eq!(batches.body_count(), 200);
         // Sharing is the point: at most one transaction per commit, retries included.
         assert!(batches.batch_count() <= 200, "{}", batches.batch_count());
+    }
+
+    /// Each body takes the next number of a counter; what runs in order after each commit sees
+    /// the numbers in the order they were taken, before the body's caller is answered, and
+    /// nothing of a body that aborted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn what_runs_in_order_runs_in_commit_order_before_the_answer() {
+        let (_dir, a, _b, batches) = start_pair();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..200u32 {
+            let (batches, seen) = (batches.clone(), seen.clone());
+            let taken = Arc::new(std::sync::Mutex::new(None));
+            let noted = taken.clone();
+            let in_order: InOrder = Box::new({
+                let seen = seen.clone();
+                move || seen.lock().unwrap().push(noted.lock().unwrap().unwrap())
+            });
+            tasks.push(tokio::spawn(async move {
+                let answer = batches
+                    .commit_in_order(
+                        move |(a, _)| {
+                            if i % 7 == 3 {
+                                return Err(ConflictableTransactionError::Abort(i));
+                            }
+                            let next = a
+                                .get(b"counter")?
+                                .map_or(0, |v| u32::from_be_bytes(v.as_ref().try_into().unwrap()));
+                            a.insert(&b"counter"[..], &(next + 1).to_be_bytes()[..])?;
+                            *taken.lock().unwrap() = Some(next);
+                            Ok(next)
+                        },
+                        true,
+                        in_order,
+                    )
+                    .await;
+                if let Ok(number) = answer {
+                    assert!(
+                        seen.lock().unwrap().contains(&number),
+                        "body {i} was answered before what runs after its commit ran"
+                    );
+                }
+                answer.is_ok()
+            }));
+        }
+        let mut committed = 0;
+        for t in tasks {
+            committed += usize::from(t.await.unwrap());
+        }
+        let seen = seen.lock().unwrap().clone();
+        let expected: Vec<u32> = (0..committed as u32).collect();
+        assert_eq!(
+            seen, expected,
+            "not in commit order, or an aborted body's ran"
+        );
+        let counter = a.get(b"counter").unwrap().unwrap();
+        assert_eq!(counter.as_ref(), &(committed as u32).to_be_bytes()[..]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
