@@ -85,6 +85,8 @@ pub struct CycleResult {
     pub fsyncs: Option<u64>,
     /// The runners' transactions run again after a conflict (see `Meters`).
     pub conflicts: Option<u64>,
+    /// Events the runners' streams read from the store, not from memory (see `Meters`).
+    pub streamed_from_store: Option<u64>,
     /// Bytes of WAL PostgreSQL wrote during the cycles, where there is a PostgreSQL.
     pub wal_bytes: Option<f64>,
     /// Where suspended → resumed went, per run (wall-clock ms, whole milliseconds): the runner's
@@ -254,6 +256,7 @@ pub async fn run(
     let meters = super::Meters::read(&cluster, decider.label()).await;
     let fsyncs = meters.fsyncs_since(&meters_before);
     let conflicts = meters.conflicts_since(&meters_before);
+    let streamed_from_store = meters.streamed_from_store_since(&meters_before);
     let decide_ms = meters.decide_ms_since(&meters_before);
     follower.abort();
     if let Some(p) = person {
@@ -301,6 +304,7 @@ pub async fn run(
         unfinished,
         fsyncs,
         conflicts,
+        streamed_from_store,
         stages,
         decide_ms,
     };

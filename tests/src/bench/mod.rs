@@ -16,12 +16,14 @@ use cycle::{CycleResult, Decider};
 use procstat::pct_ms;
 
 /// What both services' `/metrics` say so far, from one scrape of each replica: fsyncs of both,
-/// the runners' transactions run again after a conflict, and approval-svc's decision latency
-/// histogram for `source` (sum of seconds, count).
+/// the runners' transactions run again after a conflict, the events their streams read from
+/// the store, and approval-svc's decision latency histogram for `source` (sum of seconds,
+/// count).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Meters {
     pub fsyncs: Option<f64>,
     pub conflicts: Option<f64>,
+    pub streamed_from_store: Option<f64>,
     pub decided: Option<(f64, f64)>,
 }
 
@@ -30,7 +32,8 @@ impl Meters {
     /// takes the policy decisions (a follower's histogram stays empty).
     pub async fn read(cluster: &cluster::BenchCluster, source: &str) -> Self {
         let labels = [("source", source)];
-        let (mut fsyncs, mut conflicts) = (Some(0.0), Some(0.0));
+        let (mut fsyncs, mut conflicts, mut streamed_from_store) =
+            (Some(0.0), Some(0.0), Some(0.0));
         let mut decided = None::<(f64, f64)>;
         for r in &cluster.runners {
             let runner = crate::scrape::scrape(&r.metrics_url()).await;
@@ -39,6 +42,10 @@ impl Meters {
                 .map(|(a, b)| a + b);
             conflicts = conflicts
                 .zip(runner.get("arbor_runner_store_conflicts_total", &[]))
+                .map(|(a, b)| a + b);
+            let from_store = [("from", "store")];
+            streamed_from_store = streamed_from_store
+                .zip(runner.get("arbor_runner_stream_events_read_total", &from_store))
                 .map(|(a, b)| a + b);
         }
         for a in &cluster.approvals {
@@ -57,6 +64,7 @@ impl Meters {
         Self {
             fsyncs,
             conflicts,
+            streamed_from_store,
             decided,
         }
     }
@@ -69,6 +77,11 @@ impl Meters {
     /// The runners' conflicts since `before`.
     pub fn conflicts_since(&self, before: &Self) -> Option<u64> {
         counted_since(before.conflicts, self.conflicts)
+    }
+
+    /// Events the runners' streams read from the store since `before`.
+    pub fn streamed_from_store_since(&self, before: &Self) -> Option<u64> {
+        counted_since(before.streamed_from_store, self.streamed_from_store)
     }
 
     /// Mean decision latency (ms) of the decisions taken since `before`.
@@ -209,6 +222,12 @@ pub fn print_cycle_table(rows: &[CycleResult]) {
                 })
                 .unwrap_or_default();
             println!("        PostgreSQL: {per:.1} KB of WAL per cycle{conflicts}");
+        }
+        if let Some(n) = r.streamed_from_store {
+            println!(
+                "        events the runners' streams read from the store (not from memory): {:.2} per cycle",
+                n as f64 / r.cycles.max(1) as f64
+            );
         }
         if !r.stages[0].is_empty() {
             let q = |v: &[i64], p: f64| v[((v.len() as f64 * p) as usize).min(v.len() - 1)];
