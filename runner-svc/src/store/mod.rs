@@ -523,6 +523,9 @@ impl Table<'_> {
 /// Where a body's typed result waits while the backend runs the erased body.
 type Slot<R, E> = Arc<Mutex<Option<Result<R, E>>>>;
 
+/// What runs on a committed body's result, in commit order (see [`Store::commit_in_order`]).
+type Then<R> = Box<dyn FnOnce(&mut R) + Send>;
+
 fn erase<R, E>(
     body: impl Fn(&Tx<'_>) -> TxResult<R, E>,
     slot: Slot<R, E>,
@@ -647,12 +650,7 @@ impl Store {
         E: Send + 'static,
         F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
     {
-        let slot: Slot<R, E> = Arc::default();
-        let ran = self
-            .0
-            .commit(reads, Box::new(erase(body, slot.clone())), how, None)
-            .await;
-        take(ran, &slot)
+        self.commit_then(reads, how, body, None).await
     }
 
     /// [`commit_as`](Self::commit_as) that also runs `in_order` on the body's result (which
@@ -672,24 +670,35 @@ impl Store {
         E: Send + 'static,
         F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
     {
+        self.commit_then(reads, how, body, Some(Box::new(in_order)))
+            .await
+    }
+
+    async fn commit_then<R, E, F>(
+        &self,
+        reads: Reads,
+        how: Commit,
+        body: F,
+        in_order: Option<Then<R>>,
+    ) -> Result<R, TxError<E>>
+    where
+        R: Send + 'static,
+        E: Send + 'static,
+        F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
+    {
         let slot: Slot<R, E> = Arc::default();
-        let committed = slot.clone();
-        let in_order: InOrder = Box::new(move || {
-            if let Ok(mut slot) = committed.lock()
-                && let Some(Ok(r)) = slot.as_mut()
-            {
-                in_order(r);
-            }
+        let in_order = in_order.map(|then| {
+            let committed = slot.clone();
+            Box::new(move || {
+                if let Ok(mut slot) = committed.lock()
+                    && let Some(Ok(r)) = slot.as_mut()
+                {
+                    then(r);
+                }
+            }) as InOrder
         });
-        let ran = self
-            .0
-            .commit(
-                reads,
-                Box::new(erase(body, slot.clone())),
-                how,
-                Some(in_order),
-            )
-            .await;
+        let body = Box::new(erase(body, slot.clone()));
+        let ran = self.0.commit(reads, body, how, in_order).await;
         take(ran, &slot)
     }
 
