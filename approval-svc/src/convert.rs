@@ -130,7 +130,6 @@ impl From<&AuditEntry> for pb::AuditEntry {
     }
 }
 
-/// A wire filter; `prefix` names the request field in violations (`filter`).
 /// Refuses an id with a NUL in it: no stored id holds one (the runner's events with one are
 /// refused), and PostgreSQL's text cannot, so a lookup by it is a mistake.
 pub fn no_nul(value: &str, field: &str) -> Result<()> {
@@ -140,6 +139,7 @@ pub fn no_nul(value: &str, field: &str) -> Result<()> {
     }
 }
 
+/// A wire filter; `prefix` names the request field in violations (`filter`).
 pub fn filter_from_pb(f: Option<&pb::ApprovalFilter>, prefix: &str) -> Result<Filter> {
     let Some(f) = f else {
         return Ok(Filter::default());

@@ -288,7 +288,9 @@ impl EventLog {
         // Seqs have no gaps: the events wanted are the next `wanted` entries.
         let wanted = usize::try_from(upto - after).map_or(limit, |n| n.min(limit));
         if let Some(events) = self.remembered(after + 1, wanted) {
-            (self.served.memory).fetch_add(events.len() as u64, Ordering::Relaxed);
+            self.served
+                .memory
+                .fetch_add(events.len() as u64, Ordering::Relaxed);
             return Ok(events);
         }
         let entries = self
@@ -302,7 +304,9 @@ impl EventLog {
             }
             out.push(codec::decode("event", &bytes)?);
         }
-        (self.served.store).fetch_add(out.len() as u64, Ordering::Relaxed);
+        self.served
+            .store
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
         Ok(out)
     }
 

@@ -276,11 +276,7 @@ impl Backend for SledBackend {
                 Commit::Durable | Commit::Serializable => true,
                 Commit::Unflushed => false,
             };
-            let ran = match (in_order, durable) {
-                (Some(in_order), _) => batches.commit_in_order(body, durable, in_order).await,
-                (None, true) => batches.commit(body).await,
-                (None, false) => batches.apply(body).await,
-            };
+            let ran = batches.commit_with(body, durable, in_order).await;
             ran.map_err(|e| match e {
                 CommitError::Abort(()) => Failed::Aborted,
                 CommitError::Storage(e) => Failed::Storage(storage(e)),

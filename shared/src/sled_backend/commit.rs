@@ -180,7 +180,7 @@ trait Pending<S: TxSet>: Send {
 type Reply<R, E> = oneshot::Sender<Result<R, CommitError<E>>>;
 
 /// What runs on the committer thread once a body's transaction is committed (and flushed, for
-/// a durable one), before its caller is answered; see [`BatchCommit::commit_in_order`].
+/// a durable one), before its caller is answered; see [`BatchCommit::commit_with`].
 pub type InOrder = Box<dyn FnOnce() + Send>;
 
 struct Op<R, E, F> {
@@ -293,42 +293,16 @@ impl<S: TxSet> BatchCommit<S> {
         E: Send + 'static,
         F: Fn(&S::Tx<'_>) -> Result<R, ConflictableTransactionError<E>> + Send + 'static,
     {
-        self.run(body, true, None).await
+        self.commit_with(body, true, None).await
     }
 
-    /// [`commit`](Self::commit) (`durable`) or [`apply`](Self::apply) that also runs
-    /// `in_order` once the body has committed (and is flushed, when `durable`), on the
-    /// committer thread, before its caller is answered: the `in_order` of successive durable
-    /// bodies (or of successive bodies that are not) run one after the other, in the order
-    /// their writes were committed, whichever caller wakes first. A body that aborts, or a
-    /// batch that fails, runs nothing.
-    pub async fn commit_in_order<R, E, F>(
-        &self,
-        body: F,
-        durable: bool,
-        in_order: InOrder,
-    ) -> Result<R, CommitError<E>>
-    where
-        R: Send + 'static,
-        E: Send + 'static,
-        F: Fn(&S::Tx<'_>) -> Result<R, ConflictableTransactionError<E>> + Send + 'static,
-    {
-        self.run(body, durable, Some(in_order)).await
-    }
-
-    /// Like [`commit`](Self::commit) but resolves as soon as the transaction has committed,
-    /// without waiting for the flush: for writes a crash may lose (a claim, which start-up
-    /// undoes anyway).
-    pub async fn apply<R, E, F>(&self, body: F) -> Result<R, CommitError<E>>
-    where
-        R: Send + 'static,
-        E: Send + 'static,
-        F: Fn(&S::Tx<'_>) -> Result<R, ConflictableTransactionError<E>> + Send + 'static,
-    {
-        self.run(body, false, None).await
-    }
-
-    async fn run<R, E, F>(
+    /// [`commit`](Self::commit) (`durable`) or [`apply`](Self::apply); `in_order`, when given,
+    /// runs once the body has committed (and is flushed, when `durable`), on the committer
+    /// thread, before its caller is answered: the `in_order` of successive durable bodies (or
+    /// of successive bodies that are not) run one after the other, in the order their writes
+    /// were committed, whichever caller wakes first. A body that aborts, or a batch that fails,
+    /// runs nothing.
+    pub async fn commit_with<R, E, F>(
         &self,
         body: F,
         durable: bool,
@@ -354,6 +328,18 @@ impl<S: TxSet> BatchCommit<S> {
         });
         self.tx.send(op).map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
+    }
+
+    /// Like [`commit`](Self::commit) but resolves as soon as the transaction has committed,
+    /// without waiting for the flush: for writes a crash may lose (a claim, which start-up
+    /// undoes anyway).
+    pub async fn apply<R, E, F>(&self, body: F) -> Result<R, CommitError<E>>
+    where
+        R: Send + 'static,
+        E: Send + 'static,
+        F: Fn(&S::Tx<'_>) -> Result<R, ConflictableTransactionError<E>> + Send + 'static,
+    {
+        self.commit_with(body, false, None).await
     }
 
     /// Transactions run so far.
@@ -541,7 +527,7 @@ mod tests {
             });
             tasks.push(tokio::spawn(async move {
                 let answer = batches
-                    .commit_in_order(
+                    .commit_with(
                         move |(a, _)| {
                             if i % 7 == 3 {
                                 return Err(ConflictableTransactionError::Abort(i));
@@ -554,7 +540,7 @@ mod tests {
                             Ok(next)
                         },
                         true,
-                        in_order,
+                        Some(in_order),
                     )
                     .await;
                 if let Ok(number) = answer {
