@@ -130,6 +130,7 @@ pub async fn run(
     replicas: usize,
     decider: Decider,
     cycles: usize,
+    warmup: usize,
     concurrency: usize,
 ) -> CycleResult {
     let name = format!("cycle_{}_r{replicas}_k{concurrency}", decider.label());
@@ -169,6 +170,16 @@ pub async fn run(
         Decider::Policy => None,
     };
 
+    // Cycles run and not measured: what is measured is the steady state, with every replica's
+    // connections made and statements prepared (more replicas have more to warm up), not how
+    // a fresh cluster starts.
+    if warmup > 0 {
+        let (_, warm) = drive(&runners, &tracks, warmup, concurrency).await;
+        let mut map = tracks.lock().expect("tracks");
+        for id in warm {
+            map.remove(&id);
+        }
+    }
     let (runner_pids, approval_pids) = (cluster.runner_pids(), cluster.approval_pids());
     let db_before = cluster.db.as_ref().map_or(0, |db| db.bytes());
     let meters_before = super::Meters::read(&cluster, decider.label()).await;
@@ -179,64 +190,8 @@ pub async fn run(
         db.reset_statements();
     }
     let wal0 = cluster.db.as_ref().and_then(|db| db.wal_bytes());
-    let remaining = Arc::new(AtomicUsize::new(cycles));
     let start = Instant::now();
-    let mut drivers = Vec::new();
-    for i in 0..concurrency {
-        let replica = i % replicas;
-        let (mut runner, tracks, remaining) =
-            (runners[replica].clone(), tracks.clone(), remaining.clone());
-        drivers.push(tokio::spawn(async move {
-            let (mut latencies, mut mine) = (Vec::new(), Vec::new());
-            while remaining
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-            {
-                let t0 = Instant::now();
-                let run = runner
-                    .submit_run(rpb::SubmitRunRequest {
-                        tree_id: "bench-cycle".into(),
-                        ..Default::default()
-                    })
-                    .await
-                    .expect("submit")
-                    .into_inner()
-                    .run
-                    .expect("run");
-                let rx = {
-                    let mut map = tracks.lock().expect("tracks");
-                    let t = map.entry(run.run_id.clone()).or_default();
-                    if t.done.is_some() {
-                        None
-                    } else {
-                        let (tx, rx) = oneshot::channel();
-                        t.waiter = Some(tx);
-                        Some(rx)
-                    }
-                };
-                if let Some(rx) = rx {
-                    let _ = tokio::time::timeout(RUN_PATIENCE, rx).await;
-                }
-                let done = tracks
-                    .lock()
-                    .expect("tracks")
-                    .get(&run.run_id)
-                    .and_then(|t| t.done);
-                latencies.push(done.unwrap_or_else(Instant::now) - t0);
-                mine.push(run.run_id);
-            }
-            (latencies, mine)
-        }));
-    }
-    let mut submit_to_done = Vec::new();
-    // Each run as the client's stream saw it.
-    let mut seen: HashMap<String, Track> = HashMap::new();
-    let mut owned = Vec::new();
-    for d in drivers {
-        let (latencies, mine) = d.await.expect("driver");
-        submit_to_done.extend(latencies);
-        owned.extend(mine);
-    }
+    let (mut submit_to_done, owned) = drive(&runners, &tracks, cycles, concurrency).await;
     let elapsed = start.elapsed();
     let runner_cpu = cpu_of(&runner_pids) - r_cpu0;
     let approval_cpu = cpu_of(&approval_pids) - a_cpu0;
@@ -262,6 +217,8 @@ pub async fn run(
     if let Some(p) = person {
         p.abort();
     }
+    // Each run as the client's stream saw it.
+    let mut seen: HashMap<String, Track> = HashMap::new();
     {
         let mut map = tracks.lock().expect("tracks");
         for id in owned {
@@ -310,6 +267,73 @@ pub async fn run(
     };
     cluster.stop().await;
     result
+}
+
+/// Runs `cycles` cycles from `concurrency` drivers, driver `i` submitting to runner replica
+/// `i % replicas` and waiting for its run's end on the client's one stream; answers each
+/// cycle's SubmitRun → end latency (unsorted) and the runs started.
+async fn drive(
+    runners: &[super::cluster::Runner],
+    tracks: &Tracks,
+    cycles: usize,
+    concurrency: usize,
+) -> (Vec<Duration>, Vec<String>) {
+    let replicas = runners.len();
+    let remaining = Arc::new(AtomicUsize::new(cycles));
+    let mut drivers = Vec::new();
+    for i in 0..concurrency {
+        let replica = i % replicas;
+        let (mut runner, tracks, remaining) =
+            (runners[replica].clone(), tracks.clone(), remaining.clone());
+        drivers.push(tokio::spawn(async move {
+            let (mut latencies, mut mine) = (Vec::new(), Vec::new());
+            while remaining
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                let t0 = Instant::now();
+                let run = runner
+                    .submit_run(rpb::SubmitRunRequest {
+                        tree_id: "bench-cycle".into(),
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("submit")
+                    .into_inner()
+                    .run
+                    .expect("run");
+                let rx = {
+                    let mut map = tracks.lock().expect("tracks");
+                    let t = map.entry(run.run_id.clone()).or_default();
+                    if t.done.is_some() {
+                        None
+                    } else {
+                        let (tx, rx) = oneshot::channel();
+                        t.waiter = Some(tx);
+                        Some(rx)
+                    }
+                };
+                if let Some(rx) = rx {
+                    let _ = tokio::time::timeout(RUN_PATIENCE, rx).await;
+                }
+                let done = tracks
+                    .lock()
+                    .expect("tracks")
+                    .get(&run.run_id)
+                    .and_then(|t| t.done);
+                latencies.push(done.unwrap_or_else(Instant::now) - t0);
+                mine.push(run.run_id);
+            }
+            (latencies, mine)
+        }));
+    }
+    let (mut submit_to_done, mut owned) = (Vec::new(), Vec::new());
+    for d in drivers {
+        let (latencies, mine) = d.await.expect("driver");
+        submit_to_done.extend(latencies);
+        owned.extend(mine);
+    }
+    (submit_to_done, owned)
 }
 
 /// Follows the event stream and timestamps each run's suspension, resume and finish on arrival.

@@ -142,6 +142,8 @@ pub fn print_statements(name: &str, cycles: usize, statements: &[cluster::Statem
 #[derive(Debug, Clone)]
 pub struct Options {
     pub cycles: usize,
+    /// Cycles each configuration runs, at its concurrency, before the measured ones.
+    pub warmup: usize,
     pub concurrency: Vec<usize>,
     pub deciders: Vec<Decider>,
     pub stores: Vec<cluster::Store>,
@@ -428,7 +430,8 @@ async fn cycles_round(
                         opts.cycles,
                         opts.rounds.max(1)
                     );
-                    let row = cycle::run(store, replicas, *decider, opts.cycles, *k).await;
+                    let row =
+                        cycle::run(store, replicas, *decider, opts.cycles, opts.warmup, *k).await;
                     // Each row as it comes, so a run cut short still says what it measured.
                     eprintln!(
                         "  {:.0} cycles/s, p50 {:.2} ms, p99 {:.2} ms, {} unfinished",

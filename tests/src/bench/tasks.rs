@@ -52,6 +52,8 @@ pub struct TaskOptions {
     pub repeat: usize,
     /// Policy-path cycles at K=64 to compare with, when the cycle section has no such row.
     pub cycles: usize,
+    /// Cycles run before those (see [`Options::warmup`](super::Options::warmup)).
+    pub warmup: usize,
 }
 
 /// One finished task as its worker saw it: times on the worker's monotonic clock, in ns.
@@ -582,7 +584,15 @@ pub async fn run(stores: &[Store], opts: &TaskOptions, cycles: &[CycleResult]) -
         let policy_cycles_per_s = match known {
             Some(c) => c.cycles_per_s(),
             None => {
-                let c = cycle::run(store, 1, Decider::Policy, opts.cycles, IN_FLIGHT).await;
+                let c = cycle::run(
+                    store,
+                    1,
+                    Decider::Policy,
+                    opts.cycles,
+                    opts.warmup,
+                    IN_FLIGHT,
+                )
+                .await;
                 eprintln!(
                     "tasks: {label} policy cycle K={IN_FLIGHT}, N={}: {:.0} cycles/s",
                     opts.cycles,

@@ -51,6 +51,9 @@ struct Args {
     /// Approval cycles per configuration (cycle, langgraph, tasks).
     #[arg(long, default_value_t = 10_000)]
     cycles: usize,
+    /// Cycles each configuration runs before the measured ones, not measured (cycle, tasks).
+    #[arg(long, default_value_t = 256)]
+    warmup: usize,
     /// Runs in flight (cycle, langgraph).
     #[arg(long, value_delimiter = ',', default_values_t = [1, 64])]
     concurrency: Vec<usize>,
@@ -148,6 +151,7 @@ async fn main() {
     if wants(Section::Cycle) {
         let opts = bench::Options {
             cycles,
+            warmup: args.warmup,
             concurrency: concurrency.clone(),
             deciders: vec![Decider::Policy, Decider::Person],
             stores: stores.clone(),
@@ -181,6 +185,7 @@ async fn main() {
             throughput_tasks: args.tasks,
             repeat: args.task_repeat as usize,
             cycles,
+            warmup: args.warmup,
         };
         let tasks = bench::tasks::run(&stores, &opts, &rows).await;
         bench::tasks::print(&tasks, opts.repeat);
