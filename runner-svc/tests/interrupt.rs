@@ -121,7 +121,7 @@ async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
             .any(|j| j.kind == JobKind::Cancel && j.status == JobStatus::Accepted)
     );
 
-    let events = runner.events().read_after(0, 10_000).unwrap();
+    let events = runner.events().read_after(0, 10_000).await.unwrap();
     let of = |run: &str, k: EventKind| {
         events
             .iter()

@@ -139,7 +139,7 @@ async fn a_stalled_worker_loses_its_lease_and_its_late_write_is_refused() {
     assert_eq!(job.status, JobStatus::Accepted);
     assert_eq!(job.claimed_by, "worker-2");
 
-    let events = runner.events().read_after(0, 1000).unwrap();
+    let events = runner.events().read_after(0, 1000).await.unwrap();
     let count = |k: EventKind| events.iter().filter(|e| e.kind() == k).count();
     assert_eq!(count(EventKind::RunSucceeded), 1);
     assert_eq!(

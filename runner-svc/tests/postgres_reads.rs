@@ -2,7 +2,8 @@
 //! queued (`Store::commit_reading`) with one statement, before its first body runs, instead of
 //! one round trip per body while the batch holds the event log's writer lock; an interrupt
 //! names every row it reads, however many runs its thread has; a worker's look at the queue
-//! reads the rows of the threads it looks at, however many jobs are running.
+//! reads the rows of the threads it looks at, however many jobs are running; streams on one
+//! replica read another replica's events from the store once between them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -211,5 +212,106 @@ async fn a_look_at_the_queue_reads_only_the_threads_it_looks_at() {
     assert!(
         rows <= 10,
         "claiming one job with {RUNNING} running read {rows} rows"
+    );
+}
+
+/// Streams that follow one replica's log read each event another replica committed from the
+/// store once between them, however many they are: the first that wants it reads it and
+/// keeps it for the others, which wait their turn and read it from memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_on_one_replica_read_another_replica_s_events_from_the_store_once() {
+    use arbor_runner_svc::{
+        ServeConfig, engine::TreeFormat, open_runner, runs::SubmitInput, worker,
+    };
+    use arbor_shared::domain::RunStatus;
+    use std::time::Duration;
+    use tokio_util::sync::CancellationToken;
+
+    const STREAMS: usize = 4;
+    const RUNS: usize = 12;
+    const ROUNDS: usize = 4;
+    let url = arbor_testkit::PgCluster::shared().fresh_database("shared_reads");
+    let replica = |workers: usize| {
+        let (dir, url) = (tempfile::tempdir().unwrap(), url.clone());
+        async move {
+            let runner = open_runner(&ServeConfig {
+                data_dir: dir.path().to_path_buf(),
+                store_url: Some(url),
+                workers,
+                ..ServeConfig::default()
+            })
+            .await
+            .unwrap();
+            (runner, dir)
+        }
+    };
+    // Replica `a` only serves the streams; `b` takes the runs and runs them.
+    let ((a, _a_dir), (b, _b_dir)) = (replica(0).await, replica(4).await);
+    let tree = serde_json::json!({"id": "steps", "version": 1,
+        "root": {"type": "sequence", "name": "s", "children": [
+            {"type": "set", "name": "x", "key": "x", "value": 1},
+            {"type": "set", "name": "y", "key": "y", "value": 2}]}});
+    b.register_tree(&tree.to_string(), TreeFormat::Json)
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let _workers = worker::spawn(b.clone(), 4, stop.clone());
+
+    let log = a.events().clone();
+    let (start, read_before) = (log.durable_seq(), log.events_read());
+    let mut followers = Vec::new();
+    for _ in 0..STREAMS {
+        let (log, (reached, read_up_to)) = (log.clone(), tokio::sync::watch::channel(start));
+        followers.push(read_up_to);
+        tokio::spawn(async move {
+            let (mut durable, mut cursor) = (log.watch(), start);
+            loop {
+                for event in log.read_after(cursor, 512).await.unwrap() {
+                    assert_eq!(event.seq, cursor + 1, "a stream skipped an event");
+                    cursor = event.seq;
+                }
+                reached.send_replace(cursor);
+                if durable.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    for _ in 0..ROUNDS {
+        let each = (0..RUNS).map(|_| {
+            b.submit(SubmitInput {
+                tree_id: "steps".into(),
+                ..Default::default()
+            })
+        });
+        for run in futures_util::future::join_all(each).await {
+            common::wait_status(&b, &run.unwrap().run.run_id, RunStatus::Succeeded).await;
+        }
+    }
+    let last = b.events().last_seq().unwrap();
+    let committed = last - start;
+    assert!(
+        committed >= (4 * RUNS * ROUNDS) as u64,
+        "{committed} events"
+    );
+    for mut read_up_to in followers {
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            read_up_to.wait_for(|seq| *seq >= last),
+        )
+        .await
+        .expect("every stream on replica a reached the log's head")
+        .unwrap();
+    }
+    stop.cancel();
+
+    let read = a.events().events_read();
+    let (memory, store) = (read.0 - read_before.0, read.1 - read_before.1);
+    assert_eq!(
+        (store, memory),
+        (committed, (STREAMS as u64 - 1) * committed),
+        "{STREAMS} streams read the {committed} events of the other replica {store} times \
+         from the store"
     );
 }

@@ -135,6 +135,7 @@ async fn a_dead_lettered_run_withdraws_its_open_approval_in_the_same_step() {
     let events: Vec<_> = runner
         .events()
         .read_after(0, 1000)
+        .await
         .unwrap()
         .into_iter()
         .filter(|e| e.run_id == run.run_id)

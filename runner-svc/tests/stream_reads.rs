@@ -46,7 +46,7 @@ async fn a_stream_reads_the_events_this_process_just_committed_from_memory() {
     let follower = tokio::spawn(async move {
         let (mut durable, mut cursor) = (log.watch(), start);
         loop {
-            for event in log.read_after(cursor, 512).unwrap() {
+            for event in log.read_after(cursor, 512).await.unwrap() {
                 assert_eq!(event.seq, cursor + 1, "the stream skipped an event");
                 cursor = event.seq;
             }

@@ -182,19 +182,26 @@ pub fn set_first_seq<E>(tx: &Tx<'_>, seq: u64) -> TxResult<(), E> {
     Ok(())
 }
 
-/// How far back, in seqs from the newest, [`EventLog::remember`] keeps this process's events.
+/// How far back, in seqs from the newest, [`EventLog::remember`] keeps events.
 const RECENT_SEQS: u64 = 1024;
+/// How far behind the log's head, in seqs, streams share what they read from the store (see
+/// [`EventLog::read_after`]).
+const SHARED_READ_MAX: u64 = RECENT_SEQS / 4;
 
 /// Read side of the log plus the durable-seq watermark streams wait on.
 #[derive(Clone)]
 pub struct EventLog {
     store: Store,
     durable: watch::Sender<u64>,
-    /// The events this process committed lately, by seq, as they were stored: streams that
-    /// follow the log's head read them from here instead of the store.
+    /// The events this process committed lately, and other replicas' that its streams read
+    /// lately, by seq, as they were stored: streams that follow the log's head read them from
+    /// here instead of the store.
     recent: Arc<Mutex<BTreeMap<u64, Event>>>,
     /// Events [`read_after`](Self::read_after) answered from `recent` and from the store.
     served: Arc<Served>,
+    /// Held by a stream near the log's head while it reads the store (see
+    /// [`read_after`](Self::read_after)).
+    reading: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Events read for streams, by where they were read from.
@@ -216,13 +223,14 @@ impl EventLog {
             durable,
             recent: Arc::default(),
             served: Arc::default(),
+            reading: Arc::default(),
         })
     }
 
     /// Keeps `events`, which this process has just committed durably, for the streams that
-    /// read them next (call it before publishing them). Only the last [`RECENT_SEQS`] seqs are
-    /// kept; events committed elsewhere (another replica) are never here, so a read that
-    /// wants one goes to the store.
+    /// read them next (call it before publishing them); streams keep here too what they read
+    /// of other replicas' events near the log's head. Only the last [`RECENT_SEQS`] seqs are
+    /// kept.
     pub fn remember(&self, events: Vec<Event>) {
         let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
         recent.extend(events.into_iter().map(|e| (e.seq, e)));
@@ -237,15 +245,16 @@ impl EventLog {
         }
     }
 
-    /// The `wanted` events from seq `from` on when all of them are remembered.
-    fn remembered(&self, from: u64, wanted: usize) -> Option<Vec<Event>> {
+    /// Of the `wanted` events from seq `from` on, those remembered before the first that is
+    /// not.
+    fn remembered(&self, from: u64, wanted: usize) -> Vec<Event> {
         let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
-        let events: Vec<Event> = recent
+        recent
             .range(from..from.saturating_add(wanted as u64))
-            .map(|(_, e)| e.clone())
-            .collect();
-        // Seqs are unique, so as many as wanted in the range are all of them.
-        (events.len() == wanted).then_some(events)
+            .zip(from..)
+            .take_while(|((seq, _), expected)| *seq == expected)
+            .map(|((_, e), _)| e.clone())
+            .collect()
     }
 
     /// Marks events up to `seq` durable (called after the flush that covered their commit).
@@ -278,35 +287,56 @@ impl EventLog {
         Ok(first_seq_in(&self.store)?)
     }
 
-    /// Durable events with `after < seq <= durable_seq`, at most `limit`.
-    pub fn read_after(&self, after: u64, limit: usize) -> Result<Vec<Event>, EventLogError> {
+    /// Durable events with `after < seq <= durable_seq`, at most `limit`: those remembered
+    /// from memory, the rest from the store. Near the log's head (at most [`SHARED_READ_MAX`]
+    /// seqs behind it), streams that want events not remembered (another replica's) take
+    /// turns to read them, and each remembers what it read for the others: every such event is
+    /// read from the store once, however many streams follow the log.
+    pub async fn read_after(&self, after: u64, limit: usize) -> Result<Vec<Event>, EventLogError> {
         let upto = self.durable_seq();
-        let mut out = Vec::new();
         if after >= upto {
-            return Ok(out);
+            return Ok(Vec::new());
         }
         // Seqs have no gaps: the events wanted are the next `wanted` entries.
         let wanted = usize::try_from(upto - after).map_or(limit, |n| n.min(limit));
-        if let Some(events) = self.remembered(after + 1, wanted) {
-            self.served
-                .memory
-                .fetch_add(events.len() as u64, Ordering::Relaxed);
-            return Ok(events);
+        let mut out = self.remembered(after + 1, wanted);
+        let near_head = upto - after <= SHARED_READ_MAX;
+        let _turn = match out.len() < wanted && near_head {
+            true => {
+                let turn = self.reading.lock().await;
+                // Another stream may have read them while this one waited.
+                out = self.remembered(after + 1, wanted);
+                Some(turn)
+            }
+            false => None,
+        };
+        self.served
+            .memory
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
+        if out.len() == wanted {
+            return Ok(out);
         }
+        let from = after + 1 + out.len() as u64;
+        let rest = wanted - out.len();
+        let mut read = Vec::with_capacity(rest);
         let entries = self
             .store
             .tree(T::Events)
-            .range_from_wanting(codec::u64_key(after + 1), wanted);
-        for entry in entries.take(wanted) {
+            .range_from_wanting(codec::u64_key(from), rest);
+        for entry in entries.take(rest) {
             let (key, bytes) = entry?;
             if codec::read_u64(&key) > upto {
                 break;
             }
-            out.push(codec::decode("event", &bytes)?);
+            read.push(codec::decode("event", &bytes)?);
         }
         self.served
             .store
-            .fetch_add(out.len() as u64, Ordering::Relaxed);
+            .fetch_add(read.len() as u64, Ordering::Relaxed);
+        if near_head {
+            self.remember(read.clone());
+        }
+        out.append(&mut read);
         Ok(out)
     }
 
@@ -413,16 +443,16 @@ mod tests {
         for after in cursors {
             for limit in [1, 2, 3, 7, 512] {
                 assert_eq!(
-                    log.read_after(after, limit).unwrap(),
-                    reference.read_after(after, limit).unwrap(),
+                    log.read_after(after, limit).await.unwrap(),
+                    reference.read_after(after, limit).await.unwrap(),
                     "after {after}, limit {limit}"
                 );
             }
         }
         // What is remembered is what is read: the newest events come from memory.
-        assert!(log.remembered(last - 10, 11).is_some());
+        assert_eq!(log.remembered(last - 10, 11).len(), 11);
         assert!(
-            log.remembered(1, 1).is_none(),
+            log.remembered(1, 1).is_empty(),
             "the oldest are only in the store"
         );
     }

@@ -308,7 +308,7 @@ impl RunnerService for RunnerGrpc {
             let mut watch = events.watch();
             let mut cursor = cursor;
             loop {
-                let batch = match events.read_after(cursor, STREAM_BATCH) {
+                let batch = match events.read_after(cursor, STREAM_BATCH).await {
                     Ok(b) => b,
                     Err(e) => {
                         let _ = tx.send(Err(Status::from(RunnerError::from(e)))).await;

@@ -221,6 +221,7 @@ async fn a_dispatch_whose_poller_went_away_is_streamed_at_once() {
         let durable = events.durable_seq();
         events
             .read_after(streamed, 100)
+            .await
             .unwrap()
             .into_iter()
             .find(|e| e.kind() == EventKind::TaskDispatched && e.seq <= durable)

@@ -174,7 +174,7 @@ impl Rig {
     /// events are still being made streamable).
     pub async fn events(&self, run_id: &str) -> Vec<Event> {
         self.runner().caught_up().await.unwrap();
-        let all = self.runner().events().read_after(0, 100_000).unwrap();
+        let all = self.runner().events().read_after(0, 100_000).await.unwrap();
         all.into_iter().filter(|e| e.run_id == run_id).collect()
     }
 
