@@ -233,6 +233,16 @@ impl<S: ApprovalStore> Approvals<S> {
         }
     }
 
+    /// [`publish`](Self::publish) of a decision written here, read with the `traceparent`
+    /// stored for its request (`None`: there is none): delivery is handed the decision as it
+    /// is, instead of reading it back.
+    fn publish_traced(&self, a: &Approval, traceparent: Option<String>) {
+        let _ = self.changes.send(a.clone());
+        if a.needs_delivery() {
+            self.delivery.handed(a.clone(), traceparent);
+        }
+    }
+
     /// APPROVAL_REQUESTED: store it (idempotent), then let the policy decide if it can.
     /// Re-running this for a request that is still PENDING re-applies the policy, so a crash
     /// between storing and deciding is healed by the replayed event.
@@ -263,11 +273,19 @@ impl<S: ApprovalStore> Approvals<S> {
         );
         to_the_end("storing the requests", async move {
             let decide = move |a: &Approval| policy.evaluate(&Subject::from(a)).decision();
+            // A request decided as it is stored is a new one: its trace is the one stored with it.
+            let traces: HashMap<String, String> = requests
+                .iter()
+                .filter(|(_, _, traceparent)| !traceparent.is_empty())
+                .map(|(r, _, traceparent)| (r.request_id.clone(), traceparent.clone()))
+                .collect();
             let puts = store.put_and_decide_requests(requests, decide).await?;
-            let decided = puts.iter().filter(|p| p.decided);
-            let decided: Vec<&str> = decided.map(|p| p.approval.id()).collect();
-            if !decided.is_empty() {
-                delivery.named(decided);
+            for put in puts
+                .iter()
+                .filter(|p| p.decided && p.approval.needs_delivery())
+            {
+                let traceparent = traces.get(put.approval.id()).cloned();
+                delivery.handed(put.approval.clone(), traceparent);
             }
             Ok(puts)
         })
@@ -285,7 +303,8 @@ impl<S: ApprovalStore> Approvals<S> {
                     decision = d.kind.as_str(), "decided by policy");
             }
             self.observe_decision(&approval);
-            self.publish(&approval);
+            // `put_requests` handed it to delivery already.
+            let _ = self.changes.send(approval.clone());
             return Ok(approval);
         }
         if put.created {
@@ -338,8 +357,9 @@ impl<S: ApprovalStore> Approvals<S> {
             .iter()
             .map(|(id, decision, _)| (id.clone(), decision.clone()))
             .collect();
-        let outcomes = match self.store.resolve_requests(decisions).await {
-            Ok(outcomes) => outcomes,
+        // Together, each decision is read with its request's `traceparent`; alone, without.
+        let (outcomes, traced) = match self.store.resolve_requests(decisions).await {
+            Ok(outcomes) => (outcomes, true),
             // Each alone, so that one which cannot be taken holds up no other.
             Err(e) => {
                 tracing::debug!("decisions left to one at a time: {e}");
@@ -348,7 +368,7 @@ impl<S: ApprovalStore> Approvals<S> {
                     let taken = self.store.resolve_request(request_id, decision.clone());
                     outcomes.push(taken.instrument(span.clone()).await);
                 }
-                outcomes
+                (outcomes, false)
             }
         };
         for ((_, _, span), outcome) in batch.iter().zip(&outcomes) {
@@ -362,7 +382,10 @@ impl<S: ApprovalStore> Approvals<S> {
                 }
                 let _entered = span.enter();
                 self.observe_decision(&resolved.approval);
-                self.publish(&resolved.approval);
+                match traced {
+                    true => self.publish_traced(&resolved.approval, resolved.traceparent.clone()),
+                    false => self.publish(&resolved.approval),
+                }
             }
         }
         outcomes

@@ -224,3 +224,83 @@ async fn health_and_answers_follow_the_database() {
     .await;
     svc.stop().await;
 }
+
+/// The leader hands the decisions it takes to its delivery as it writes them: a person's
+/// through `Resolve` and the policy's as the request is stored both reach the runner without
+/// delivery reading them back from the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_leader_delivers_the_decisions_it_takes_without_reading_them_back() {
+    const EACH: usize = 5;
+    let cluster = PgCluster::start_with(&["shared_preload_libraries=pg_stat_statements"]);
+    let url = cluster.fresh_database("handed");
+    cluster
+        .psql(&url, "CREATE EXTENSION pg_stat_statements")
+        .unwrap();
+    let runner = FakeRunner::start().await;
+    runner.with(|s| s.auto_consume = true);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = pg_config(&url, &runner, &dir);
+    cfg.policy = arbor_approval_svc::policy::Policy::from_toml(
+        r#"
+        [[tool]]
+        name = "read-only"
+        tool = "search.*"
+        action = "allow"
+        "#,
+    )
+    .unwrap();
+    let svc = Svc::start(cfg).await;
+    wait_health(
+        &svc,
+        SUBSCRIPTION_HEALTH,
+        ServingStatus::Serving,
+        "it to lead",
+    )
+    .await;
+    let mut client = svc.client().await;
+    // Calls of delivery's reads: of the approvals named to it, and of the whole outbox.
+    let delivery_reads = || -> u64 {
+        let out = cluster
+            .psql(
+                &url,
+                "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = \
+                 (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND query LIKE '%FROM approval_records r LEFT JOIN approval_traces%' \
+                 AND query LIKE '%awaiting_delivery%'",
+            )
+            .unwrap();
+        out.trim().parse().unwrap()
+    };
+    cluster
+        .psql(&url, "SELECT pg_stat_statements_reset()")
+        .unwrap();
+
+    for i in 0..EACH {
+        runner.push_request(node_request(&format!("person-{i}"), &format!("run-p{i}")));
+        runner.push_request(tool_request(
+            &format!("policy-{i}"),
+            &format!("run-a{i}"),
+            "search.web",
+        ));
+    }
+    for i in 0..EACH {
+        let id = format!("person-{i}");
+        wait_for(&client, &id, "pending", state(ApprovalState::Pending)).await;
+        client
+            .resolve(resolve_req(&id, DecisionKind::Approve))
+            .await
+            .unwrap();
+    }
+    for i in 0..EACH {
+        for id in [format!("person-{i}"), format!("policy-{i}")] {
+            wait_for(&client, &id, "pruned", state(ApprovalState::Pruned)).await;
+            assert_eq!(runner.resolves_for(&id).len(), 1, "{id} delivered once");
+        }
+    }
+    assert_eq!(
+        delivery_reads(),
+        0,
+        "delivery read back decisions it was handed"
+    );
+    svc.stop().await;
+}

@@ -36,9 +36,11 @@ const DELIVERIES_IN_FLIGHT: usize = 64;
 const MAX_NAMED: usize = 1024;
 
 /// How delivery learns what to deliver: the approvals whose decision a change may have left
-/// waiting, by id, or "everything" (changes may have been missed). Named approvals are read by
-/// id, in one statement on PostgreSQL; the whole outbox is read only at start, when a retry is
-/// due and when told to look at everything.
+/// waiting, handed over as just written (a decision taken in this process, with the
+/// `traceparent` it carries on) or by id, or "everything" (changes may have been missed).
+/// Handed approvals are sent without being read back; named ones are read by id, in one
+/// statement on PostgreSQL; the whole outbox is read only at start, when a retry is due and
+/// when told to look at everything.
 #[derive(Default)]
 pub struct DeliveryWake {
     notify: tokio::sync::Notify,
@@ -46,10 +48,13 @@ pub struct DeliveryWake {
 }
 
 /// What delivery has been told to look at since it last looked.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq)]
 pub struct Due {
     /// Each id once, in the order named.
     pub ids: Vec<String>,
+    /// Approvals whose decision awaits delivery, as written, each with its `traceparent`;
+    /// each once, in the order handed.
+    pub handed: Vec<(Approval, Option<String>)>,
     pub everything: bool,
 }
 
@@ -65,12 +70,20 @@ impl DeliveryWake {
                         due.ids.push(id);
                     }
                 }
-                if due.ids.len() > MAX_NAMED {
-                    *due = Due {
-                        ids: Vec::new(),
-                        everything: true,
-                    };
-                }
+                due.overflow();
+            }
+        }
+        self.notify.notify_one();
+    }
+
+    /// `approval`'s decision, just written here, awaits delivery, which sends it as it is,
+    /// continuing the trace `traceparent` (`None`: the request has none).
+    pub fn handed(&self, approval: Approval, traceparent: Option<String>) {
+        {
+            let mut due = self.due.lock().unwrap_or_else(PoisonError::into_inner);
+            if !due.everything && !due.handed.iter().any(|(a, _)| a.id() == approval.id()) {
+                due.handed.push((approval, traceparent));
+                due.overflow();
             }
         }
         self.notify.notify_one();
@@ -78,10 +91,7 @@ impl DeliveryWake {
 
     /// Any decision may be waiting: delivery reads the whole outbox.
     pub fn everything(&self) {
-        *self.due.lock().unwrap_or_else(PoisonError::into_inner) = Due {
-            ids: Vec::new(),
-            everything: true,
-        };
+        *self.due.lock().unwrap_or_else(PoisonError::into_inner) = Due::everything();
         self.notify.notify_one();
     }
 
@@ -94,6 +104,22 @@ impl DeliveryWake {
     /// What was named since the last call, and forgets it.
     pub fn take(&self) -> Due {
         std::mem::take(&mut *self.due.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl Due {
+    fn everything() -> Self {
+        Self {
+            everything: true,
+            ..Self::default()
+        }
+    }
+
+    /// Beyond [`MAX_NAMED`] approvals named or handed, "everything" instead.
+    fn overflow(&mut self) {
+        if self.ids.len() + self.handed.len() > MAX_NAMED {
+            *self = Self::everything();
+        }
     }
 }
 
@@ -151,11 +177,16 @@ impl<S: ApprovalStore> Delivery<S> {
             let woken = wake.notified();
             let due = wake.take();
             scan |= due.everything;
-            // One already taken is on its way: its attempt settles it.
+            // One already taken is on its way: its attempt settles it. One handed is not read.
+            let handed: Vec<(Approval, Option<String>)> = due
+                .handed
+                .into_iter()
+                .filter(|(a, _)| !taken.contains(a.id()) && a.needs_delivery())
+                .collect();
             let named: Vec<String> = due
                 .ids
                 .into_iter()
-                .filter(|id| !taken.contains(id))
+                .filter(|id| !taken.contains(id) && !handed.iter().any(|(a, _)| a.id() == id))
                 .collect();
             let store = self.approvals.store();
             if scan && backlog.is_empty() {
@@ -173,16 +204,21 @@ impl<S: ApprovalStore> Delivery<S> {
                         Some(Instant::now() + self.tuning.delivery_max)
                     }
                 };
-            } else if !named.is_empty() {
-                match store.undelivered_of(&named) {
-                    Ok(found) => {
-                        let found = self.not_accepted(found);
-                        let waits = queue(found, &mut taken, &retries, &mut backlog);
-                        next = earliest(next, waits);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot read the decisions named to delivery");
-                        scan = true;
+            } else {
+                // Handed over as written: not read back (an outbox read above covers them).
+                let handed = self.not_accepted(handed);
+                next = earliest(next, queue(handed, &mut taken, &retries, &mut backlog));
+                if !named.is_empty() {
+                    match store.undelivered_of(&named) {
+                        Ok(found) => {
+                            let found = self.not_accepted(found);
+                            let waits = queue(found, &mut taken, &retries, &mut backlog);
+                            next = earliest(next, waits);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot read the decisions named to delivery");
+                            scan = true;
+                        }
                     }
                 }
             }
@@ -191,8 +227,8 @@ impl<S: ApprovalStore> Delivery<S> {
                     break;
                 };
                 running.push(async move {
-                    // Read with the outbox: the span's trace id and the context the Resolve
-                    // carries on.
+                    // Read with the outbox, or handed over with the decision: the span's trace
+                    // id and the context the Resolve carries on.
                     let span = crate::approvals::span_of(approval.id(), trace.as_deref());
                     let outcome = self
                         .deliver(&approval, trace.as_deref())
@@ -388,19 +424,87 @@ mod tests {
         let wake = DeliveryWake::default();
         wake.named((0..=MAX_NAMED).map(|i| i.to_string()));
         wake.named(["late"]);
-        assert_eq!(
-            wake.take(),
-            Due {
-                ids: Vec::new(),
-                everything: true
-            }
-        );
+        assert_eq!(wake.take(), Due::everything());
         wake.named(["x"]);
         wake.everything();
         wake.named(["y"]);
         assert!(
             wake.take().everything,
             "everything covers what is named after it"
+        );
+    }
+
+    fn approval(id: &str) -> Approval {
+        use arbor_shared::domain::{
+            ApprovalKind, ApprovalPhase, ApprovalRequest, DecisionKind, TimeoutAction,
+        };
+        Approval {
+            request: ApprovalRequest {
+                request_id: id.into(),
+                run_id: "run".into(),
+                thread_id: "thread".into(),
+                tree_id: "tree".into(),
+                tree_version: 1,
+                node_locator: "gate".into(),
+                node_name: "gate".into(),
+                kind: ApprovalKind::Tool,
+                tool_name: String::new(),
+                tool_args: serde_json::Value::Null,
+                tool_call_id: String::new(),
+                title: String::new(),
+                context: serde_json::Map::new(),
+                phase: ApprovalPhase::Before,
+                deadline_ms: 0,
+                on_timeout: TimeoutAction::Reject,
+                allowed_decisions: vec![DecisionKind::Approve],
+                submitted_by: "alice".into(),
+                requested_at_ms: 0,
+            },
+            unknown_kind: None,
+            state: crate::lifecycle::ApprovalState::Resolved,
+            decision: None,
+            created_at_ms: 0,
+            arrival: 0,
+            updated_at_ms: 0,
+            version: 0,
+            delivery_attempts: 0,
+            last_delivery_error: String::new(),
+            delivered_at_ms: 0,
+            cancel_reason: String::new(),
+        }
+    }
+
+    #[test]
+    fn each_handed_approval_is_kept_once_with_its_trace_and_counts_toward_everything() {
+        let wake = DeliveryWake::default();
+        wake.handed(approval("a"), Some("00-trace-a".into()));
+        wake.handed(approval("a"), None);
+        wake.handed(approval("b"), None);
+        wake.named(["c"]);
+        let due = wake.take();
+        assert_eq!(
+            due.handed,
+            [
+                (approval("a"), Some("00-trace-a".to_string())),
+                (approval("b"), None)
+            ]
+        );
+        assert_eq!(due.ids, ["c"]);
+        assert_eq!(wake.take(), Due::default(), "taking forgets");
+
+        wake.named((0..MAX_NAMED).map(|i| i.to_string()));
+        wake.handed(approval("last straw"), None);
+        assert_eq!(
+            wake.take(),
+            Due::everything(),
+            "more than {MAX_NAMED} in all"
+        );
+        wake.everything();
+        wake.handed(approval("after"), None);
+        assert_eq!(
+            wake.take(),
+            Due::everything(),
+            "everything covers what is handed after it"
         );
     }
 }

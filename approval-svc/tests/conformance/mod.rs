@@ -1402,7 +1402,7 @@ pub async fn compaction_of_many_keeps_the_survivors_between<B: Backend>(place: &
 
 /// A decision whose caller goes away while it commits (a client whose connection is cut, or
 /// whose deadline passes, drops the RPC) is made whole: stored, shown to watchers and handed to
-/// delivery. Left unpublished, it would wait for the next unrelated wake-up to be delivered,
+/// delivery, as stored. Left unpublished, it would wait for the next unrelated wake-up to be delivered,
 /// which on a quiet service may never come.
 pub async fn a_decision_whose_caller_went_away_is_published<B: Backend>(place: &B::Place) {
     let store = Arc::new(B::open(place).await);
@@ -1423,10 +1423,13 @@ pub async fn a_decision_whose_caller_went_away_is_published<B: Backend>(place: &
     tokio::time::timeout(support::WAIT, delivery.notified())
         .await
         .expect("delivery to be woken for the decision");
-    assert_eq!(delivery.take().ids, ["r1"], "delivery is told which one");
+    let due = delivery.take();
+    let handed: Vec<&str> = due.handed.iter().map(|(a, _)| a.id()).collect();
+    assert_eq!(handed, ["r1"], "delivery is handed the decision");
     let stored = current(&*store, "r1");
     assert_eq!(stored.state, ApprovalState::Resolved);
     assert_eq!(stored.decision, seen.decision);
+    assert_eq!(due.handed[0].0, stored, "handed as stored");
     assert_eq!(
         store.undelivered().unwrap().len(),
         1,
