@@ -224,7 +224,6 @@ async fn streams_on_one_replica_read_another_replica_s_events_from_the_store_onc
         ServeConfig, engine::TreeFormat, open_runner, runs::SubmitInput, worker,
     };
     use arbor_shared::domain::RunStatus;
-    use std::time::Duration;
     use tokio_util::sync::CancellationToken;
 
     const STREAMS: usize = 4;
@@ -259,24 +258,9 @@ async fn streams_on_one_replica_read_another_replica_s_events_from_the_store_onc
 
     let log = a.events().clone();
     let (start, read_before) = (log.durable_seq(), log.events_read());
-    let mut followers = Vec::new();
-    for _ in 0..STREAMS {
-        let (log, (reached, read_up_to)) = (log.clone(), tokio::sync::watch::channel(start));
-        followers.push(read_up_to);
-        tokio::spawn(async move {
-            let (mut durable, mut cursor) = (log.watch(), start);
-            loop {
-                for event in log.read_after(cursor, 512).await.unwrap() {
-                    assert_eq!(event.seq, cursor + 1, "a stream skipped an event");
-                    cursor = event.seq;
-                }
-                reached.send_replace(cursor);
-                if durable.changed().await.is_err() {
-                    return;
-                }
-            }
-        });
-    }
+    let followers: Vec<_> = (0..STREAMS)
+        .map(|_| common::follow_log(log.clone(), start).1)
+        .collect();
 
     for _ in 0..ROUNDS {
         let each = (0..RUNS).map(|_| {
@@ -296,13 +280,7 @@ async fn streams_on_one_replica_read_another_replica_s_events_from_the_store_onc
         "{committed} events"
     );
     for mut read_up_to in followers {
-        tokio::time::timeout(
-            Duration::from_secs(20),
-            read_up_to.wait_for(|seq| *seq >= last),
-        )
-        .await
-        .expect("every stream on replica a reached the log's head")
-        .unwrap();
+        common::wait_read_up_to(&mut read_up_to, last).await;
     }
     stop.cancel();
 

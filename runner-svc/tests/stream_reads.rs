@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use arbor_runner_svc::{ServeConfig, engine::TreeFormat, open_runner, runs::SubmitInput, worker};
 use arbor_shared::domain::RunStatus;
 use tokio_util::sync::CancellationToken;
@@ -42,20 +40,7 @@ async fn a_stream_reads_the_events_this_process_just_committed_from_memory() {
     // A follower of the log's head, as `StreamEvents` follows it: every event once, in order.
     let log = runner.events().clone();
     let (start, read_before) = (log.durable_seq(), log.events_read());
-    let (reached, mut read_up_to) = tokio::sync::watch::channel(start);
-    let follower = tokio::spawn(async move {
-        let (mut durable, mut cursor) = (log.watch(), start);
-        loop {
-            for event in log.read_after(cursor, 512).await.unwrap() {
-                assert_eq!(event.seq, cursor + 1, "the stream skipped an event");
-                cursor = event.seq;
-            }
-            reached.send_replace(cursor);
-            if durable.changed().await.is_err() {
-                return;
-            }
-        }
-    });
+    let (follower, mut read_up_to) = common::follow_log(log, start);
 
     for _ in 0..ROUNDS {
         // The submissions share one batch; the steps after them share others.
@@ -79,13 +64,7 @@ async fn a_stream_reads_the_events_this_process_just_committed_from_memory() {
         committed >= (4 * RUNS * ROUNDS) as u64,
         "{committed} events"
     );
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        read_up_to.wait_for(|seq| *seq >= last),
-    )
-    .await
-    .expect("the stream reached the log's head")
-    .unwrap();
+    common::wait_read_up_to(&mut read_up_to, last).await;
     follower.abort();
     stop.cancel();
 

@@ -289,3 +289,41 @@ pub async fn with_lane_held<F: std::future::Future>(
     held.unwrap();
     out
 }
+
+/// A follower of `log`'s head from seq `start`, as `StreamEvents` follows it: every event once,
+/// in order (a gap fails it). The receiver holds the last seq it read.
+pub fn follow_log(
+    log: arbor_runner_svc::events::EventLog,
+    start: u64,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::watch::Receiver<u64>,
+) {
+    let (reached, read_up_to) = tokio::sync::watch::channel(start);
+    let follower = tokio::spawn(async move {
+        let (mut durable, mut cursor) = (log.watch(), start);
+        loop {
+            for event in log.read_after(cursor, 512).await.unwrap() {
+                assert_eq!(event.seq, cursor + 1, "the stream skipped an event");
+                cursor = event.seq;
+            }
+            reached.send_replace(cursor);
+            if durable.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    (follower, read_up_to)
+}
+
+/// Waits, up to 20 s, until the follower of [`follow_log`] whose receiver is `read_up_to` has
+/// read up to seq `last`.
+pub async fn wait_read_up_to(read_up_to: &mut tokio::sync::watch::Receiver<u64>, last: u64) {
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        read_up_to.wait_for(|seq| *seq >= last),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("the stream did not reach seq {last}"))
+    .unwrap();
+}
