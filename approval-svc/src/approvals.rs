@@ -273,19 +273,15 @@ impl<S: ApprovalStore> Approvals<S> {
         );
         to_the_end("storing the requests", async move {
             let decide = move |a: &Approval| policy.evaluate(&Subject::from(a)).decision();
-            // A request decided as it is stored is a new one: its trace is the one stored with it.
-            let traces: HashMap<String, String> = requests
-                .iter()
-                .filter(|(_, _, traceparent)| !traceparent.is_empty())
-                .map(|(r, _, traceparent)| (r.request_id.clone(), traceparent.clone()))
-                .collect();
+            // A request decided as it is stored is a new one: its trace is the one stored with
+            // it. The puts answer in the order of the requests.
+            let traces: Vec<String> = requests.iter().map(|(_, _, t)| t.clone()).collect();
             let puts = store.put_and_decide_requests(requests, decide).await?;
-            for put in puts
-                .iter()
-                .filter(|p| p.decided && p.approval.needs_delivery())
-            {
-                let traceparent = traces.get(put.approval.id()).cloned();
-                delivery.handed(put.approval.clone(), traceparent);
+            for (put, traceparent) in puts.iter().zip(traces) {
+                if put.decided && put.approval.needs_delivery() {
+                    let traceparent = (!traceparent.is_empty()).then_some(traceparent);
+                    delivery.handed(put.approval.clone(), traceparent);
+                }
             }
             Ok(puts)
         })
@@ -357,18 +353,22 @@ impl<S: ApprovalStore> Approvals<S> {
             .iter()
             .map(|(id, decision, _)| (id.clone(), decision.clone()))
             .collect();
-        // Together, each decision is read with its request's `traceparent`; alone, without.
-        let (outcomes, traced) = match self.store.resolve_requests(decisions).await {
-            Ok(outcomes) => (outcomes, true),
+        let outcomes = match self.store.resolve_requests(decisions).await {
+            Ok(outcomes) => outcomes,
             // Each alone, so that one which cannot be taken holds up no other.
             Err(e) => {
                 tracing::debug!("decisions left to one at a time: {e}");
                 let mut outcomes = Vec::with_capacity(batch.len());
                 for (request_id, decision, span) in &batch {
-                    let taken = self.store.resolve_request(request_id, decision.clone());
-                    outcomes.push(taken.instrument(span.clone()).await);
+                    let alone = vec![(request_id.clone(), decision.clone())];
+                    let taken = self.store.resolve_requests(alone).instrument(span.clone());
+                    outcomes.push(taken.await.and_then(|mut one| {
+                        one.pop().unwrap_or_else(|| {
+                            Err(Error::Storage("a decision was left unanswered".into()))
+                        })
+                    }));
                 }
-                (outcomes, false)
+                outcomes
             }
         };
         for ((_, _, span), outcome) in batch.iter().zip(&outcomes) {
@@ -382,10 +382,7 @@ impl<S: ApprovalStore> Approvals<S> {
                 }
                 let _entered = span.enter();
                 self.observe_decision(&resolved.approval);
-                match traced {
-                    true => self.publish_traced(&resolved.approval, resolved.traceparent.clone()),
-                    false => self.publish(&resolved.approval),
-                }
+                self.publish_traced(&resolved.approval, resolved.traceparent.clone());
             }
         }
         outcomes

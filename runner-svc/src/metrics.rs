@@ -62,7 +62,7 @@ fn sample(runner: &Runner, s: &mut Samples) {
     for (from, n) in [("memory", memory), ("store", store)] {
         s.counter(
             "arbor_runner_stream_events_read",
-            "Events read for streams, by where from: memory (what this process committed lately) or the store (older events, and other replicas').",
+            "Events read for streams, by where from: memory (the last 1,024 seqs: what this process committed, and other replicas' events a stream near the head already read) or the store.",
             &[("from", from)],
             n,
         );

@@ -76,8 +76,9 @@ impl DeliveryWake {
         self.notify.notify_one();
     }
 
-    /// `approval`'s decision, just written here, awaits delivery, which sends it as it is,
-    /// continuing the trace `traceparent` (`None`: the request has none).
+    /// `approval`'s decision, just written here, awaits delivery (the caller has checked that
+    /// it does), which sends it as it is, continuing the trace `traceparent` (`None`: the
+    /// request has none).
     pub fn handed(&self, approval: Approval, traceparent: Option<String>) {
         {
             let mut due = self.due.lock().unwrap_or_else(PoisonError::into_inner);
@@ -181,7 +182,7 @@ impl<S: ApprovalStore> Delivery<S> {
             let handed: Vec<(Approval, Option<String>)> = due
                 .handed
                 .into_iter()
-                .filter(|(a, _)| !taken.contains(a.id()) && a.needs_delivery())
+                .filter(|(a, _)| !taken.contains(a.id()))
                 .collect();
             let named: Vec<String> = due
                 .ids

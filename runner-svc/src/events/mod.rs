@@ -341,7 +341,8 @@ impl EventLog {
     }
 
     /// Events read for streams since the process started: from its memory (events it
-    /// committed lately), and from the store (older ones, and other replicas').
+    /// committed lately, and other replicas' a stream near the head already read), and from
+    /// the store (older ones, and each other replica's event once).
     pub fn events_read(&self) -> (u64, u64) {
         let served = &self.served;
         (
