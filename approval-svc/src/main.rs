@@ -39,7 +39,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if !cfg.auth.is_enabled() {
         tracing::warn!("authentication is OFF (no --tokens): every caller is 'anonymous'");
     }
+    // Caught from before the port binds: a SIGTERM during recovery shuts down cleanly too.
+    let shutdown = arbor_shared::server::shutdown_signal();
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
-    arbor_approval_svc::run(cfg, listener, arbor_shared::server::shutdown_signal()).await?;
+    arbor_approval_svc::run(cfg, listener, shutdown).await?;
     Ok(())
 }

@@ -454,10 +454,12 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         stream_lag_timeout: Duration::from_millis(args.stream_lag_timeout_ms.max(1)),
         ..ServeConfig::default()
     };
+    // Caught from before the port binds: a SIGTERM during recovery shuts down cleanly too.
+    let shutdown = arbor_shared::server::shutdown_signal();
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-    arbor_runner_svc::run(cfg, listener, arbor_shared::server::shutdown_signal())
+    arbor_runner_svc::run(cfg, listener, shutdown)
         .await
         .map_err(|e| e.to_string())
 }
