@@ -89,10 +89,10 @@ async fn serve<S: ApprovalStore>(
         cfg.tls.clone(),
     )
     .await?;
-    let health = front.health().clone();
-    health
-        .set_service_status(SUBSCRIPTION_HEALTH, ServingStatus::NotServing)
-        .await;
+    let health = front
+        .health_of(SUBSCRIPTION_HEALTH, ServingStatus::NotServing)
+        .await
+        .clone();
     let stop = CancellationToken::new();
 
     let mut shutdown = std::pin::pin!(shutdown);

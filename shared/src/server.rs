@@ -218,6 +218,8 @@ pub struct Front<S, W = S> {
     /// A second API on the same port (runner-svc's WorkerService), when started with one.
     pub extra: Option<Deferred<W>>,
     health: tonic_health::server::HealthReporter,
+    /// Every name health reports under; their watches end at [`Front::close`].
+    health_names: Vec<&'static str>,
     closing: tokio_util::sync::CancellationToken,
     server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -329,6 +331,7 @@ where
             api,
             extra,
             health: reporter,
+            health_names: vec!["", S::NAME, W::NAME],
             closing,
             server,
         })
@@ -362,8 +365,17 @@ where
         })
     }
 
-    /// The reporter, for health of other names the service keeps.
-    pub fn health(&self) -> &tonic_health::server::HealthReporter {
+    /// The reporter, for health of other names the service keeps: `name`, which starts as
+    /// `status` (its watches end at [`Front::close`] with the others').
+    pub async fn health_of(
+        &mut self,
+        name: &'static str,
+        status: tonic_health::ServingStatus,
+    ) -> &tonic_health::server::HealthReporter {
+        if !self.health_names.contains(&name) {
+            self.health_names.push(name);
+        }
+        self.health.set_service_status(name, status).await;
         &self.health
     }
 
@@ -389,12 +401,20 @@ where
         tracing::info!("{name} draining");
     }
 
-    /// Stops accepting and waits (at most `drain`) for in-flight calls; `None` on timeout, when
-    /// the remaining calls are cut off.
+    /// Ends health watches, stops accepting and waits (at most `drain`) for in-flight calls;
+    /// `None` on timeout, when the remaining calls are cut off.
     pub async fn close(
         &mut self,
         drain: std::time::Duration,
     ) -> Option<Result<(), tonic::transport::Error>> {
+        // A health watch never ends on its own, and gRPC clients that check health on their
+        // side keep one open on every server they use: the drain would wait for them until it
+        // timed out. Their statuses go, which ends each watch (with OK, after the NOT_SERVING
+        // they were sent); a client retries on another server.
+        let mut health = self.health.clone();
+        for name in &self.health_names {
+            health.clear_service_status(name).await;
+        }
         self.closing.cancel();
         match tokio::time::timeout(drain, &mut self.server).await {
             Ok(Ok(r)) => Some(r),

@@ -346,6 +346,59 @@ async fn approval_health_is_not_serving_until_recovered() {
     startup_goes_not_serving_then_serving(ServiceKind::Approval).await;
 }
 
+/// A SIGTERM that arrives while the service is still recovering (here: waiting for a data dir
+/// that another process holds) ends it cleanly, at once: exit 0, well before the lock wait
+/// would have given up with an error.
+async fn sigterm_while_recovering_exits_cleanly(kind: ServiceKind) {
+    let bins = Binaries::get(Profile::Debug);
+    let dir = tempfile::tempdir().unwrap();
+    let binary = match kind {
+        ServiceKind::Runner => bins.runner,
+        ServiceKind::Approval => bins.approval,
+    };
+    let mut service = Service::new(kind, binary, dir.path(), Vec::new());
+    if kind == ServiceKind::Approval {
+        service.extra_args = vec!["--runner".into(), "http://127.0.0.1:9".into()];
+    }
+    let holder = arbor_shared::sled_backend::sled_config(&service.data_dir, 1 << 20)
+        .open()
+        .unwrap();
+    service.spawn();
+    let mut watch = health_watch(&service).await;
+    assert_eq!(next_status(&mut watch).await, NOT_SERVING);
+    let signalled = Instant::now();
+    service.terminate();
+    // The open watch (as a client that checks health on its side keeps) ends cleanly, and
+    // does not hold the shutdown up until the drain times out.
+    watch_ends(&mut watch).await;
+    let code = service.wait_exit(WAIT).await;
+    assert_eq!(code, Some(0), "{}", service.log_tail());
+    assert!(
+        signalled.elapsed() < Duration::from_secs(5),
+        "took {:?} to stop while recovering (the lock wait and the drain are 10 s each)",
+        signalled.elapsed()
+    );
+    drop(holder);
+}
+
+/// The health watch ends as a finished call (OK), not cut off with the connection.
+async fn watch_ends(watch: &mut tonic::Streaming<tonic_health::pb::HealthCheckResponse>) {
+    match tokio::time::timeout(WAIT, watch.message()).await {
+        Ok(Ok(None)) => {}
+        other => panic!("the health watch did not end cleanly: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runner_sigterm_while_recovering_exits_cleanly() {
+    sigterm_while_recovering_exits_cleanly(ServiceKind::Runner).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_sigterm_while_recovering_exits_cleanly() {
+    sigterm_while_recovering_exits_cleanly(ServiceKind::Approval).await;
+}
+
 /// Shutdown: SIGTERM turns health NOT_SERVING at once, health keeps answering through the
 /// drain grace, and only then does the process close and exit cleanly.
 async fn sigterm_goes_not_serving_and_keeps_answering(service: &mut Service, grace: Duration) {
@@ -368,9 +421,15 @@ async fn sigterm_goes_not_serving_and_keeps_answering(service: &mut Service, gra
         "exited inside the grace: {}",
         service.log_tail()
     );
-    drop(watch);
+    // The watch stays open through the grace and ends when the service closes.
+    watch_ends(&mut watch).await;
     let code = service.wait_exit(WAIT).await;
     assert_eq!(code, Some(0), "{}", service.log_tail());
+    assert!(
+        signalled.elapsed() < grace + Duration::from_secs(5),
+        "took {:?} to stop after a {grace:?} grace (an open health watch held the drain?)",
+        signalled.elapsed()
+    );
     assert!(
         signalled.elapsed() >= grace,
         "exited after {:?}, before the {grace:?} grace",
