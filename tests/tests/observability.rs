@@ -304,10 +304,10 @@ async fn next_status(watch: &mut tonic::Streaming<tonic_health::pb::HealthCheckR
         .status
 }
 
-/// Start-up: the service binds and answers health before its database is open. The test holds
-/// the database lock (as a previous instance still shutting down would), so the NOT_SERVING
-/// window is certain without any timing assumption; releasing it lets recovery finish.
-async fn startup_goes_not_serving_then_serving(kind: ServiceKind) {
+/// Starts a service of `kind` on a data dir this test holds the database lock of (as a
+/// previous instance still shutting down would): it stays in recovery until the returned
+/// database is dropped.
+fn start_locked_out(kind: ServiceKind) -> (tempfile::TempDir, Service, sled::Db) {
     let bins = Binaries::get(Profile::Debug);
     let dir = tempfile::tempdir().unwrap();
     let binary = match kind {
@@ -323,6 +323,14 @@ async fn startup_goes_not_serving_then_serving(kind: ServiceKind) {
         .open()
         .unwrap();
     service.spawn();
+    (dir, service, holder)
+}
+
+/// Start-up: the service binds and answers health before its database is open. The test holds
+/// the database lock (as a previous instance still shutting down would), so the NOT_SERVING
+/// window is certain without any timing assumption; releasing it lets recovery finish.
+async fn startup_goes_not_serving_then_serving(kind: ServiceKind) {
+    let (_dir, mut service, holder) = start_locked_out(kind);
     let mut watch = health_watch(&service).await;
     assert_eq!(
         next_status(&mut watch).await,
@@ -350,20 +358,7 @@ async fn approval_health_is_not_serving_until_recovered() {
 /// that another process holds) ends it cleanly, at once: exit 0, well before the lock wait
 /// would have given up with an error.
 async fn sigterm_while_recovering_exits_cleanly(kind: ServiceKind) {
-    let bins = Binaries::get(Profile::Debug);
-    let dir = tempfile::tempdir().unwrap();
-    let binary = match kind {
-        ServiceKind::Runner => bins.runner,
-        ServiceKind::Approval => bins.approval,
-    };
-    let mut service = Service::new(kind, binary, dir.path(), Vec::new());
-    if kind == ServiceKind::Approval {
-        service.extra_args = vec!["--runner".into(), "http://127.0.0.1:9".into()];
-    }
-    let holder = arbor_shared::sled_backend::sled_config(&service.data_dir, 1 << 20)
-        .open()
-        .unwrap();
-    service.spawn();
+    let (_dir, mut service, holder) = start_locked_out(kind);
     let mut watch = health_watch(&service).await;
     assert_eq!(next_status(&mut watch).await, NOT_SERVING);
     let signalled = Instant::now();
