@@ -225,9 +225,14 @@ impl<S: ApprovalStore> Approvals<S> {
         }
     }
 
-    fn publish(&self, a: &Approval) {
+    /// Tells watchers of the change to `a` (without waking delivery).
+    fn tell_watchers(&self, a: &Approval) {
         // No receiver is fine: nobody is watching.
         let _ = self.changes.send(a.clone());
+    }
+
+    fn publish(&self, a: &Approval) {
+        self.tell_watchers(a);
         if a.needs_delivery() {
             self.delivery.named([a.id()]);
         }
@@ -237,7 +242,7 @@ impl<S: ApprovalStore> Approvals<S> {
     /// stored for its request (`None`: there is none): delivery is handed the decision as it
     /// is, instead of reading it back.
     fn publish_traced(&self, a: &Approval, traceparent: Option<String>) {
-        let _ = self.changes.send(a.clone());
+        self.tell_watchers(a);
         if a.needs_delivery() {
             self.delivery.handed(a.clone(), traceparent);
         }
@@ -300,7 +305,7 @@ impl<S: ApprovalStore> Approvals<S> {
             }
             self.observe_decision(&approval);
             // `put_requests` handed it to delivery already.
-            let _ = self.changes.send(approval.clone());
+            self.tell_watchers(&approval);
             return Ok(approval);
         }
         if put.created {
@@ -645,7 +650,7 @@ impl<S: ApprovalStore> Approvals<S> {
             .await?;
         if let Some(a) = recorded {
             // Without re-waking delivery: a failed attempt is retried on its own backoff.
-            let _ = self.changes.send(a);
+            self.tell_watchers(&a);
         }
         Ok(())
     }

@@ -436,31 +436,16 @@ mod tests {
     }
 
     fn approval(id: &str) -> Approval {
-        use arbor_shared::domain::{
-            ApprovalKind, ApprovalPhase, ApprovalRequest, DecisionKind, TimeoutAction,
-        };
-        Approval {
-            request: ApprovalRequest {
+        let (request, _) = crate::convert::request_from_event(
+            &arbor_shared::proto::runner::v1::ApprovalRequested {
                 request_id: id.into(),
                 run_id: "run".into(),
-                thread_id: "thread".into(),
-                tree_id: "tree".into(),
-                tree_version: 1,
-                node_locator: "gate".into(),
-                node_name: "gate".into(),
-                kind: ApprovalKind::Tool,
-                tool_name: String::new(),
-                tool_args: serde_json::Value::Null,
-                tool_call_id: String::new(),
-                title: String::new(),
-                context: serde_json::Map::new(),
-                phase: ApprovalPhase::Before,
-                deadline_ms: 0,
-                on_timeout: TimeoutAction::Reject,
-                allowed_decisions: vec![DecisionKind::Approve],
-                submitted_by: "alice".into(),
-                requested_at_ms: 0,
+                ..Default::default()
             },
+        )
+        .unwrap();
+        Approval {
+            request,
             unknown_kind: None,
             state: crate::lifecycle::ApprovalState::Resolved,
             decision: None,
