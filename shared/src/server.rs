@@ -49,21 +49,22 @@ pub fn init_tracing(json: bool) {
 pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{SignalKind, signal};
-        let term = signal(SignalKind::terminate());
-        let int = signal(SignalKind::interrupt());
+        use tokio::signal::unix::{Signal, SignalKind, signal};
+        /// Resolves when `handler`'s signal arrives; never, for a signal without a handler.
+        async fn arrival(handler: Option<Signal>) {
+            match handler {
+                Some(mut handler) => {
+                    handler.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        let term = signal(SignalKind::terminate()).ok();
+        let int = signal(SignalKind::interrupt()).ok();
         async move {
-            match (term, int) {
-                (Ok(mut term), Ok(mut int)) => {
-                    tokio::select! {
-                        _ = term.recv() => {}
-                        _ = int.recv() => {}
-                    }
-                }
-                (Ok(mut one), Err(_)) | (Err(_), Ok(mut one)) => {
-                    one.recv().await;
-                }
-                (Err(_), Err(_)) => std::future::pending().await,
+            tokio::select! {
+                _ = arrival(term) => {}
+                _ = arrival(int) => {}
             }
         }
     }
@@ -411,9 +412,8 @@ where
         // side keep one open on every server they use: the drain would wait for them until it
         // timed out. Their statuses go, which ends each watch (with OK, after the NOT_SERVING
         // they were sent); a client retries on another server.
-        let mut health = self.health.clone();
         for name in &self.health_names {
-            health.clear_service_status(name).await;
+            self.health.clear_service_status(name).await;
         }
         self.closing.cancel();
         match tokio::time::timeout(drain, &mut self.server).await {
