@@ -351,6 +351,63 @@ pub fn cycle_ratios(rounds: &[Vec<CycleResult>]) -> Vec<String> {
     lines
 }
 
+/// What a second replica of each service costs, per decider at the highest K: the CPU per
+/// cycle of two replicas over one on PostgreSQL, in all and for each process kind, the median
+/// over the rounds. Not a target but what the replica target turns on: where the processes
+/// share the machine's cores and keep them busy, cycles/s is those cores over the CPU per
+/// cycle, so two replicas keep up with one only as far as they cost no more CPU per cycle.
+pub fn replica_cost(rounds: &[Vec<CycleResult>]) -> Vec<String> {
+    let Some(k) = rounds.iter().flatten().map(|r| r.concurrency).max() else {
+        return Vec::new();
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    let mut lines = Vec::new();
+    for d in [Decider::Policy, Decider::Person] {
+        // A configuration's CPU per cycle: (all, runner, approval, PostgreSQL).
+        let per_cycle = |rows: &[CycleResult], replicas: usize| {
+            let r = rows.iter().find(|r| {
+                r.store == "postgres"
+                    && r.replicas == replicas
+                    && r.decider == d
+                    && r.concurrency == k
+            })?;
+            let n = r.cycles.max(1) as f64;
+            Some([
+                r.cpu_ms_per_cycle(),
+                r.runner_cpu / n,
+                r.approval_cpu / n,
+                r.db_cpu.unwrap_or(0.0) / n,
+            ])
+        };
+        // Per round: each of them, two replicas over one.
+        let per_round: Vec<[f64; 4]> = rounds
+            .iter()
+            .filter_map(|rows| {
+                let (two, one) = (per_cycle(rows, 2)?, per_cycle(rows, 1)?);
+                Some([0, 1, 2, 3].map(|i| two[i] / one[i]))
+            })
+            .collect();
+        let column = |i: usize| median(per_round.iter().map(|r| r[i]).collect());
+        let (Some(all), Some(runner), Some(approval), Some(db)) =
+            (column(0), column(1), column(2), column(3))
+        else {
+            continue;
+        };
+        lines.push(format!(
+            "  {:<7} postgres 2 runners/1 runner CPU per cycle at K={k}: {all:.2}× \
+             (runner-svc {runner:.2}×, approval-svc {approval:.2}×, PostgreSQL {db:.2}×; \
+             median of {} round{})",
+            d.label(),
+            per_round.len(),
+            if per_round.len() == 1 { "" } else { "s" }
+        ));
+    }
+    lines
+}
+
 /// The figure a target compares: cycles/s must reach it, the p50 latency stay under it.
 #[derive(Clone, Copy)]
 enum Figure {
@@ -567,4 +624,69 @@ pub fn print_machine() {
         mem as f64 / 1048576.0
     );
     println!("build: release binaries, authentication on, every OK durable (group commit)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(replicas: usize, decider: Decider, cpu: [f64; 3]) -> CycleResult {
+        CycleResult {
+            store: "postgres",
+            replicas,
+            decider,
+            concurrency: 64,
+            cycles: 1000,
+            elapsed: Duration::from_secs(2),
+            submit_to_done: vec![Duration::from_millis(100)],
+            suspend_to_resume: Vec::new(),
+            runner_cpu: cpu[0],
+            approval_cpu: cpu[1],
+            db_cpu: Some(cpu[2]),
+            runner_peak_rss: 0,
+            approval_peak_rss: 0,
+            runner_bytes: 0,
+            approval_bytes: 0,
+            failed: 0,
+            unfinished: 0,
+            fsyncs: None,
+            conflicts: None,
+            streamed_from_store: None,
+            wal_bytes: None,
+            stages: Default::default(),
+            decide_ms: None,
+        }
+    }
+
+    #[test]
+    fn replica_cost_is_the_median_cpu_per_cycle_of_two_replicas_over_one() {
+        // Three rounds; the person decider's second replica costs 10 %, 40 % and 20 % more in
+        // all (runner-svc 2.0 → 2.4, 3.6, 2.8 s), approval-svc and PostgreSQL nothing.
+        let round = |extra: f64| {
+            vec![
+                row(1, Decider::Policy, [2.0, 1.0, 1.0]),
+                row(1, Decider::Person, [2.0, 1.0, 1.0]),
+                row(2, Decider::Policy, [2.0, 1.0, 1.0]),
+                row(2, Decider::Person, [2.0 + 4.0 * extra, 1.0, 1.0]),
+            ]
+        };
+        let lines = replica_cost(&[round(0.1), round(0.4), round(0.2)]);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].starts_with("  policy  "), "{}", lines[0]);
+        assert!(
+            lines[0].contains(": 1.00× (runner-svc 1.00×"),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[1].starts_with("  person  "), "{}", lines[1]);
+        assert!(
+            lines[1].contains(
+                ": 1.20× (runner-svc 1.40×, approval-svc 1.00×, PostgreSQL 1.00×; median of 3 rounds)"
+            ),
+            "{}",
+            lines[1]
+        );
+        // Without a configuration of two replicas there is nothing to say.
+        assert!(replica_cost(&[vec![row(1, Decider::Policy, [1.0; 3])]]).is_empty());
+    }
 }

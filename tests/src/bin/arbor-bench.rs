@@ -160,6 +160,7 @@ async fn main() {
         };
         let (rounds, skipped) = bench::cycles(&opts).await;
         let ratios = bench::cycle_ratios(&rounds);
+        let cost = bench::replica_cost(&rounds);
         rows = bench::median_rows(rounds);
         bench::print_cycle_table(&rows);
         for s in &skipped {
@@ -175,6 +176,15 @@ async fn main() {
         if !ratios.is_empty() {
             println!("\nratios against the targets");
             for line in ratios {
+                println!("{line}");
+            }
+        }
+        if !cost.is_empty() {
+            println!(
+                "\nwhat a second replica of each service costs (not a target: cycles/s follows it \
+                 where every core is busy)"
+            );
+            for line in cost {
                 println!("{line}");
             }
         }
