@@ -353,7 +353,7 @@ pub fn cycle_ratios(rounds: &[Vec<CycleResult>]) -> Vec<String> {
 
 /// What a second replica of each service costs, per decider at the highest K: the CPU per
 /// cycle of two replicas over one on PostgreSQL, in all and for each process kind, the median
-/// over the rounds. Not a target but what the replica target turns on: where the processes
+/// over the rounds. Not a target but what the replica target depends on: where the processes
 /// share the machine's cores and keep them busy, cycles/s is those cores over the CPU per
 /// cycle, so two replicas keep up with one only as far as they cost no more CPU per cycle.
 pub fn replica_cost(rounds: &[Vec<CycleResult>]) -> Vec<String> {
