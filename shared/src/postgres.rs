@@ -189,6 +189,10 @@ impl Database {
         );
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
+            // The connection returned last is lent next, so a process keeps as few server
+            // backends busy as its load needs, each with warm caches; lent in turn (the
+            // default), every read woke the next of all the pool's backends.
+            .queue_mode(deadpool_postgres::QueueMode::Lifo)
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .wait_timeout(Some(CONNECT_TIMEOUT))
             .create_timeout(Some(CONNECT_TIMEOUT))
