@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use arbor_shared::postgres::{Database, Schema};
+use arbor_shared::postgres::{Database, Object, Schema};
 use arbor_testkit::PgCluster;
 
 const SCHEMA: Schema = Schema {
@@ -13,8 +13,8 @@ const SCHEMA: Schema = Schema {
     migrations: &[],
 };
 
-async fn backend(db: &Database) -> i32 {
-    let client = db.client().await.unwrap();
+/// The server backend behind `client`.
+async fn pid(client: &Object) -> i32 {
     client
         .query_one("SELECT pg_backend_pid()", &[])
         .await
@@ -47,12 +47,7 @@ async fn one_read_at_a_time_keeps_to_one_backend_after_a_burst() {
     }
     let mut pids = Vec::new();
     for client in &burst {
-        let pid: i32 = client
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await
-            .unwrap()
-            .get(0);
-        pids.push(pid);
+        pids.push(pid(client).await);
     }
     pids.sort_unstable();
     pids.dedup();
@@ -62,7 +57,7 @@ async fn one_read_at_a_time_keeps_to_one_backend_after_a_burst() {
     // Then reads one at a time.
     let mut seen = Vec::new();
     for _ in 0..12 {
-        seen.push(backend(&db).await);
+        seen.push(pid(&db.client().await.unwrap()).await);
     }
     assert!(
         seen.iter().all(|pid| *pid == seen[0]),

@@ -264,6 +264,19 @@ pub fn print_cycle_table(rows: &[CycleResult]) {
     );
 }
 
+/// The row of one configuration (store, replicas, decider, K), if it ran.
+fn config<'a>(
+    rows: &'a [CycleResult],
+    store: &str,
+    replicas: usize,
+    d: Decider,
+    k: usize,
+) -> Option<&'a CycleResult> {
+    rows.iter().find(|r| {
+        r.store == store && r.replicas == replicas && r.decider == d && r.concurrency == k
+    })
+}
+
 /// The ratios the PostgreSQL targets are stated in, one line each. Each ratio is taken within
 /// one round (its two configurations measured minutes apart, not a whole run apart, as this
 /// machine's speed drifts); with several rounds, the line gives the median over the rounds,
@@ -276,10 +289,7 @@ pub fn cycle_ratios(rounds: &[Vec<CycleResult>]) -> Vec<String> {
         return Vec::new();
     };
     let find = |rows: &'_ [CycleResult], store: &str, replicas: usize, d: Decider, k: usize| {
-        rows.iter()
-            .find(|r| {
-                r.store == store && r.replicas == replicas && r.decider == d && r.concurrency == k
-            })
+        config(rows, store, replicas, d, k)
             .map(|r| (r.cycles_per_s(), pct_ms(&r.submit_to_done, 0.5)))
     };
     let mark = |ok: bool| if ok { "PASS" } else { "FAIL" };
@@ -368,12 +378,7 @@ pub fn replica_cost(rounds: &[Vec<CycleResult>]) -> Vec<String> {
     for d in [Decider::Policy, Decider::Person] {
         // A configuration's CPU per cycle: (all, runner, approval, PostgreSQL).
         let per_cycle = |rows: &[CycleResult], replicas: usize| {
-            let r = rows.iter().find(|r| {
-                r.store == "postgres"
-                    && r.replicas == replicas
-                    && r.decider == d
-                    && r.concurrency == k
-            })?;
+            let r = config(rows, "postgres", replicas, d, k)?;
             let n = r.cycles.max(1) as f64;
             Some([
                 r.cpu_ms_per_cycle(),
