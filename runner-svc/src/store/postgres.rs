@@ -37,8 +37,10 @@
 //!   transactions rarely move one row at once; `counter` sums them.
 //! - A durable batch that appends events or queues jobs notifies `arbor_runner_events` /
 //!   `arbor_runner_work` right after its COMMIT, in the same round trip; every replica listens
-//!   and wakes its streams and idle workers. Jobs this process has idle workers for are not
-//!   announced: its own workers take them, and every other replica's would only race them.
+//!   and wakes its streams and idle workers. The notifications go out only if the batch
+//!   committed: one that rolled back tells nobody its seqs are durable. Jobs this process has
+//!   idle workers for are not announced: its own workers take them, and every other
+//!   replica's would only race them.
 //!   The notification is a hint: the runner also looks every second.
 //! - Statements are prepared once per connection. The batch threads drive their own
 //!   connections while they wait, so their round trips skip the hand-over to the pool's
@@ -740,23 +742,32 @@ impl<'c> PgTx<'c> {
         // The notifications go out after the COMMIT, each in a transaction of its own: a
         // transaction that notifies holds PostgreSQL's one notification-queue lock from its
         // commit until its WAL flush is done, which would put every notifying commit of every
-        // replica in one line, and stop their flushes from being shared. A statement after
-        // a failed COMMIT does not run.
-        // The events' notification says up to which seq they go when the commit is durable
-        // (see `subscribe`).
-        let mut finish = String::from("COMMIT");
+        // replica in one line, and stop their flushes from being shared.
+        // They go out only if the batch committed: a statement after a failed COMMIT does not
+        // run, but the COMMIT of a transaction that a write aborted answers OK (it rolls back).
+        // So a `SELECT` goes first, which the server refuses inside an aborted transaction,
+        // skipping the rest: the COMMIT too, and `rollback` ends the transaction. The events'
+        // notification says up to which seq they go when the commit is durable (see
+        // `subscribe`): sent for a batch that rolled back, it would send the other replicas'
+        // streams to read up to seqs nobody committed, where they would find nothing and wait
+        // for the log's head to move again.
+        let mut notify = String::new();
         if events {
             let (name, log) = (&self.origin.name, self.origin.log);
             match self.durable {
-                true => finish.push_str(&format!(
+                true => notify.push_str(&format!(
                     ";NOTIFY {EVENTS_CHANNEL}, '{name} {log} {appended}'"
                 )),
-                false => finish.push_str(&format!(";NOTIFY {EVENTS_CHANNEL}, '{name}'")),
+                false => notify.push_str(&format!(";NOTIFY {EVENTS_CHANNEL}, '{name}'")),
             }
         }
         if work {
-            finish.push_str(&format!(";NOTIFY {WORK_CHANNEL}, '{}'", self.origin.name));
+            notify.push_str(&format!(";NOTIFY {WORK_CHANNEL}, '{}'", self.origin.name));
         }
+        let finish = match notify.is_empty() {
+            true => String::from("COMMIT"),
+            false => format!("SELECT 1;COMMIT{notify}"),
+        };
         // One round trip: BEGIN (if no read sent it), the deletes, the upserts and COMMIT go
         // out together. When a statement fails the transaction is aborted, and the COMMIT
         // behind it only rolls back.
@@ -814,7 +825,8 @@ impl<'c> PgTx<'c> {
             [b, d, u, i, c]
         });
         // The COMMIT ran (an aborted transaction's COMMIT rolls it back and answers OK):
-        // nothing is left open on the connection. Otherwise it may be, and is rolled back.
+        // nothing is left open on the connection. Otherwise it may be (an aborted transaction
+        // that was to notify refused the `SELECT` before its COMMIT), and is rolled back.
         let ended = results[4].is_ok();
         let result = first_error(results);
         match ended {
