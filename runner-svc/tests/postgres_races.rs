@@ -442,93 +442,60 @@ async fn a_notification_of_events_names_its_log() {
 /// other replicas must not hear that its events are durable: a stream there would read the log
 /// up to seqs nobody committed, find nothing, and wait for the log's head to move again, which
 /// on a quiet log may take until the next commit of anything.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_that_rolls_back_tells_no_replica_its_events_are_durable() {
+#[test]
+fn a_batch_that_rolls_back_tells_no_replica_its_events_are_durable() {
     let cluster = arbor_testkit::PgCluster::shared();
     let url = cluster.fresh_database("rolled_back_batch");
-    let (writer, reader) = (common::open_postgres(&url), common::open_postgres(&url));
-    let (heard_tx, heard) = mpsc::channel::<Change>();
-    let heard_tx = Mutex::new(heard_tx);
-    reader.subscribe(move |change| {
-        let _ = heard_tx.lock().unwrap().send(change);
-    });
-    // An append of event `n` (a durable batch).
-    let append = |n: u64| {
-        writer.commit(move |t| {
-            t.tree(T::Events).insert(n.to_be_bytes(), b"committed")?;
-            Ok::<_, Abort<()>>(())
-        })
-    };
-    // Until the reader listens, appends go unheard.
-    let mut n = 0u64;
-    loop {
-        n += 1;
-        append(n).await.unwrap();
-        match heard.recv_timeout(Duration::from_secs(5)) {
-            Ok(change) => break assert_eq!(change, Change::Appended(n)),
-            Err(_) => assert!(n < 6, "the reader never listened"),
-        }
-    }
-    while heard.try_recv().is_ok() {}
+    let (here, there) = (common::open_postgres(&url), common::open_postgres(&url));
+    let mut ears = Ears::listen(&here, &there);
     let row = |t: &arbor_runner_svc::store::Tx<'_>, v: u8| -> Result<(), Abort<()>> {
         t.tree(T::Ledger).insert(b"row", [v])?;
         Ok(())
     };
-    writer.commit(move |t| row(t, 0)).await.unwrap();
+    here.transact(|t| row(t, 0)).unwrap();
+    // The event the batch appends, past every mark: only a notification of it could name it.
+    let seq = ears.marks + 100;
 
-    // The batch reads the row, appends event n + 1 and, once another transaction has changed
-    // the row, writes it: the write fails, the batch rolls back. Its body's run after the
-    // conflict gives up, so nothing commits event n + 1.
+    // The batch reads the row, appends the event and, once the other replica has changed the
+    // row, writes it: the write fails, the batch rolls back. Its body's run after the conflict
+    // gives up, so nothing commits the event.
     let hold = Hold::new();
-    let in_body = hold.clone();
-    let batch = writer.clone();
-    let failing = tokio::spawn(async move {
-        batch
-            .commit(move |t| {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    std::thread::scope(|s| {
+        let in_body = hold.clone();
+        let batch = s.spawn(|| {
+            rt.block_on(here.commit(move |t| {
                 t.tree(T::Ledger).get(b"row")?;
                 t.tree(T::Events)
-                    .insert((n + 1).to_be_bytes(), b"rolled back")?;
+                    .insert(seq.to_be_bytes(), b"rolled back")?;
                 if !in_body.here() {
                     return Err(Abort::Domain(()));
                 }
                 row(t, 1)
-            })
-            .await
+            }))
+        });
+        hold.wait_reached();
+        there.transact(|t| row(t, 2)).unwrap();
+        hold.release();
+        assert!(
+            matches!(batch.join().unwrap(), Err(TxError::Abort(()))),
+            "the batch's run after the conflict gave up"
+        );
     });
-    let changed = reader.clone();
-    let held = hold.clone();
-    tokio::task::spawn_blocking(move || {
-        held.wait_reached();
-        changed.transact(|t| row(t, 2)).unwrap();
-        held.release();
-    })
-    .await
-    .unwrap();
-    assert!(
-        matches!(failing.await.unwrap(), Err(TxError::Abort(()))),
-        "the batch's run after the conflict gave up"
-    );
     assert_eq!(hold.runs(), 2, "the batch ran again after its write failed");
     assert_eq!(
-        writer.tree(T::Events).get((n + 1).to_be_bytes()).unwrap(),
+        here.tree(T::Events).get(seq.to_be_bytes()).unwrap(),
         None,
-        "event {} was committed",
-        n + 1
+        "the event was committed"
     );
-
-    // Whatever the reader hears now is about the rolled-back batch, or about the append after
-    // it, which shows the reader still listens.
-    append(n + 2).await.unwrap();
-    loop {
-        match heard.recv_timeout(Duration::from_secs(5)) {
-            Ok(Change::Appended(seq)) if seq == n + 2 => break,
-            Ok(Change::Appended(seq)) => {
-                panic!("another replica heard that seq {seq} is durable; the last committed is {n}")
-            }
-            Ok(_) => {}
-            Err(e) => panic!("the append after the rolled-back batch went unheard: {e}"),
-        }
-    }
+    assert_eq!(
+        ears.heard_before_mark(&here),
+        vec![],
+        "another replica heard of the rolled-back batch"
+    );
 }
 
 /// A durable batch waits for its turn of the event log (the writer lock, held by another
