@@ -4,7 +4,7 @@
     RegisterTree -> SubmitRun -> wait for the approval (ApprovalService.ListApprovals)
     -> approve (ApprovalService.Resolve) -> follow RunnerService.StreamEvents to RUN_SUCCEEDED
 
-Generate the stubs first (tests/tests/polyglot.rs does this into target/py-gen):
+Generate the stubs first (tests/tests/e2e/polyglot.rs does this into target/py-gen):
 
     python -m grpc_tools.protoc -I proto --python_out=OUT --grpc_python_out=OUT \
         arbor/runner/v1/*.proto arbor/approval/v1/*.proto

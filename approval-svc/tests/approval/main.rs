@@ -1,0 +1,14 @@
+//! approval-svc's integration tests, one binary: the gRPC API on ephemeral ports, the loop with a
+//! runner, deadlines, retention, replicas, and the store conformance suite on sled and on
+//! PostgreSQL.
+
+mod conformance;
+mod support;
+
+mod api;
+mod deadlines;
+mod replicas_postgres;
+mod retention;
+mod runner_loop;
+mod store_postgres;
+mod store_sled;

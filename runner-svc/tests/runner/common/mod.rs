@@ -1,0 +1,327 @@
+//! Helpers the runner's integration tests share.
+//!
+//! **The storage conformance suite.** The tests of this directory that exercise the mailbox
+//! (`mailbox_model`, `mailbox_concurrency`, `lease_takeover`, `interrupt`), the event log and its
+//! cursors (`slow_subscriber`, `retention`) and the state counts (`state_counts`) reach storage
+//! only through `store::Store`, opened by [`open_store`]: they are written against the storage
+//! seam, not against sled. A new backend passes the same suite by being what [`open_store`]
+//! returns: `tests/runner_postgres/main.rs` compiles the same files once more into a second test
+//! binary, and in that binary [`open_store`] and [`store_url`] give a PostgreSQL store (a
+//! schema of its own per directory, on the throwaway cluster of `arbor-testkit`).
+
+#![allow(clippy::unwrap_used, clippy::panic, dead_code)]
+
+use std::time::Duration;
+
+use arbor_runner_svc::runs::{ResolveInput, Runner};
+use arbor_shared::{
+    domain::{DecisionSource, RunStatus, Verdict},
+    testing::eventually,
+};
+
+/// Waits (20 s at most) until the run has `want`; for `Suspended`, also until its request is out.
+pub async fn wait_status(runner: &Runner, run_id: &str, want: RunStatus) {
+    let what = format!("run {run_id} to become {want:?}");
+    eventually(&what, Duration::from_secs(20), || async {
+        let view = runner.get_run(run_id).unwrap();
+        let settled = match want {
+            RunStatus::Suspended => view.run.status == want && !view.suspensions.is_empty(),
+            _ => view.run.status == want,
+        };
+        settled.then_some(())
+    })
+    .await
+}
+
+/// A person approves the run's first active suspension.
+pub async fn approve_first(runner: &Runner, run_id: &str, decision_id: &str) {
+    let request_id = runner.get_run(run_id).unwrap().suspensions[0]
+        .request_id
+        .clone();
+    runner
+        .resolve(ResolveInput {
+            run_id: run_id.to_string(),
+            request_id,
+            decision_id: decision_id.into(),
+            action: Verdict::Resume,
+            result: serde_json::Value::Null,
+            reason: "fine".into(),
+            decided_by: "bob".into(),
+            source: DecisionSource::Person,
+            may_resolve_approvals: true,
+            trace: None,
+        })
+        .await
+        .unwrap();
+}
+
+/// Whether this test binary runs the suite on PostgreSQL (`runner_postgres`) or on sled: each
+/// binary says so at its root.
+pub fn on_postgres() -> bool {
+    crate::ON_POSTGRES
+}
+
+/// On PostgreSQL: the URL of the database standing for `dir` (a schema of its own, created
+/// the first time `dir` is named; the same one afterwards, like a reopened directory).
+/// `None` on sled.
+pub fn store_url(dir: &std::path::Path) -> Option<String> {
+    use std::{collections::HashMap, path::PathBuf, sync::Mutex};
+    static SCHEMAS: Mutex<Option<HashMap<PathBuf, String>>> = Mutex::new(None);
+    if !on_postgres() {
+        return None;
+    }
+    let mut schemas = SCHEMAS.lock().unwrap();
+    let schemas = schemas.get_or_insert_with(HashMap::new);
+    Some(
+        schemas
+            .entry(dir.to_path_buf())
+            .or_insert_with(|| {
+                let cluster = arbor_testkit::PgCluster::shared();
+                // Temporary directories have unique names; this binary compiles this module
+                // once per suite file, so a counter here would not be.
+                let name: String = dir
+                    .to_string_lossy()
+                    .chars()
+                    .filter(char::is_ascii_alphanumeric)
+                    .collect::<String>()
+                    .to_lowercase();
+                let schema = format!("t{}_{name}", std::process::id());
+                cluster
+                    .psql(&cluster.url(), &format!("CREATE SCHEMA {schema}"))
+                    .unwrap();
+                format!("{}?options=-c%20search_path%3D{schema}", cluster.url())
+            })
+            .clone(),
+    )
+}
+
+/// The store under test, on a new or existing database in `dir` (sled, the embedded backend,
+/// or PostgreSQL in `runner_postgres`).
+pub fn open_store(dir: &std::path::Path) -> arbor_runner_svc::store::Store {
+    match store_url(dir) {
+        Some(url) => open_postgres(&url),
+        None => arbor_runner_svc::store::Store::open(dir, 16 << 20).unwrap(),
+    }
+}
+
+/// A store on the PostgreSQL database `url`, opened from any thread: opening waits on the
+/// network, so it runs off the caller's runtime, on one of its own.
+pub fn open_postgres(url: &str) -> arbor_runner_svc::store::Store {
+    let url = url.to_string();
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(arbor_runner_svc::store::Store::open_postgres(&url))
+            .unwrap()
+    })
+    .join()
+    .unwrap()
+}
+
+/// [`open_store`] on a database whose previous handle is still letting go of it.
+pub async fn reopen_store(dir: &std::path::Path) -> arbor_runner_svc::store::Store {
+    match store_url(dir) {
+        Some(url) => arbor_runner_svc::store::Store::open_postgres(&url)
+            .await
+            .unwrap(),
+        None => {
+            arbor_runner_svc::store::Store::open_waiting(dir, 16 << 20, Duration::from_secs(10))
+                .await
+                .unwrap()
+        }
+    }
+}
+
+/// A runner on a new database in `dir`, with the built-in tools plus what `register` adds, and
+/// no workers: a test claims and processes jobs itself, or spawns workers.
+pub async fn open_runner(
+    dir: &std::path::Path,
+    register: impl FnOnce(&mut arbor_runner_svc::engine::ToolRegistry),
+) -> std::sync::Arc<Runner> {
+    open_runner_with(
+        dir,
+        register,
+        arbor_runner_svc::runs::RunnerOptions::default(),
+    )
+    .await
+}
+
+/// [`open_runner`] with `options`.
+pub async fn open_runner_with(
+    dir: &std::path::Path,
+    register: impl FnOnce(&mut arbor_runner_svc::engine::ToolRegistry),
+    options: arbor_runner_svc::runs::RunnerOptions,
+) -> std::sync::Arc<Runner> {
+    use arbor_runner_svc::{
+        engine::{GuardConfig, LedgerTool, ToolRegistry},
+        mailbox::SystemClock,
+    };
+    let store = open_store(dir);
+    let mut tools = ToolRegistry::with_builtins(
+        LedgerTool::new(store.clone()).unwrap(),
+        GuardConfig::default(),
+    );
+    register(&mut tools);
+    Runner::open(
+        store,
+        std::sync::Arc::new(SystemClock::default()),
+        std::sync::Arc::new(tools),
+        options,
+    )
+    .await
+    .unwrap()
+}
+
+/// A runner served over gRPC on an ephemeral port of 127.0.0.1 (RunnerService and
+/// WorkerService on one port, run workers and the task lease reaper running), on the store of
+/// `dir` — sled there, or its PostgreSQL schema in `runner_postgres`.
+pub struct Served {
+    pub runner: std::sync::Arc<Runner>,
+    pub addr: std::net::SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), arbor_runner_svc::ServeError>>,
+}
+
+/// Serves the database in `dir` (new, or the one a stopped [`Served`] left).
+pub async fn serve(dir: &std::path::Path) -> Served {
+    let cfg = arbor_runner_svc::ServeConfig {
+        data_dir: dir.to_path_buf(),
+        store_url: store_url(dir),
+        workers: 2,
+        drain: Duration::from_secs(5),
+        ..arbor_runner_svc::ServeConfig::default()
+    };
+    let runner = arbor_runner_svc::open_runner(&cfg).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(arbor_runner_svc::serve_runner(
+        cfg,
+        runner.clone(),
+        listener,
+        async move {
+            let _ = stopped.await;
+        },
+        health,
+        health_svc,
+    ));
+    Served {
+        runner,
+        addr,
+        stop,
+        server,
+    }
+}
+
+impl Served {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Shuts the server down (streams end, workers stop, the store is flushed) and lets go of
+    /// the store, so that [`serve`] can open it again.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        self.server.await.unwrap().unwrap();
+        drop(self.runner);
+    }
+}
+
+/// The tool `hold`: every call tells the test it has started, then blocks until the test
+/// releases it (one `release` per call).
+pub struct Hold {
+    entered: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Hold {
+    /// The tool, the receiver of its "started" signals and the sender that releases a call.
+    pub fn new() -> (
+        Self,
+        std::sync::mpsc::Receiver<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let (entered, started) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel();
+        let hold = Self {
+            entered: std::sync::Mutex::new(entered),
+            release: std::sync::Mutex::new(released),
+        };
+        (hold, started, release)
+    }
+}
+
+impl arbor_runner_svc::engine::Tool for Hold {
+    fn name(&self) -> &str {
+        "hold"
+    }
+
+    fn call(
+        &self,
+        _call: &arbor_runner_svc::engine::ToolCall,
+    ) -> Result<serde_json::Value, arbor_runner_svc::engine::ToolError> {
+        self.entered.lock().unwrap().send(()).unwrap();
+        self.release.lock().unwrap().recv().unwrap();
+        Ok(serde_json::json!("released"))
+    }
+}
+
+/// Holds the durable commit lane for a moment, so that the commits queued meanwhile go into the
+/// next batch together.
+pub async fn with_lane_held<F: std::future::Future>(
+    store: &arbor_runner_svc::store::Store,
+    queued: F,
+) -> F::Output {
+    let held = store.commit(|_| {
+        std::thread::sleep(Duration::from_millis(300));
+        Ok::<_, arbor_runner_svc::store::Abort<()>>(())
+    });
+    let queued = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        queued.await
+    };
+    let (held, out) = tokio::join!(held, queued);
+    held.unwrap();
+    out
+}
+
+/// A follower of `log`'s head from seq `start`, as `StreamEvents` follows it: every event once,
+/// in order (a gap fails it). The receiver holds the last seq it read.
+pub fn follow_log(
+    log: arbor_runner_svc::events::EventLog,
+    start: u64,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::watch::Receiver<u64>,
+) {
+    let (reached, read_up_to) = tokio::sync::watch::channel(start);
+    let follower = tokio::spawn(async move {
+        let (mut durable, mut cursor) = (log.watch(), start);
+        loop {
+            for event in log.read_after(cursor, 512).await.unwrap() {
+                assert_eq!(event.seq, cursor + 1, "the stream skipped an event");
+                cursor = event.seq;
+            }
+            reached.send_replace(cursor);
+            if durable.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    (follower, read_up_to)
+}
+
+/// Waits, up to 20 s, until the follower of [`follow_log`] whose receiver is `read_up_to` has
+/// read up to seq `last`.
+pub async fn wait_read_up_to(read_up_to: &mut tokio::sync::watch::Receiver<u64>, last: u64) {
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        read_up_to.wait_for(|seq| *seq >= last),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("the stream did not reach seq {last}"))
+    .unwrap();
+}

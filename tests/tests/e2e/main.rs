@@ -1,0 +1,27 @@
+//! The end-to-end suite: the real `runner-svc` and `approval-svc` binaries as processes, on sled
+//! and on a throwaway PostgreSQL, driven over gRPC, the CLI and the client helpers — one test
+//! binary, a module per concern.
+
+mod approval_loop;
+mod auth;
+mod bad_input;
+mod chaos;
+mod chaos_postgres;
+mod chaos_workers;
+mod corrupt_store;
+mod database_stall;
+mod decisions;
+mod interaction;
+mod manifests;
+mod observability;
+mod partition;
+mod polyglot;
+mod postgres_clock;
+mod postgres_schema;
+mod read_your_events;
+mod replicas;
+mod run_end_withdraws;
+mod soak;
+mod submit_crash;
+mod tls;
+mod workers;
