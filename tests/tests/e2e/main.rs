@@ -11,6 +11,7 @@ mod chaos_workers;
 mod corrupt_store;
 mod database_stall;
 mod decisions;
+mod docs;
 mod interaction;
 mod manifests;
 mod observability;
