@@ -3,7 +3,7 @@
 //! of their sled directories; at the end the second half of the run must not have grown them much
 //! (they level off), work must have kept flowing, and both services must stop cleanly.
 //!
-//! `cargo test -p arbor-tests --release --test soak -- --ignored --nocapture`
+//! `cargo test -p arbor-tests --release --test e2e soak:: -- --ignored --nocapture`
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -54,7 +54,7 @@ fn mib(bytes: u64) -> f64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "soak: minutes of traffic; cargo test -p arbor-tests --release --test soak -- --ignored --nocapture"]
+#[ignore = "soak: minutes of traffic; cargo test -p arbor-tests --release --test e2e soak:: -- --ignored --nocapture"]
 async fn steady_traffic_levels_off() {
     let minutes: u64 = std::env::var("ARBOR_SOAK_MINUTES")
         .ok()
