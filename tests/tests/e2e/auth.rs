@@ -45,7 +45,7 @@ fn demo() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_role_may_do_its_job_and_nothing_else() {
-    let (cluster, t) = Cluster::start_secure(Profile::Release).await;
+    let (cluster, t) = Cluster::start_secure(Profile::Debug).await;
     let (r, a) = (cluster.runner.url(), cluster.approval.url());
     let mut sam = runner_as(&r, Some(&t.submitter));
     let mut alice_r = runner_as(&r, Some(&t.approver));
@@ -247,7 +247,7 @@ async fn each_role_may_do_its_job_and_nothing_else() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nobody_approves_a_run_they_submitted() {
-    let (cluster, t) = Cluster::start_secure(Profile::Release).await;
+    let (cluster, t) = Cluster::start_secure(Profile::Debug).await;
     let mut bob_r = runner_as(&cluster.runner.url(), Some(&t.submitter_approver));
     let mut bob = approvals_as(&cluster.approval.url(), Some(&t.submitter_approver));
     let mut alice = approvals_as(&cluster.approval.url(), Some(&t.approver));
@@ -305,7 +305,7 @@ async fn nobody_approves_a_run_they_submitted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_unknown_and_expired_tokens_are_unauthenticated_on_both_services() {
-    let (cluster, t) = Cluster::start_secure(Profile::Release).await;
+    let (cluster, t) = Cluster::start_secure(Profile::Debug).await;
     for (what, token) in [
         ("missing", None),
         ("unknown", Some("no-such-token")),
@@ -355,7 +355,7 @@ async fn missing_unknown_and_expired_tokens_are_unauthenticated_on_both_services
 /// them, operators may list them, and a worker's token does nothing else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_workers_take_and_finish_tasks() {
-    let (cluster, t) = Cluster::start_secure(Profile::Release).await;
+    let (cluster, t) = Cluster::start_secure(Profile::Debug).await;
     let r = cluster.runner.url();
     let mut sam = runner_as(&r, Some(&t.submitter));
     let tree = json!({"id": "auth-remote", "version": 1, "task_types": ["auth.echo"],
@@ -444,7 +444,7 @@ async fn only_workers_take_and_finish_tasks() {
 /// decision into a run: the runner refuses the delivery and the run stays suspended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_service_identity_delivers_decisions_to_the_runner() {
-    let mut cluster = Cluster::prepare(Profile::Release, Vec::new(), Vec::new());
+    let mut cluster = Cluster::prepare(Profile::Debug, Vec::new(), Vec::new());
     let t = Tokens::write(cluster.dir.path());
     std::fs::write(&t.runner_token_file, &t.approver).unwrap();
     cluster.runner.extra_args.extend(t.runner_args());
@@ -493,7 +493,7 @@ async fn only_the_service_identity_delivers_decisions_to_the_runner() {
 }
 
 async fn refuses_public_bind_without_tokens(kind: ServiceKind) {
-    let bins = Binaries::get(Profile::Release);
+    let bins = Binaries::get(Profile::Debug);
     let binary = match kind {
         ServiceKind::Runner => bins.runner.clone(),
         ServiceKind::Approval => bins.approval.clone(),

@@ -212,7 +212,7 @@ const BAD_TREE_IDS: &[&str] = &["bad", "bi-gate", "deep", "huge", "many", "yaml"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_the_right_code_and_changes_nothing() {
-    let (cluster, tokens) = Cluster::start_secure(Profile::Release).await;
+    let (cluster, tokens) = Cluster::start_secure(Profile::Debug).await;
     every_row(&cluster, tokens).await;
 }
 
@@ -225,7 +225,7 @@ async fn bad_input_gets_the_right_code_and_changes_nothing_on_postgresql() {
         .unwrap();
     let store = vec!["--store".to_string(), url];
     let (cluster, tokens) =
-        Cluster::start_secure_with(Profile::Release, store.clone(), store).await;
+        Cluster::start_secure_with(Profile::Debug, store.clone(), store).await;
     every_row(&cluster, tokens).await;
 }
 

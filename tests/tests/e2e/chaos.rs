@@ -46,7 +46,7 @@ async fn sigkills_of_both_services_lose_nothing_and_repeat_nothing() {
         "chaos: seed {seed} (replay: ARBOR_CHAOS_SEED={seed}), {} runs, at least {} kills",
         scale.runs, scale.kills
     );
-    let (mut cluster, tokens) = Cluster::start_secure(Profile::Release).await;
+    let (mut cluster, tokens) = Cluster::start_secure(Profile::Debug).await;
     let workload = Workload::start(
         &cluster,
         &tokens,

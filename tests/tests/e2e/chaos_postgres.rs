@@ -62,7 +62,7 @@ async fn sigkills_of_replicas_and_a_database_crash_lose_nothing_and_repeat_nothi
     let mut runner_args = tokens.runner_args();
     runner_args.extend(["--lease-ms".to_string(), LEASE_MS.to_string()]);
     let mut replicas = Replicas::prepare(
-        Profile::Release,
+        Profile::Debug,
         &pg.url(),
         (2, 2),
         runner_args,

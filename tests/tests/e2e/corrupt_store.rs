@@ -42,7 +42,7 @@ fn big_gate() -> String {
 /// Builds real data directories for both services: runs waiting at a gate, one decided, values
 /// big enough for blob files. Returns (runner dir, approval dir, run ids) after a clean stop.
 async fn make_data() -> (tempfile::TempDir, PathBuf, PathBuf, Vec<String>) {
-    let (mut cluster, t) = Cluster::start_secure(Profile::Release).await;
+    let (mut cluster, t) = Cluster::start_secure(Profile::Debug).await;
     let mut sam = runner_as(&cluster.runner.url(), Some(&t.submitter));
     let alice = approvals_as(&cluster.approval.url(), Some(&t.approver));
     register(&mut sam, big_gate()).await;
@@ -317,7 +317,7 @@ async fn each_damage_is_refused(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_databases_stop_start_up_with_a_clear_error() {
     let (dir, runner_dir, approval_dir, runs) = make_data().await;
-    let bins = arbor_tests::Binaries::get(Profile::Release);
+    let bins = arbor_tests::Binaries::get(Profile::Debug);
     let scratch = dir.path().join("damaged");
     let mut failures = Vec::new();
     for (kind, binary, data) in [

@@ -25,7 +25,7 @@ async fn cuts_and_stalls_between_the_services_lose_nothing_and_repeat_nothing() 
     let seed = chaos::seed();
     println!("partition: seed {seed} (replay: ARBOR_CHAOS_SEED={seed}), {runs} runs");
 
-    let mut cluster = Cluster::prepare(Profile::Release, Vec::new(), Vec::new());
+    let mut cluster = Cluster::prepare(Profile::Debug, Vec::new(), Vec::new());
     let tokens = Tokens::write(cluster.dir.path());
     cluster.runner.extra_args.extend(tokens.runner_args());
     cluster.approval.extra_args.extend(tokens.approval_args());
@@ -133,7 +133,7 @@ const NOTICE: Duration = Duration::from_secs(60);
 /// reconnect: an approval requested afterwards is listed, decided, delivered and pruned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silently_dead_connection_to_the_runner_is_noticed_and_replaced() {
-    let mut cluster = Cluster::prepare(Profile::Release, Vec::new(), Vec::new());
+    let mut cluster = Cluster::prepare(Profile::Debug, Vec::new(), Vec::new());
     let tokens = Tokens::write(cluster.dir.path());
     cluster.runner.extra_args.extend(tokens.runner_args());
     cluster.approval.extra_args.extend(tokens.approval_args());
