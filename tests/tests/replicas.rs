@@ -4,7 +4,8 @@
 //! that does not lead, a tool call that the runner's guards turn into an approval, user input,
 //! an external result), both runner replicas stream the same gap-free event log, a SIGKILLed
 //! runner replica's leases go to the other one, and a SIGKILLed approval leader hands over to
-//! the other approval replica, which delivers the decisions taken meanwhile.
+//! the other approval replica, which delivers the decisions taken meanwhile; before and after,
+//! every approval replica names the one leader (`GetLeader`, its gauge, `approval-svc leader`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
