@@ -21,6 +21,7 @@ use tracing::Instrument;
 
 use crate::{
     error::{Error, Result},
+    leader::Replica,
     lifecycle::ApprovalState,
     metrics::Metrics,
     model::{Approval, NewDecision},
@@ -52,6 +53,8 @@ pub struct Approvals<S> {
     decisions: Arc<Queue<Decision, Resolved>>,
     /// Deliveries the runner accepted, not recorded yet (see [`accepted`](Self::accepted)).
     marks: Arc<Marks>,
+    /// This replica's name and whether it leads.
+    replica: Arc<Replica>,
 }
 
 /// Deliveries the runner accepted whose record waits for the decision's consumption, by
@@ -107,6 +110,7 @@ impl<S> Clone for Approvals<S> {
             attempts: self.attempts.clone(),
             decisions: self.decisions.clone(),
             marks: self.marks.clone(),
+            replica: self.replica.clone(),
         }
     }
 }
@@ -124,7 +128,18 @@ impl<S: ApprovalStore> Approvals<S> {
             attempts: Arc::default(),
             decisions: Arc::default(),
             marks: Arc::default(),
+            replica: Arc::default(),
         }
+    }
+
+    /// The same, for the replica named `name` (see [`Replica`]); before any clone is made.
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.replica = Arc::new(Replica::new(name));
+        self
+    }
+
+    pub fn replica(&self) -> &Replica {
+        &self.replica
     }
 
     pub fn store(&self) -> &S {

@@ -32,6 +32,9 @@ pub struct ServeConfig {
     pub tls: Option<tonic::transport::ServerTlsConfig>,
     /// TLS towards an `https://` runner, trusting this CA.
     pub runner_tls: Option<tonic::transport::ClientTlsConfig>,
+    /// The name this replica goes by in `GetLeader`, the `arbor_approval_leader` gauge and the
+    /// log; `None`: its host name and the port it serves (see [`crate::leader::default_name`]).
+    pub replica_name: Option<String>,
 }
 
 impl ServeConfig {
@@ -51,6 +54,7 @@ impl ServeConfig {
             max_in_flight: arbor_shared::limits::DEFAULT_MAX_IN_FLIGHT,
             tls: None,
             runner_tls: None,
+            replica_name: None,
         }
     }
 }

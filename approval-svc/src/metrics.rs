@@ -49,6 +49,10 @@ pub struct Metrics {
     /// Attempts that failed and will be retried.
     pub delivery_failures: AtomicU64,
     pub deliveries_refused: AtomicU64,
+    /// Gauge: decisions delivery holds to send (queued, in flight or waiting for a retry).
+    pub delivery_backlog: AtomicU64,
+    /// Gauge, 1 or 0: the runner is unreachable and delivery only probes it.
+    pub delivery_paused: AtomicU64,
     /// Final approvals (and their audit entries) retention deleted.
     pub retained_approvals: AtomicU64,
     pub retained_audit_entries: AtomicU64,
@@ -68,6 +72,8 @@ impl Default for Metrics {
             deliveries_accepted: AtomicU64::new(0),
             delivery_failures: AtomicU64::new(0),
             deliveries_refused: AtomicU64::new(0),
+            delivery_backlog: AtomicU64::new(0),
+            delivery_paused: AtomicU64::new(0),
             retained_approvals: AtomicU64::new(0),
             retained_audit_entries: AtomicU64::new(0),
             decision_latency: Family::new_with_constructor(latency_histogram),
@@ -95,6 +101,11 @@ impl Metrics {
 
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
+    }
+
+    /// Sets a gauge kept as an atomic.
+    pub fn set(gauge: &AtomicU64, value: u64) {
+        gauge.store(value, Ordering::Relaxed);
     }
 
     /// One new decision (not a duplicate) that waited `waited_ms` since the request arrived.
@@ -199,6 +210,29 @@ pub fn registry<S: ApprovalStore>(approvals: Approvals<S>) -> Registry {
             "Group-commit flushes (fsyncs) of the approval database.",
             &[],
             approvals.store().fsyncs(),
+        );
+        let gauges: [(&str, &str, &AtomicU64); 2] = [
+            (
+                "arbor_approval_delivery_backlog",
+                "Decisions the leader holds to deliver to the runner: queued, in flight or \
+                 waiting for a retry.",
+                &m.delivery_backlog,
+            ),
+            (
+                "arbor_approval_delivery_paused",
+                "1 while the runner is unreachable and delivery only probes it, else 0.",
+                &m.delivery_paused,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            s.gauge(name, help, &[], Metrics::get(value) as f64);
+        }
+        let replica = approvals.replica();
+        s.gauge(
+            "arbor_approval_leader",
+            "1 while this replica leads (follows the runner and delivers decisions), else 0.",
+            &[("replica", replica.name())],
+            f64::from(u8::from(replica.is_leading())),
         );
         match pending_count(&approvals) {
             Some(n) => s.gauge(

@@ -79,6 +79,11 @@ async fn serve<S: ApprovalStore>(
     shutdown: impl Future<Output = ()> + Send,
     open: impl Future<Output = Result<S, Error>> + Send,
 ) -> Result<(), ServeError> {
+    let replica = match (&cfg.replica_name, listener.local_addr()) {
+        (Some(name), _) => name.clone(),
+        (None, Ok(addr)) => crate::leader::default_name(addr.port()),
+        (None, Err(_)) => crate::leader::default_name(0),
+    };
     let metrics_listener = arbor_shared::metrics::bind(cfg.metrics_listen)
         .await
         .map_err(|e| ServeError::Metrics(cfg.metrics_listen.to_string(), e))?;
@@ -131,9 +136,10 @@ async fn serve<S: ApprovalStore>(
         runner = %cfg.runner_url,
         policy_rules = cfg.policy.rule_count(),
         auth = cfg.auth.is_enabled(),
+        replica = %replica,
         "approval-svc starting"
     );
-    let approvals = Approvals::new(Arc::new(store), cfg.policy.clone());
+    let approvals = Approvals::new(Arc::new(store), cfg.policy.clone()).named(replica);
     let mut tasks: Vec<JoinHandle<()>> = vec![
         tokio::spawn(record_progress(approvals.clone(), stop.clone())),
         tokio::spawn(lead(
@@ -246,24 +252,36 @@ const LEAD_RETRY: Duration = Duration::from_secs(1);
 /// Runs the loops that must run in one process at a time (the event subscription, delivery,
 /// the deadline timer, retention) while this process leads, and tries to lead every
 /// `LEAD_RETRY` while it does not. Losing the leadership stops them before anything else
-/// happens; the leadership is given up only once they have stopped.
+/// happens; the leadership is given up only once they have stopped. Gaining and losing it are
+/// logged with this replica's name and shown by the `arbor_approval_leader` gauge.
 async fn lead<S: ApprovalStore>(leader: Leader<S>, stop: CancellationToken) {
     let store = leader.approvals.store();
+    let replica = leader.approvals.replica();
     loop {
         let tried = tokio::select! {
             _ = stop.cancelled() => return,
-            r = store.lead() => r,
+            r = store.lead_as(replica.name()) => r,
         };
         match tried {
             Ok(Some(leadership)) => {
-                tracing::info!("leading: following the runner, delivering, expiring, compacting");
+                replica.set_leading(true);
+                tracing::info!(
+                    replica = replica.name(),
+                    "leading: following the runner, delivering, expiring, compacting"
+                );
                 let round = stop.child_token();
                 let loops = leader.start(round.clone());
-                tokio::select! {
-                    _ = stop.cancelled() => {}
-                    _ = leadership.lost() => {
-                        tracing::warn!("leadership lost; the leader's loops stop");
-                    }
+                let lost = tokio::select! {
+                    _ = stop.cancelled() => false,
+                    _ = leadership.lost() => true,
+                };
+                // Stops saying it leads before its loops stop, so no two replicas say so at once.
+                replica.set_leading(false);
+                if lost {
+                    tracing::warn!(
+                        replica = replica.name(),
+                        "leadership lost; the leader's loops stop"
+                    );
                 }
                 round.cancel();
                 for task in loops {
@@ -276,6 +294,10 @@ async fn lead<S: ApprovalStore>(leader: Leader<S>, stop: CancellationToken) {
                 }
                 drop(leadership);
                 if stop.is_cancelled() {
+                    tracing::info!(
+                        replica = replica.name(),
+                        "leadership given up: shutting down"
+                    );
                     return;
                 }
             }

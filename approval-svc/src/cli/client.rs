@@ -112,6 +112,16 @@ pub async fn execute(command: Command) -> anyhow::Result<()> {
             });
             watch(&mut connect(&conn).await?, filter).await
         }
+        Command::Leader { conn } => {
+            let resp = connect(&conn)
+                .await?
+                .get_leader(pb::GetLeaderRequest {})
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            emit(&render::leader_line(&resp));
+            Ok(())
+        }
     }
 }
 

@@ -88,6 +88,11 @@ pub enum Command {
         #[arg(long)]
         pending: bool,
     },
+    /// Name the replica that leads (follows the runner and delivers decisions).
+    Leader {
+        #[command(flatten)]
+        conn: Conn,
+    },
 }
 
 /// Where the client connects and as whom.
@@ -157,6 +162,10 @@ pub struct ServeArgs {
     /// CA certificate (PEM) to trust when `--runner` is `https://…`.
     #[arg(long, env = "ARBOR_RUNNER_CA")]
     pub runner_ca: Option<PathBuf>,
+    /// The name this replica goes by in `approval-svc leader`, the `arbor_approval_leader`
+    /// metric and the log (ASCII, at most 41 bytes); default: host name and `--listen` port.
+    #[arg(long, env = "ARBOR_REPLICA_NAME")]
+    pub replica_name: Option<String>,
 }
 
 impl ServeArgs {
@@ -165,6 +174,10 @@ impl ServeArgs {
         cfg.store_url = self.store.clone();
         cfg.drain_grace = std::time::Duration::from_millis(self.drain_grace_ms);
         cfg.metrics_listen = self.metrics_listen;
+        if let Some(name) = &self.replica_name {
+            arbor_approval_svc::leader::check_name(name).map_err(anyhow::Error::msg)?;
+            cfg.replica_name = Some(name.clone());
+        }
         cfg.retention = RetentionConfig {
             keep: Duration::from_millis(self.approval_retention_ms),
             interval: Duration::from_millis(self.compact_interval_ms.max(100)),

@@ -1,5 +1,5 @@
 //! How the client prints approvals: a table for `pending`, JSON for `show`, one line per change
-//! for `watch`.
+//! for `watch`, and which replica leads for `leader`.
 
 use arbor_shared::{
     json::{from_optional_value, from_proto_struct},
@@ -199,6 +199,18 @@ pub fn change_line(item: &pb::WatchApprovalsResponse, now_ms: u64) -> String {
     line
 }
 
+/// The line `leader` prints: the leading replica's name, and which replica answered.
+pub fn leader_line(r: &pb::GetLeaderResponse) -> String {
+    match (r.leading, r.leader.as_str()) {
+        (true, _) => format!("leader: {} (the replica asked)\n", r.replica),
+        (false, "") => format!(
+            "leader: none at the moment, one is taking over (asked: {})\n",
+            r.replica
+        ),
+        (false, leader) => format!("leader: {leader} (asked: {})\n", r.replica),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,5 +255,23 @@ mod tests {
             assert!(lines[1].contains(cell), "{cell} missing in {:?}", lines[1]);
         }
         assert_eq!(pending_table(&[], now), "no pending approvals\n");
+    }
+
+    #[test]
+    fn the_leader_line_names_the_leader_and_who_answered() {
+        let asked = |leading: bool, leader: &str| pb::GetLeaderResponse {
+            replica: "host-a:50052".into(),
+            leading,
+            leader: leader.into(),
+        };
+        assert_eq!(
+            leader_line(&asked(true, "host-a:50052")),
+            "leader: host-a:50052 (the replica asked)\n"
+        );
+        assert_eq!(
+            leader_line(&asked(false, "host-b:50052")),
+            "leader: host-b:50052 (asked: host-a:50052)\n"
+        );
+        assert!(leader_line(&asked(false, "")).starts_with("leader: none at the moment"));
     }
 }

@@ -265,6 +265,25 @@ impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
             next_page_token: page.next.unwrap_or_default(),
         }))
     }
+
+    async fn get_leader(
+        &self,
+        req: Request<pb::GetLeaderRequest>,
+    ) -> Result<Response<pb::GetLeaderResponse>, Status> {
+        require(&principal_of(&req), READERS, "ask which replica leads")?;
+        let replica = self.approvals.replica();
+        // This replica knows best whether it leads; another one's name is in the store.
+        let leading = replica.is_leading();
+        let leader = match leading {
+            true => replica.name().to_string(),
+            false => self.store().leader().await?.unwrap_or_default(),
+        };
+        Ok(Response::new(pb::GetLeaderResponse {
+            replica: replica.name().to_string(),
+            leading,
+            leader,
+        }))
+    }
 }
 
 /// The states a bulk decision by filter covers: only what can still be decided.

@@ -2,11 +2,17 @@
 //! `RunnerService.Resolve`, with the decision id fixed at decision time so retries are
 //! idempotent, until the runner says OK (durable in the run's inbox) or says the request is dead.
 //! Sleeps until woken by a new decision or the next retry is due; never polls.
+//!
+//! A failure that concerns one decision (the runner answered, but not OK) is retried on that
+//! decision's own backoff. A failure that says nothing about the decision (the runner is
+//! unreachable, does not answer in time, sheds load or refuses this service) pauses the whole
+//! backlog: one decision at a time probes the runner on a backoff capped at `delivery_max`, or at
+//! once when the event subscription reaches the runner again, and the first attempt the runner
+//! answers resumes the full drain. A runner that is away for hours then costs one attempt per
+//! `delivery_max`, not one per decision, and the same failure is logged once a minute with a
+//! count.
 
-use std::{
-    collections::{HashMap, HashSet, VecDeque},
-    sync::{Mutex, PoisonError},
-};
+use std::{collections::HashSet, time::Duration};
 
 use arbor_shared::trace::TraceContext;
 use tokio::time::Instant;
@@ -14,7 +20,12 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tracing::Instrument;
 
-use super::{RunnerClient, backoff::Backoff};
+pub use super::wake::{DeliveryWake, Due};
+use super::{
+    RunnerClient,
+    backoff::Backoff,
+    book::{Away, Book, Item},
+};
 use crate::{
     approvals::Approvals,
     config::Tuning,
@@ -22,6 +33,7 @@ use crate::{
     error::Error,
     metrics::Metrics,
     model::Approval,
+    ratelog::RateLimitedLog,
     store::{ApprovalStore, DeliveryOutcome},
 };
 
@@ -31,98 +43,9 @@ const ACTOR: &str = "runner";
 /// Resolve calls to the runner in flight at once.
 const DELIVERIES_IN_FLIGHT: usize = 64;
 
-/// Approvals named to delivery and not taken yet beyond which it is told to look at everything
-/// instead: nobody takes them while another replica leads.
-const MAX_NAMED: usize = 1024;
-
-/// How delivery learns what to deliver: the approvals whose decision a change may have left
-/// waiting, handed over as just written (a decision taken in this process, with the
-/// `traceparent` it carries on) or by id, or "everything" (changes may have been missed).
-/// Handed approvals are sent without being read back; named ones are read by id, in one
-/// statement on PostgreSQL; the whole outbox is read only at start, when a retry is due and
-/// when told to look at everything.
-#[derive(Default)]
-pub struct DeliveryWake {
-    notify: tokio::sync::Notify,
-    due: Mutex<Due>,
-}
-
-/// What delivery has been told to look at since it last looked.
-#[derive(Debug, Default, PartialEq)]
-pub struct Due {
-    /// Each id once, in the order named.
-    pub ids: Vec<String>,
-    /// Approvals whose decision awaits delivery, as written, each with its `traceparent`;
-    /// each once, in the order handed.
-    pub handed: Vec<(Approval, Option<String>)>,
-    pub everything: bool,
-}
-
-impl DeliveryWake {
-    /// The decisions of `ids` may be waiting to be delivered.
-    pub fn named<I: Into<String>>(&self, ids: impl IntoIterator<Item = I>) {
-        {
-            let mut due = self.due.lock().unwrap_or_else(PoisonError::into_inner);
-            if !due.everything {
-                for id in ids {
-                    let id = id.into();
-                    if !due.ids.contains(&id) {
-                        due.ids.push(id);
-                    }
-                }
-                due.overflow();
-            }
-        }
-        self.notify.notify_one();
-    }
-
-    /// `approval`'s decision, just written here, awaits delivery (the caller has checked that
-    /// it does), which sends it as it is, continuing the trace `traceparent` (`None`: the
-    /// request has none).
-    pub fn handed(&self, approval: Approval, traceparent: Option<String>) {
-        {
-            let mut due = self.due.lock().unwrap_or_else(PoisonError::into_inner);
-            if !due.everything && !due.handed.iter().any(|(a, _)| a.id() == approval.id()) {
-                due.handed.push((approval, traceparent));
-                due.overflow();
-            }
-        }
-        self.notify.notify_one();
-    }
-
-    /// Any decision may be waiting: delivery reads the whole outbox.
-    pub fn everything(&self) {
-        *self.due.lock().unwrap_or_else(PoisonError::into_inner) = Due::everything();
-        self.notify.notify_one();
-    }
-
-    /// Resolves once something was named since the last [`take`](Self::take) (or is named
-    /// after this call).
-    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
-        self.notify.notified()
-    }
-
-    /// What was named since the last call, and forgets it.
-    pub fn take(&self) -> Due {
-        std::mem::take(&mut *self.due.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
-
-impl Due {
-    fn everything() -> Self {
-        Self {
-            everything: true,
-            ..Self::default()
-        }
-    }
-
-    /// Beyond [`MAX_NAMED`] approvals named or handed, "everything" instead.
-    fn overflow(&mut self) {
-        if self.ids.len() + self.handed.len() > MAX_NAMED {
-            *self = Self::everything();
-        }
-    }
-}
+/// How often the same delivery failure is logged at most; the others are counted in the next
+/// line.
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 
 pub struct Delivery<S> {
     pub approvals: Approvals<S>,
@@ -131,28 +54,36 @@ pub struct Delivery<S> {
     pub shutdown: CancellationToken,
 }
 
-struct Retry {
-    backoff: Backoff,
-    at: Instant,
-}
-
 enum Attempt {
     Accepted {
         duplicate: bool,
     },
     /// NOT_FOUND / FAILED_PRECONDITION: the request is gone on the runner side.
     Refused(String),
+    /// The runner answered, but did not take this decision.
     Failed(String),
+    /// Nothing was learnt about this decision: the runner is unreachable or refuses every one.
+    Unreachable(String),
+}
+
+/// What one delivery came to.
+enum Outcome {
+    /// Accepted, or refused for good: nothing more to send.
+    Settled,
+    /// To be tried again on the decision's own backoff.
+    Retry,
+    /// Back to the backlog, which waits for a probe to get through.
+    Unreachable,
 }
 
 impl<S: ApprovalStore> Delivery<S> {
     /// Delivers continuously: a new decision starts its delivery as soon as it is stored, while
     /// earlier ones are still in flight (up to [`DELIVERIES_IN_FLIGHT`]), so one slow round trip
-    /// never holds up the decisions behind it. The decisions it is told of are read by id; the
-    /// whole outbox is read at start, when a retry is due or when told to look at everything,
-    /// and only once the backlog of the last such read has been started: with a large backlog
-    /// (a drain of thousands of decisions) each decision costs one read of it, not one read of
-    /// the outbox.
+    /// never holds up the decisions behind it. The decisions it is told of, and those whose
+    /// retry is due, are read by id; the whole outbox is read at start and when told to look at
+    /// everything, and only once the backlog of the last such read has been started: with a
+    /// large backlog (a drain of thousands of decisions) each decision costs one read of it,
+    /// not one read of the outbox.
     pub async fn run(self) {
         // The deliveries the runner accepted are recorded while decisions are delivered, and
         // those left are recorded once delivery stops.
@@ -165,57 +96,56 @@ impl<S: ApprovalStore> Delivery<S> {
     async fn deliver_all(&self) {
         use futures_util::StreamExt;
         let wake = self.approvals.delivery_wake();
-        let mut retries: HashMap<String, Retry> = HashMap::new();
-        // The approvals in the backlog or in flight: each is taken once until it is settled.
-        let mut taken: HashSet<String> = HashSet::new();
-        let mut backlog: VecDeque<(Approval, Option<String>)> = VecDeque::new();
+        let log = RateLimitedLog::new(FAILURE_LOG_EVERY);
+        let mut book = Book::default();
         let mut running = futures_util::stream::FuturesUnordered::new();
-        let mut next: Option<Instant> = None;
         let mut scan = true;
+        // When the outbox is read again after a read or a bookkeeping write failed.
+        let mut rescan_at: Option<Instant> = None;
         loop {
             // Registered before taking what was named, so a decision named meanwhile still
             // wakes us.
             let woken = wake.notified();
             let due = wake.take();
             scan |= due.everything;
-            // One already taken is on its way: its attempt settles it. One handed is not read.
-            let handed: Vec<(Approval, Option<String>)> = due
-                .handed
-                .into_iter()
-                .filter(|(a, _)| !taken.contains(a.id()))
-                .collect();
-            let named: Vec<String> = due
-                .ids
-                .into_iter()
-                .filter(|id| !taken.contains(id) && !handed.iter().any(|(a, _)| a.id() == id))
-                .collect();
+            if wake.take_runner_back()
+                && let Some(away) = &mut book.away
+            {
+                away.probe_now();
+            }
             let store = self.approvals.store();
-            if scan && backlog.is_empty() {
+            if scan && book.backlog.is_empty() {
                 scan = false;
-                next = match store.undelivered_traced() {
+                match store.undelivered_traced() {
                     Ok(found) => {
                         let found = self.not_accepted(found);
-                        retries.retain(|id, _| {
-                            taken.contains(id) || found.iter().any(|(a, _)| a.id() == id)
-                        });
-                        queue(found, &mut taken, &retries, &mut backlog)
+                        book.keep_only(&found);
+                        book.queue(found);
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "cannot read undelivered decisions");
-                        Some(Instant::now() + self.tuning.delivery_max)
+                        rescan_at = Some(Instant::now() + self.tuning.delivery_max);
                     }
-                };
+                }
             } else {
-                // Handed over as written: not read back (an outbox read above covers them).
-                let handed = self.not_accepted(handed);
-                next = earliest(next, queue(handed, &mut taken, &retries, &mut backlog));
+                // One already taken is on its way: its attempt settles it. One handed is not
+                // read back (an outbox read above covers them).
+                let handed: Vec<Item> = due
+                    .handed
+                    .into_iter()
+                    .filter(|(a, _)| !book.taken.contains(a.id()))
+                    .collect();
+                let named: Vec<String> = due
+                    .ids
+                    .into_iter()
+                    .filter(|id| {
+                        !book.taken.contains(id) && !handed.iter().any(|(a, _)| a.id() == id)
+                    })
+                    .collect();
+                book.queue(self.not_accepted(handed));
                 if !named.is_empty() {
                     match store.undelivered_of(&named) {
-                        Ok(found) => {
-                            let found = self.not_accepted(found);
-                            let waits = queue(found, &mut taken, &retries, &mut backlog);
-                            next = earliest(next, waits);
-                        }
+                        Ok(found) => book.queue(self.not_accepted(found)),
                         Err(e) => {
                             tracing::warn!(error = %e, "cannot read the decisions named to delivery");
                             scan = true;
@@ -223,46 +153,101 @@ impl<S: ApprovalStore> Delivery<S> {
                     }
                 }
             }
-            while running.len() < DELIVERIES_IN_FLIGHT {
-                let Some((approval, trace)) = backlog.pop_front() else {
-                    break;
-                };
-                running.push(async move {
-                    // Read with the outbox, or handed over with the decision: the span's trace
-                    // id and the context the Resolve carries on.
-                    let span = crate::approvals::span_of(approval.id(), trace.as_deref());
-                    let outcome = self
-                        .deliver(&approval, trace.as_deref())
-                        .instrument(span)
-                        .await;
-                    (approval.id().to_string(), outcome)
-                });
-            }
-            if self.shutdown.is_cancelled() {
-                return;
-            }
-            tokio::select! {
-                _ = self.shutdown.cancelled() => return,
-                _ = woken => {}
-                _ = sleep_until(next) => {
-                    scan = true;
-                    next = None;
+            // Retries wait while the runner is away: a probe getting through lets them go.
+            if book.away.is_none() {
+                let retries = book.due_retries(Instant::now());
+                if !retries.is_empty() {
+                    match store.undelivered_of(&retries) {
+                        Ok(found) => {
+                            let found = self.not_accepted(found);
+                            let still: HashSet<&str> = found.iter().map(|(a, _)| a.id()).collect();
+                            for id in retries.iter().filter(|id| !still.contains(id.as_str())) {
+                                book.backoffs.remove(id);
+                            }
+                            book.queue(found);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot read the decisions due for a retry");
+                            scan = true;
+                        }
+                    }
                 }
-                Some((id, outcome)) = running.next(), if !running.is_empty() => {
-                    taken.remove(&id);
-                    let retry_at = self.settle_attempt(id, outcome, &mut retries);
-                    next = earliest(next, retry_at);
+            }
+            let mut starting = Vec::new();
+            match &mut book.away {
+                None => {
+                    while running.len() + starting.len() < DELIVERIES_IN_FLIGHT {
+                        let Some(item) = book.backlog.pop_front() else {
+                            break;
+                        };
+                        starting.push(item);
+                    }
+                }
+                Some(away) if away.probe.is_none() && away.probe_at <= Instant::now() => {
+                    if let Some(item) = book.backlog.pop_front() {
+                        away.probe = Some(item.0.id().to_string());
+                        starting.push(item);
+                    }
+                }
+                Some(_) => {}
+            }
+            for item in starting {
+                running.push(self.send(item, &log));
+            }
+            self.report(&book);
+            if self.shutdown.is_cancelled() {
+                break;
+            }
+            let timer = match &book.away {
+                None => book.next_retry(),
+                Some(away) if away.probe.is_none() && !book.backlog.is_empty() => {
+                    Some(away.probe_at)
+                }
+                Some(_) => None,
+            };
+            tokio::select! {
+                _ = self.shutdown.cancelled() => break,
+                _ = woken => {}
+                _ = sleep_until(earliest(timer, rescan_at)) => {
+                    if rescan_at.is_some_and(|at| at <= Instant::now()) {
+                        rescan_at = None;
+                        scan = true;
+                    }
+                }
+                Some((item, outcome)) = running.next(), if !running.is_empty() => {
+                    if let Some(at) = self.settle_attempt(&mut book, item, outcome) {
+                        rescan_at = earliest(rescan_at, Some(at));
+                    }
                 }
             }
         }
+        // Another replica (or the next start) delivers from here.
+        let metrics = self.approvals.metrics();
+        Metrics::set(&metrics.delivery_backlog, 0);
+        Metrics::set(&metrics.delivery_paused, 0);
+    }
+
+    /// One delivery, in the approval's trace span (read with the outbox, or handed over with
+    /// the decision): the span's trace id and the context the Resolve carries on.
+    async fn send(&self, item: Item, log: &RateLimitedLog) -> (Item, Result<Outcome, Error>) {
+        let (approval, trace) = &item;
+        let span = crate::approvals::span_of(approval.id(), trace.as_deref());
+        let outcome = self
+            .deliver(approval, trace.as_deref(), log)
+            .instrument(span)
+            .await;
+        (item, outcome)
+    }
+
+    fn report(&self, book: &Book) {
+        let metrics = self.approvals.metrics();
+        Metrics::set(&metrics.delivery_backlog, book.held() as u64);
+        Metrics::set(&metrics.delivery_paused, u64::from(book.away.is_some()));
     }
 
     /// Those of `found` whose decision the runner has not accepted yet: an accepted one whose
     /// record waits (see [`Approvals::accepted`]) is still in the outbox.
-    fn not_accepted(
-        &self,
-        found: Vec<(Approval, Option<String>)>,
-    ) -> Vec<(Approval, Option<String>)> {
+    fn not_accepted(&self, found: Vec<Item>) -> Vec<Item> {
         let accepted = |a: &Approval| {
             a.decision
                 .as_ref()
@@ -271,46 +256,92 @@ impl<S: ApprovalStore> Delivery<S> {
         found.into_iter().filter(|(a, _)| !accepted(a)).collect()
     }
 
-    /// Books one finished delivery; returns when it should be tried again, if it should.
+    /// Books one finished delivery; answers when the outbox is to be read again, if it is.
     fn settle_attempt(
         &self,
-        id: String,
-        outcome: Result<bool, Error>,
-        retries: &mut HashMap<String, Retry>,
+        book: &mut Book,
+        item: Item,
+        outcome: Result<Outcome, Error>,
     ) -> Option<Instant> {
+        let id = item.0.id().to_string();
+        let tuning = &self.tuning;
+        let probe = book
+            .away
+            .as_ref()
+            .is_some_and(|a| a.probe.as_deref() == Some(id.as_str()));
         match outcome {
-            Ok(true) => {
-                retries.remove(&id);
-                None
+            Ok(Outcome::Unreachable) => {
+                match &mut book.away {
+                    // The probe goes to the back, so the next one is another decision: one the
+                    // runner cannot take holds up no other.
+                    Some(away) if probe => {
+                        away.probe_failed();
+                        book.backlog.push_back(item);
+                    }
+                    Some(_) => book.backlog.push_front(item),
+                    None => {
+                        let away =
+                            Away::new(Backoff::new(tuning.delivery_min, tuning.delivery_max));
+                        book.away = Some(away);
+                        book.backlog.push_front(item);
+                        tracing::warn!(
+                            held = book.held(),
+                            probe_at_most_every = ?tuning.delivery_max,
+                            "the runner cannot be reached or refuses this service: delivery \
+                             pauses and probes it with one decision at a time"
+                        );
+                    }
+                }
+                return None;
             }
-            Ok(false) => {
-                let tuning = &self.tuning;
-                let r = retries.entry(id).or_insert_with(|| Retry {
-                    backoff: Backoff::new(tuning.delivery_min, tuning.delivery_max),
-                    at: Instant::now(),
-                });
-                r.at = Instant::now() + r.backoff.next_delay();
-                Some(r.at)
+            Ok(Outcome::Settled) => {
+                book.taken.remove(&id);
+                book.backoffs.remove(&id);
+            }
+            Ok(Outcome::Retry) => {
+                let backoff = book
+                    .backoffs
+                    .entry(id.clone())
+                    .or_insert_with(|| Backoff::new(tuning.delivery_min, tuning.delivery_max));
+                let at = Instant::now() + backoff.next_delay();
+                book.wait(id, at);
             }
             Err(e) => {
                 tracing::error!(request_id = %id, error = %e, "delivery bookkeeping failed");
-                Some(Instant::now() + self.tuning.delivery_max)
+                book.taken.remove(&id);
+                if let Some(away) = book.away.as_mut().filter(|_| probe) {
+                    away.probe_failed();
+                }
+                return Some(Instant::now() + tuning.delivery_max);
             }
         }
+        // The runner answered: the whole backlog goes again.
+        if book.away.take().is_some() {
+            tracing::info!(
+                held = book.held(),
+                "the runner answers again: delivery resumes"
+            );
+        }
+        None
     }
 
-    async fn deliver(&self, approval: &Approval, trace: Option<&str>) -> Result<bool, Error> {
+    async fn deliver(
+        &self,
+        approval: &Approval,
+        trace: Option<&str>,
+        log: &RateLimitedLog,
+    ) -> Result<Outcome, Error> {
         let Some(decision) = &approval.decision else {
-            return Ok(true);
+            return Ok(Outcome::Settled);
         };
         let (request_id, decision_id) = (approval.id(), decision.decision_id.as_str());
         let metrics = self.approvals.metrics();
-        match self.attempt(approval, trace).await {
+        let (why, outcome) = match self.attempt(approval, trace).await {
             Attempt::Accepted { duplicate } => {
                 Metrics::inc(&metrics.deliveries_accepted);
                 tracing::info!(request_id, decision_id, duplicate, "decision delivered");
                 self.approvals.accepted(approval, decision_id);
-                Ok(true)
+                return Ok(Outcome::Settled);
             }
             Attempt::Refused(why) => {
                 Metrics::inc(&metrics.deliveries_refused);
@@ -325,18 +356,26 @@ impl<S: ApprovalStore> Delivery<S> {
                     .await?;
                 let reason = format!("runner refused the decision: {why}");
                 self.approvals.withdraw(request_id, ACTOR, &reason).await?;
-                Ok(true)
+                return Ok(Outcome::Settled);
             }
-            Attempt::Failed(why) => {
-                let n = Metrics::inc(&metrics.delivery_failures);
-                tracing::warn!(request_id, decision_id, why = %why, failures_total = n,
-                    "delivery failed; will retry");
-                self.approvals
-                    .record_delivery(request_id, decision_id, DeliveryOutcome::Failed(why))
-                    .await?;
-                Ok(false)
+            Attempt::Failed(why) => (why, Outcome::Retry),
+            Attempt::Unreachable(why) => (why, Outcome::Unreachable),
+        };
+        let n = Metrics::inc(&metrics.delivery_failures);
+        if let Some(passed_over) = log.admit(&why) {
+            match outcome {
+                Outcome::Unreachable => tracing::warn!(request_id, decision_id, why = %why,
+                    failures_total = n, same_failures_not_logged = passed_over,
+                    "delivery failed: the runner cannot be reached or refuses this service; \
+                     will retry"),
+                _ => tracing::warn!(request_id, decision_id, why = %why, failures_total = n,
+                    same_failures_not_logged = passed_over, "delivery failed; will retry"),
             }
         }
+        self.approvals
+            .record_delivery(request_id, decision_id, DeliveryOutcome::Failed(why))
+            .await?;
+        Ok(outcome)
     }
 
     async fn attempt(&self, approval: &Approval, trace: Option<&str>) -> Attempt {
@@ -358,37 +397,33 @@ impl<S: ApprovalStore> Delivery<S> {
             Ok(resp) => Attempt::Accepted {
                 duplicate: resp.into_inner().duplicate,
             },
-            Err(s) if matches!(s.code(), Code::NotFound | Code::FailedPrecondition) => {
-                Attempt::Refused(format!("{:?}: {}", s.code(), s.message()))
+            Err(s) => {
+                let why = format!("{:?}: {}", s.code(), s.message());
+                match s.code() {
+                    Code::NotFound | Code::FailedPrecondition => Attempt::Refused(why),
+                    code if says_nothing_of_the_decision(code) => Attempt::Unreachable(why),
+                    _ => Attempt::Failed(why),
+                }
             }
-            Err(s) => Attempt::Failed(format!("{:?}: {}", s.code(), s.message())),
         }
     }
 }
 
-/// Queues those of `found` that are not taken and whose retry is not waiting; answers when the
-/// earliest waiting retry among them is due.
-fn queue(
-    found: Vec<(Approval, Option<String>)>,
-    taken: &mut HashSet<String>,
-    retries: &HashMap<String, Retry>,
-    backlog: &mut VecDeque<(Approval, Option<String>)>,
-) -> Option<Instant> {
-    let now = Instant::now();
-    let mut next: Option<Instant> = None;
-    for (approval, trace) in found {
-        if taken.contains(approval.id()) {
-            continue;
-        }
-        match retries.get(approval.id()) {
-            Some(r) if r.at > now => next = earliest(next, Some(r.at)),
-            _ => {
-                taken.insert(approval.id().to_string());
-                backlog.push_back((approval, trace));
-            }
-        }
-    }
-    next
+/// A failure every decision would meet alike: the runner is unreachable or does not answer in
+/// time (UNAVAILABLE, DEADLINE_EXCEEDED, a broken connection), sheds load, or refuses this
+/// service's token.
+fn says_nothing_of_the_decision(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::ResourceExhausted
+            | Code::Unauthenticated
+            | Code::PermissionDenied
+            | Code::Unimplemented
+            | Code::Cancelled
+            | Code::Unknown
+    )
 }
 
 fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
@@ -410,87 +445,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_named_approval_is_told_once_until_taken() {
-        let wake = DeliveryWake::default();
-        wake.named(["a", "b"]);
-        wake.named(["b", "c"]);
-        let due = wake.take();
-        assert_eq!(due.ids, ["a", "b", "c"]);
-        assert!(!due.everything);
-        assert_eq!(wake.take(), Due::default(), "taking forgets");
-    }
-
-    #[test]
-    fn too_many_names_become_everything_and_hold_no_memory() {
-        let wake = DeliveryWake::default();
-        wake.named((0..=MAX_NAMED).map(|i| i.to_string()));
-        wake.named(["late"]);
-        assert_eq!(wake.take(), Due::everything());
-        wake.named(["x"]);
-        wake.everything();
-        wake.named(["y"]);
-        assert!(
-            wake.take().everything,
-            "everything covers what is named after it"
-        );
-    }
-
-    fn approval(id: &str) -> Approval {
-        let (request, _) = crate::convert::request_from_event(
-            &arbor_shared::proto::runner::v1::ApprovalRequested {
-                request_id: id.into(),
-                run_id: "run".into(),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        Approval {
-            request,
-            unknown_kind: None,
-            state: crate::lifecycle::ApprovalState::Resolved,
-            decision: None,
-            created_at_ms: 0,
-            arrival: 0,
-            updated_at_ms: 0,
-            version: 0,
-            delivery_attempts: 0,
-            last_delivery_error: String::new(),
-            delivered_at_ms: 0,
-            cancel_reason: String::new(),
+    fn only_failures_every_decision_would_meet_pause_the_backlog() {
+        for code in [
+            Code::Unavailable,
+            Code::DeadlineExceeded,
+            Code::Unauthenticated,
+        ] {
+            assert!(says_nothing_of_the_decision(code), "{code:?}");
         }
-    }
-
-    #[test]
-    fn each_handed_approval_is_kept_once_with_its_trace_and_counts_toward_everything() {
-        let wake = DeliveryWake::default();
-        wake.handed(approval("a"), Some("00-trace-a".into()));
-        wake.handed(approval("a"), None);
-        wake.handed(approval("b"), None);
-        wake.named(["c"]);
-        let due = wake.take();
-        assert_eq!(
-            due.handed,
-            [
-                (approval("a"), Some("00-trace-a".to_string())),
-                (approval("b"), None)
-            ]
-        );
-        assert_eq!(due.ids, ["c"]);
-        assert_eq!(wake.take(), Due::default(), "taking forgets");
-
-        wake.named((0..MAX_NAMED).map(|i| i.to_string()));
-        wake.handed(approval("last straw"), None);
-        assert_eq!(
-            wake.take(),
-            Due::everything(),
-            "more than {MAX_NAMED} in all"
-        );
-        wake.everything();
-        wake.handed(approval("after"), None);
-        assert_eq!(
-            wake.take(),
-            Due::everything(),
-            "everything covers what is handed after it"
-        );
+        for code in [Code::Internal, Code::InvalidArgument, Code::Aborted] {
+            assert!(!says_nothing_of_the_decision(code), "{code:?}");
+        }
     }
 }

@@ -2,8 +2,10 @@
 //! decisions back. Both share one lazily connected channel that carries this service's token.
 
 pub mod backoff;
+mod book;
 pub mod delivery;
 pub mod subscriber;
+pub mod wake;
 
 use arbor_shared::{
     auth::BearerToken, proto::runner::v1::runner_service_client::RunnerServiceClient,

@@ -3,6 +3,8 @@
 //! store writes of every event up to it are durable. Reconnects with backoff and resumes from
 //! the runner-side cursor, so a crash anywhere replays events rather than losing them.
 
+use std::time::Duration;
+
 use arbor_shared::domain::ApprovalRequest;
 use arbor_shared::proto::runner::v1::{
     self as runner_pb, AckRequest, EventKind, StreamEventsRequest, event::Detail,
@@ -22,6 +24,7 @@ use crate::{
     convert::request_from_event,
     error::Error,
     metrics::Metrics,
+    ratelog::RateLimitedLog,
     store::{ApprovalStore, Put},
 };
 
@@ -69,6 +72,8 @@ impl<S: ApprovalStore> Subscriber<S> {
             since_ack: 0,
             dirty_since: None,
         };
+        // A runner that is down for an hour fails every reconnect alike: a line a minute.
+        let failures = RateLimitedLog::new(Duration::from_secs(60));
         loop {
             let end = self.session(&mut cursor, &mut backoff).await;
             self.ack(&mut cursor).await;
@@ -93,8 +98,12 @@ impl<S: ApprovalStore> Subscriber<S> {
                     );
                 }
                 SessionEnd::Runner(status) => {
-                    tracing::warn!(code = ?status.code(), message = status.message(),
-                        "event stream from the runner ended; reconnecting");
+                    let kind = format!("{:?}: {}", status.code(), status.message());
+                    if let Some(passed_over) = failures.admit(&kind) {
+                        tracing::warn!(code = ?status.code(), message = status.message(),
+                            same_failures_not_logged = passed_over,
+                            "event stream from the runner ended; reconnecting");
+                    }
                 }
                 SessionEnd::Store(e) => {
                     tracing::error!(error = %e, "could not apply an event; it will be replayed");
@@ -132,6 +141,8 @@ impl<S: ApprovalStore> Subscriber<S> {
         };
         self.set_health(ServingStatus::Serving).await;
         tracing::info!(acked = ?cursor.acked, "following the runner's event log");
+        // The runner is back: a delivery paused while it was away need not wait for its probe.
+        self.approvals.delivery_wake().runner_back();
         loop {
             let ack_due = cursor.dirty_since.map(|t| t + self.tuning.ack_interval);
             tokio::select! {

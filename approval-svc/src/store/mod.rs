@@ -452,6 +452,20 @@ pub trait ApprovalStore: Send + Sync + 'static {
         async { Ok(Some(Leadership::sole())) }
     }
 
+    /// [`lead`](Self::lead), telling the processes that share this store that the replica
+    /// named `replica` leads, for as long as it does (see [`leader`](Self::leader)).
+    fn lead_as(&self, replica: &str) -> impl Future<Output = Result<Option<Leadership>>> + Send {
+        let _ = replica;
+        self.lead()
+    }
+
+    /// The name of the replica that leads now, as it gave it to [`lead_as`](Self::lead_as);
+    /// `None` when none does at the moment, or (a store no other process opens, whose process
+    /// always leads) when no other process could.
+    fn leader(&self) -> impl Future<Output = Result<Option<String>>> + Send {
+        async { Ok(None) }
+    }
+
     /// The ids of approvals that other processes sharing this store changed, from now on;
     /// an empty id means some changes may have been missed. `None`: nobody else writes here.
     fn foreign_changes(&self) -> Option<mpsc::UnboundedReceiver<String>> {

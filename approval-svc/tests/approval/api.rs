@@ -616,6 +616,8 @@ async fn permissions_per_role_and_no_self_approval() {
         let mut c = svc.client_as(Some(&format!("{who}-token"))).await;
         let read = c.list_approvals(pb::ListApprovalsRequest::default()).await;
         assert_eq!(read.is_ok(), can_read, "{who} read");
+        let leader = c.get_leader(pb::GetLeaderRequest {}).await;
+        assert_eq!(leader.is_ok(), can_read, "{who} asks which replica leads");
         if !can_read {
             assert_eq!(read.unwrap_err().code(), Code::PermissionDenied);
             let watch = c

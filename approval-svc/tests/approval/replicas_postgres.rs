@@ -47,6 +47,20 @@ async fn wait_health(svc: &Svc, service: &str, want: ServingStatus, what: &str) 
     .await;
 }
 
+/// What `client`'s replica answers to `GetLeader` (its name, whether it leads, the leader's
+/// name) once it names a leader.
+async fn leader_seen_by(client: &Client) -> (String, bool, String) {
+    eventually("a leader named", WAIT, || {
+        let mut client = client.clone();
+        async move {
+            let r = client.get_leader(pb::GetLeaderRequest {}).await.ok()?;
+            let r = r.into_inner();
+            (!r.leader.is_empty()).then_some((r.replica, r.leading, r.leader))
+        }
+    })
+    .await
+}
+
 async fn fresh_database() -> String {
     tokio::task::spawn_blocking(|| PgCluster::shared().fresh_database("approval_replicas"))
         .await
@@ -58,9 +72,14 @@ async fn replicas_share_one_store_and_the_next_leads_when_the_leader_goes() {
     let url = fresh_database().await;
     let runner = FakeRunner::start().await;
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a = Svc::start(pg_config(&url, &runner, &dir_a)).await;
+    let named = |dir, name: &str| {
+        let mut cfg = pg_config(&url, &runner, dir);
+        cfg.replica_name = Some(name.into());
+        cfg
+    };
+    let a = Svc::start(named(&dir_a, "a")).await;
     wait_health(&a, SUBSCRIPTION_HEALTH, ServingStatus::Serving, "A to lead").await;
-    let b = Svc::start(pg_config(&url, &runner, &dir_b)).await;
+    let b = Svc::start(named(&dir_b, "b")).await;
     wait_health(&b, "", ServingStatus::Serving, "B to serve").await;
     assert_eq!(
         health_of(&b, SUBSCRIPTION_HEALTH).await,
@@ -68,6 +87,15 @@ async fn replicas_share_one_store_and_the_next_leads_when_the_leader_goes() {
         "B does not follow the runner while A leads"
     );
     let (client_a, mut client_b) = (a.client().await, b.client().await);
+    // Each names A as the leader; only A says it leads.
+    assert_eq!(
+        leader_seen_by(&client_a).await,
+        ("a".into(), true, "a".into())
+    );
+    assert_eq!(
+        leader_seen_by(&client_b).await,
+        ("b".into(), false, "a".into())
+    );
 
     // A watcher on B sees what the leader stored.
     let mut watch = client_b
@@ -142,6 +170,10 @@ async fn replicas_share_one_store_and_the_next_leads_when_the_leader_goes() {
     // The leader goes; B takes over the event stream.
     a.stop().await;
     wait_health(&b, SUBSCRIPTION_HEALTH, ServingStatus::Serving, "B to lead").await;
+    assert_eq!(
+        leader_seen_by(&client_b).await,
+        ("b".into(), true, "b".into())
+    );
     runner.push_request(tool_request("r2", "run-1", "ledger.append"));
     wait_for(
         &client_b,

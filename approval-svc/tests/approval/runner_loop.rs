@@ -142,6 +142,29 @@ async fn duplicate_events_and_late_duplicates_are_harmless() {
 }
 
 #[tokio::test]
+async fn the_one_process_on_the_embedded_store_leads_and_says_so() {
+    let (_dir, _runner, svc, client) =
+        setup_with(|cfg| cfg.replica_name = Some("solo".into())).await;
+    let got = eventually("the process to lead", WAIT, || {
+        let mut client = client.clone();
+        async move {
+            let r = client.get_leader(pb::GetLeaderRequest {}).await.ok()?;
+            Some(r.into_inner()).filter(|r| r.leading)
+        }
+    })
+    .await;
+    assert_eq!(
+        got,
+        pb::GetLeaderResponse {
+            replica: "solo".into(),
+            leading: true,
+            leader: "solo".into()
+        }
+    );
+    svc.stop().await;
+}
+
+#[tokio::test]
 async fn delivery_retries_transient_failures_with_the_same_decision_id() {
     let (_dir, runner, svc, mut client) = setup().await;
     runner.with(|s| {

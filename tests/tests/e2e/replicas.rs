@@ -4,7 +4,8 @@
 //! that does not lead, a tool call that the runner's guards turn into an approval, user input,
 //! an external result), both runner replicas stream the same gap-free event log, a SIGKILLed
 //! runner replica's leases go to the other one, and a SIGKILLed approval leader hands over to
-//! the other approval replica, which delivers the decisions taken meanwhile.
+//! the other approval replica, which delivers the decisions taken meanwhile; before and after,
+//! every approval replica names the one leader (`GetLeader`, its gauge, `approval-svc leader`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -19,6 +20,7 @@ use arbor_tests::{
     eventually,
     flow::{answer, decide, suspension_of, watch_for},
     process::Replicas,
+    scrape::scrape,
     secured::{register, submit, wait_approval, wait_run},
 };
 use rpb::{DecisionKind as D, EventKind as K, SuspensionCategory as C};
@@ -68,8 +70,59 @@ async fn replicas(hint: &str, runner_args: &[&str]) -> Replicas {
             .extra_args
             .extend(["--guards".to_string(), guards.display().to_string()]);
     }
+    for (i, approval) in r.approvals.iter_mut().enumerate() {
+        approval
+            .extra_args
+            .extend(["--replica-name".to_string(), format!("approval-{i}")]);
+    }
     r.start_all().await;
     r
+}
+
+/// Waits until every running approval replica names approval replica `leader` as the leader
+/// (`GetLeader`), and exactly that one says it leads, on `GetLeader` and on its
+/// `arbor_approval_leader` gauge; `approval-svc leader` prints its name.
+async fn wait_named_leader(r: &Replicas, c: &Clients, leader: usize) {
+    let name = format!("approval-{leader}");
+    for (i, a) in r
+        .approvals
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.is_running())
+    {
+        let want = apb::GetLeaderResponse {
+            replica: format!("approval-{i}"),
+            leading: i == leader,
+            leader: name.clone(),
+        };
+        eventually(&format!("approval-{i} to name {name}"), WAIT, || {
+            let (mut client, want) = (c.approvals[i].clone(), want.clone());
+            async move {
+                let got = client.get_leader(apb::GetLeaderRequest {}).await.ok()?;
+                (got.into_inner() == want).then_some(())
+            }
+        })
+        .await;
+        let gauge = scrape(&a.metrics_url()).await.value(
+            "arbor_approval_leader",
+            &[("replica", &format!("approval-{i}"))],
+        );
+        assert_eq!(
+            gauge,
+            f64::from(u8::from(i == leader)),
+            "approval-{i}'s gauge"
+        );
+        let cli = tokio::process::Command::new(&a.binary)
+            .args(["leader", "--addr", &a.url()])
+            .output()
+            .await
+            .unwrap();
+        let printed = String::from_utf8_lossy(&cli.stdout);
+        assert!(
+            printed.starts_with(&format!("leader: {name} (")),
+            "{printed}"
+        );
+    }
 }
 
 struct Clients {
@@ -459,6 +512,7 @@ async fn a_killed_approval_leader_hands_over_and_its_decisions_are_delivered() {
     let mut r = replicas("replicas_leader_kill", &[]).await;
     let c = Clients::of(&r);
     let leader = r.wait_leader(WAIT).await;
+    wait_named_leader(&r, &c, leader).await;
     let other = 1 - leader;
     let mut runner = c.runners[other].clone();
     register(&mut runner, arbor_tests::gate_tree("gated", "failure")).await;
@@ -503,6 +557,7 @@ async fn a_killed_approval_leader_hands_over_and_its_decisions_are_delivered() {
     }
     let new_leader = r.wait_leader(WAIT).await;
     assert_eq!(new_leader, other, "the surviving replica leads");
+    wait_named_leader(&r, &c, other).await;
 
     for i in 0..RUNS {
         let run = wait_run(&runner, &format!("gated-{i}"), rpb::RunStatus::Succeeded).await;
@@ -536,6 +591,7 @@ async fn a_killed_approval_leader_hands_over_and_its_decisions_are_delivered() {
         .await;
     }
     assert_eq!(r.leader(), Some(other), "leadership does not flap back");
+    wait_named_leader(&r, &c, other).await;
 
     let log = full_log(&mut runner).await.unwrap();
     assert_gap_free(&log, "the log");

@@ -746,7 +746,15 @@ impl ApprovalStore for PgStore {
     }
 
     async fn lead(&self) -> Result<Option<Leadership>> {
-        lead::try_lead(&self.db).await
+        lead::try_lead(&self.db, None).await
+    }
+
+    async fn lead_as(&self, replica: &str) -> Result<Option<Leadership>> {
+        lead::try_lead(&self.db, Some(replica)).await
+    }
+
+    async fn leader(&self) -> Result<Option<String>> {
+        lead::leader(&self.db).await
     }
 
     fn foreign_changes(&self) -> Option<mpsc::UnboundedReceiver<String>> {
