@@ -356,7 +356,13 @@ fn committer_loop(
         // meanwhile: while another replica's batch holds the writer lock, this one's are
         // queueing, and they all go in when the turn comes, not into a batch after it.
         let locked = match lane.writer {
-            true => take_writer_lock(&mut own),
+            true => take_writer_lock(&mut own).or_else(|e| match e {
+                // The connection was closed while the thread had nothing to do (the server
+                // restarted): the `BEGIN` and `LOCK` changed nothing, and go again, once, on a
+                // new one. The batch fails only if the database cannot be reached now.
+                StoreError::Unavailable(_) => take_writer_lock(&mut own),
+                other => Err(other),
+            }),
             false => Ok(()),
         };
         while batch.len() < MAX_BATCH {
@@ -483,9 +489,12 @@ fn run_bodies(
     setup: Setup<'_>,
 ) -> Vec<Result<(), Failed>> {
     let mut attempt = 0;
+    // Whether the transaction ran again on a new connection after its connection was found
+    // closed before its COMMIT went out (see `Unsent`).
+    let mut reconnected = false;
     loop {
         attempt += 1;
-        let ran = (|| -> Result<Vec<Result<(), Failed>>, DbError> {
+        let ran = (|| -> Result<Vec<Result<(), Failed>>, Unsent> {
             let pooled;
             let (client, rt) = match conn {
                 Conn::Pool(db) => {
@@ -508,7 +517,7 @@ fn run_bodies(
                 let mark = tx.mark();
                 let outcome = body(&tx);
                 if let Some(e) = tx.fault() {
-                    return Err(e);
+                    return Err(e.into());
                 }
                 match outcome {
                     Ok(()) => outcomes.push(Ok(())),
@@ -516,20 +525,40 @@ fn run_bodies(
                         tx.undo_to(mark);
                         outcomes.push(Err(Failed::Aborted));
                     }
-                    Err(Abort::Conflict) => return Err(DbError::Conflict("body".into())),
+                    Err(Abort::Conflict) => return Err(DbError::Conflict("body".into()).into()),
                     Err(Abort::Storage(e)) => return Ok(all_failed(bodies.len(), &e)),
                 }
             }
-            tx.commit()?;
+            if client.is_closed() {
+                return Err(DbError::Unavailable("the connection is closed".into()).into());
+            }
+            tx.commit().map_err(Unsent::sent)?;
             Ok(outcomes)
         })();
         match ran {
             Ok(outcomes) => return outcomes,
-            Err(DbError::Conflict(_)) if attempt < MAX_TRIES => {
+            Err(Unsent {
+                error: DbError::Conflict(_),
+                ..
+            }) if attempt < MAX_TRIES => {
                 setup.conflicts.fetch_add(1, Ordering::Relaxed);
                 conflict_pause(attempt);
             }
-            Err(e) => {
+            // A connection the server closed (it restarted while the connection was idle)
+            // fails the first statement sent on it; nothing was committed, since no COMMIT
+            // went out: the transaction runs again, once, on a new connection. Only when that
+            // fails too is the database unreachable.
+            Err(Unsent {
+                error: DbError::Unavailable(why),
+                unsent: true,
+            }) if !reconnected => {
+                reconnected = true;
+                tracing::debug!(error = %why, "connection lost before commit; trying a new one");
+                if let Conn::Own(own) = conn {
+                    own.reset();
+                }
+            }
+            Err(Unsent { error: e, .. }) => {
                 // The connection may be unusable (the database restarted): the next batch
                 // makes a new one.
                 if let Conn::Own(own) = conn {
@@ -537,6 +566,32 @@ fn run_bodies(
                 }
                 return all_failed(bodies.len(), &StoreError::from(e));
             }
+        }
+    }
+}
+
+/// Why a transaction's try failed, and whether that was before its COMMIT went out (then the
+/// server cannot have applied any of it).
+struct Unsent {
+    error: DbError,
+    unsent: bool,
+}
+
+impl Unsent {
+    /// A failure of the round trip that carried the COMMIT.
+    fn sent(error: DbError) -> Self {
+        Self {
+            error,
+            unsent: false,
+        }
+    }
+}
+
+impl From<DbError> for Unsent {
+    fn from(error: DbError) -> Self {
+        Self {
+            error,
+            unsent: true,
         }
     }
 }

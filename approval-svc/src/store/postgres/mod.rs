@@ -275,16 +275,20 @@ fn transact_blocking<T>(
     body: &impl Fn(&PgTx<'_>) -> Result<T, Fail>,
 ) -> Result<T> {
     let mut attempt = 0;
+    // Whether the transaction ran again on a new connection after its connection was found
+    // closed before its COMMIT went out.
+    let mut reconnected = false;
     loop {
         attempt += 1;
-        let ran = (|| -> Result<Result<T, Error>, DbError> {
-            let client = db.client_blocking()?;
+        // A failure, and whether it came before the COMMIT went out.
+        let ran = (|| -> Result<Result<T, Error>, (DbError, bool)> {
+            let client = db.client_blocking().map_err(|e| (e, true))?;
             let tx = PgTx::begin(&client, instance, clock.now_ms());
             let outcome = body(&tx);
             let result = match outcome {
-                Ok(v) => tx.commit().map(|()| Ok(v)),
+                Ok(v) => tx.commit().map(|()| Ok(v)).map_err(|e| (e, false)),
                 Err(Fail::Rule(e)) => Ok(Err(e)),
-                Err(Fail::Db(e)) => Err(e),
+                Err(Fail::Db(e)) => Err((e, true)),
             };
             if !matches!(result, Ok(Ok(_))) {
                 tx.rollback();
@@ -293,11 +297,18 @@ fn transact_blocking<T>(
         })();
         match ran {
             Ok(outcome) => return outcome,
-            Err(DbError::Conflict(_)) if attempt < MAX_TRIES => {
+            Err((DbError::Conflict(_), _)) if attempt < MAX_TRIES => {
                 let micros = 100u64 << attempt.min(8);
                 std::thread::sleep(Duration::from_micros(fastrand::u64(0..=micros)));
             }
-            Err(e) => return Err(e.into()),
+            // A connection the server closed (it restarted) fails the first statement sent on
+            // it, and the pool does not lend it again; nothing was committed, since no COMMIT
+            // went out: the transaction runs again, once, on another connection.
+            Err((DbError::Unavailable(why), true)) if !reconnected => {
+                reconnected = true;
+                tracing::debug!(error = %why, "connection lost before commit; trying another");
+            }
+            Err((e, _)) => return Err(e.into()),
         }
     }
 }
