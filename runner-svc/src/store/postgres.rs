@@ -61,8 +61,8 @@ use std::{
 };
 
 use arbor_shared::postgres::{
-    ClientWrapper, Database, DbError, Dedicated, LazyBegin, Prepared, Schema, ServerClock,
-    tokio_postgres::types::ToSql, wait,
+    ClientWrapper, Database, DbError, Dedicated, LazyBegin, Patience, Prepared, Schema,
+    ServerClock, tokio_postgres::types::ToSql, wait,
 };
 
 use super::{
@@ -151,12 +151,14 @@ const MAX_TRIES: u32 = 200;
 /// Ids a replica takes from the sequence at once (the sequence's increment).
 const ID_BLOCK: u64 = 64;
 /// How long start-up waits for an unreachable database.
-const OPEN_PATIENCE: Duration = Duration::from_secs(30);
+pub const OPEN_PATIENCE: Duration = Duration::from_secs(30);
 
 impl From<DbError> for StoreError {
     fn from(e: DbError) -> Self {
         match e {
-            DbError::Unavailable(m) => StoreError::Unavailable(m),
+            // A login refused while serving (a password or role changed): as unreachable as a
+            // server that is down, until someone puts it right.
+            DbError::Unavailable(m) | DbError::Misconfigured(m) => StoreError::Unavailable(m),
             other => StoreError::Failed(other.to_string()),
         }
     }
@@ -174,9 +176,15 @@ impl From<DbError> for Fault {
 impl Store {
     /// Opens the runner's tables in the PostgreSQL database at `url`, creating or migrating
     /// them (under an advisory lock, so replicas starting together migrate once). Waits up to
-    /// 30 s for an unreachable database; refuses a schema newer than this binary's.
+    /// 30 s for an unreachable database; refuses a wrong login, a missing database and a
+    /// schema newer than this binary's at once.
     pub async fn open_postgres(url: &str) -> Result<Self, DbError> {
-        let db = Database::open(url, "arbor-runner", SCHEMA, SESSION, OPEN_PATIENCE).await?;
+        Self::open_postgres_with(url, Patience::Reachable(OPEN_PATIENCE)).await
+    }
+
+    /// [`open_postgres`](Self::open_postgres), waiting for the database as `patience` says.
+    pub async fn open_postgres_with(url: &str, patience: Patience) -> Result<Self, DbError> {
+        let db = Database::open(url, "arbor-runner", SCHEMA, SESSION, patience).await?;
         // The log's table, as this connection's `search_path` finds it: the event log that a
         // notification of events names (several runners' schemas may share one database, and
         // notifications go to the whole database).
