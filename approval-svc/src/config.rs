@@ -12,6 +12,10 @@ pub struct ServeConfig {
     pub data_dir: PathBuf,
     /// PostgreSQL URL of a store shared by replicas; `None`: the embedded store in `data_dir`.
     pub store_url: Option<String>,
+    /// On PostgreSQL: whether start-up waits for the database whatever the error, for as long
+    /// as it takes (`--store-wait-always`), instead of exiting on a refused login, a missing
+    /// database or a newer schema, and after 30 s of an unreachable server.
+    pub store_wait_always: bool,
     /// The runner's gRPC address (`http://host:port`).
     pub runner_url: String,
     /// Bearer token this service presents to the runner (role `service`).
@@ -43,6 +47,7 @@ impl ServeConfig {
         Self {
             data_dir: data_dir.into(),
             store_url: None,
+            store_wait_always: false,
             runner_url: runner_url.into(),
             runner_token: None,
             policy: Policy::default(),

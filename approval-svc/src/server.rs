@@ -57,12 +57,13 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     match cfg.store_url.clone() {
         Some(url) => {
-            serve(
-                cfg,
-                listener,
-                shutdown,
-                async move { PgStore::open(&url).await },
-            )
+            let patience = match cfg.store_wait_always {
+                true => arbor_shared::postgres::Patience::Always,
+                false => arbor_shared::postgres::Patience::Reachable(store::PG_OPEN_PATIENCE),
+            };
+            serve(cfg, listener, shutdown, async move {
+                PgStore::open_with(&url, patience).await
+            })
             .await
         }
         None => {

@@ -166,6 +166,11 @@ pub struct ServeArgs {
     /// by every replica, instead of the embedded store in `--data-dir`.
     #[arg(long, env = "ARBOR_STORE", hide_env_values = true)]
     pub store: Option<String>,
+    /// With `--store`: at start-up, wait for the database whatever the error, for as long as
+    /// it takes, instead of exiting on a refused login, a missing database or role, or a newer
+    /// schema (and after 30 s of a server that cannot be reached).
+    #[arg(long, env = "ARBOR_STORE_WAIT_ALWAYS")]
+    pub store_wait_always: bool,
     #[arg(long, env = "ARBOR_WORKERS", default_value_t = arbor_runner_svc::worker::DEFAULT_WORKERS)]
     pub workers: usize,
     #[arg(long, env = "ARBOR_LEASE_MS", default_value_t = 30_000)]
@@ -431,6 +436,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let cfg = ServeConfig {
         data_dir: args.data_dir,
         store_url: args.store,
+        store_wait_always: args.store_wait_always,
         workers: args.workers,
         lease: Duration::from_millis(args.lease_ms.max(100)),
         max_attempts: args.max_attempts.max(1),

@@ -45,6 +45,10 @@ pub struct ServeConfig {
     /// A PostgreSQL URL: the runner's state lives there, shared with other replicas, instead
     /// of in `data_dir`.
     pub store_url: Option<String>,
+    /// On PostgreSQL: whether start-up waits for the database whatever the error, for as long
+    /// as it takes (`--store-wait-always`), instead of exiting on a refused login, a missing
+    /// database or a newer schema, and after 30 s of an unreachable server.
+    pub store_wait_always: bool,
     pub workers: usize,
     pub lease: Duration,
     pub max_attempts: u32,
@@ -76,6 +80,7 @@ impl Default for ServeConfig {
         Self {
             data_dir: PathBuf::from("data/runner"),
             store_url: None,
+            store_wait_always: false,
             workers: 16,
             lease: Duration::from_secs(30),
             max_attempts: 5,
@@ -117,7 +122,7 @@ pub enum ServeError {
 /// inspect a stopped runner's data).
 pub async fn open_runner(cfg: &ServeConfig) -> Result<Arc<Runner>, ServeError> {
     let store = match &cfg.store_url {
-        Some(url) => Store::open_postgres(url).await?,
+        Some(url) => Store::open_postgres_with(url, store_patience(cfg.store_wait_always)).await?,
         None => Store::open_waiting(&cfg.data_dir, cfg.cache_bytes, LOCK_WAIT).await?,
     };
     let ledger = engine::LedgerTool::new(store.clone()).map_err(error::RunnerError::from)?;
@@ -136,6 +141,15 @@ pub async fn open_runner(cfg: &ServeConfig) -> Result<Arc<Runner>, ServeError> {
     };
     let clock = Arc::new(StoreClock::new(store.clone()));
     Ok(Runner::open(store, clock, tools, opts).await?)
+}
+
+/// How long start-up waits for the database: up to 30 s for a server that cannot be reached,
+/// or, with `always`, whatever the error for as long as it takes.
+fn store_patience(always: bool) -> arbor_shared::postgres::Patience {
+    match always {
+        true => arbor_shared::postgres::Patience::Always,
+        false => arbor_shared::postgres::Patience::Reachable(store::POSTGRES_OPEN_PATIENCE),
+    }
 }
 
 /// How long start-up waits for another process (a previous instance still flushing) to release

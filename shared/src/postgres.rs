@@ -64,8 +64,24 @@ pub enum DbError {
         found: i32,
         known: i32,
     },
+    /// The server refused this service's login or database for good (a wrong password, a
+    /// missing role or database): waiting will not change it, a person has to.
+    #[error("{0}")]
+    Misconfigured(String),
     #[error("database error: {0}")]
     Failed(String),
+}
+
+/// How long [`Database::open`] waits for a database it cannot open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Patience {
+    /// Waits this long for a server that cannot be reached (refused connections, timeouts, a
+    /// server starting or shutting down); fails at once when the server refuses the login or
+    /// the database, or holds a newer schema.
+    Reachable(Duration),
+    /// Waits for as long as it takes, whatever the error: for deployments that start the
+    /// services before their database, role or password is in place.
+    Always,
 }
 
 impl DbError {
@@ -81,6 +97,7 @@ impl From<tokio_postgres::Error> for DbError {
             None => e.to_string(),
         };
         match e.code() {
+            Some(c) if misconfigured_state(c) => Self::Misconfigured(misconfigured(c, &text)),
             Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE => Self::Conflict(text),
             Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED => Self::Conflict(text),
             Some(c) if *c == SqlState::UNIQUE_VIOLATION => Self::Conflict(text),
@@ -90,6 +107,24 @@ impl From<tokio_postgres::Error> for DbError {
             None => Self::Unavailable(text),
         }
     }
+}
+
+/// SQLSTATEs of a login the server refuses for good: a wrong password (28P01), a role that does
+/// not exist or may not log in, or no `pg_hba.conf` entry for it (28000), a database that does
+/// not exist (3D000).
+fn misconfigured_state(c: &SqlState) -> bool {
+    *c == SqlState::INVALID_PASSWORD
+        || *c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+        || *c == SqlState::INVALID_CATALOG_NAME
+}
+
+/// What a person reads of a refused login: what PostgreSQL said, and what to look at.
+fn misconfigured(c: &SqlState, said: &str) -> String {
+    let what = match *c == SqlState::INVALID_CATALOG_NAME {
+        true => "the database in the store URL does not exist",
+        false => "PostgreSQL refused the login of the store URL (check its user and password)",
+    };
+    format!("{what}: {said}")
 }
 
 /// SQLSTATEs that mean the server is going away or not taking connections.
@@ -153,13 +188,14 @@ impl Database {
     /// Connects to `url` and brings `schema` up to date under an advisory lock (replicas
     /// starting together migrate once). Every connection starts with the server `settings`
     /// (`name`, `value`), after any the URL's `options` give. Fails when the database is
-    /// unreachable (after `patience`), or when its schema is newer than this binary's.
+    /// unreachable (after `patience`), refuses the login or the database, or has a schema
+    /// newer than this binary's (unless `patience` is [`Patience::Always`]).
     pub async fn open(
         url: &str,
         app: &str,
         schema: Schema,
         settings: &[(&str, &str)],
-        patience: Duration,
+        patience: Patience,
     ) -> Result<Database, DbError> {
         let mut config: tokio_postgres::Config = url
             .parse()
@@ -204,16 +240,29 @@ impl Database {
             config,
             rt: Arc::new(Runtime(Some(rt))),
         };
-        let deadline = tokio::time::Instant::now() + patience;
+        let deadline = match patience {
+            Patience::Reachable(patience) => Some(tokio::time::Instant::now() + patience),
+            Patience::Always => None,
+        };
         let mut backoff = Duration::from_millis(100);
         loop {
             let migrated = {
                 let pool = db.pool.clone();
                 db.run(async move { migrate(&pool, schema).await }).await
             };
+            let waits = match (&migrated, deadline) {
+                (Ok(()), _) => false,
+                (Err(DbError::Unavailable(_)), Some(deadline)) => {
+                    tokio::time::Instant::now() < deadline
+                }
+                // A refused login, a missing database or a newer schema stays so until a person
+                // changes it; with `Patience::Always`, that person is on the way.
+                (Err(_), None) => true,
+                (Err(_), Some(_)) => false,
+            };
             match migrated {
-                Err(DbError::Unavailable(why)) if tokio::time::Instant::now() < deadline => {
-                    tracing::warn!(error = %why, "waiting for the database");
+                Err(e) if waits => {
+                    tracing::warn!(error = %e, "waiting for the database");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));
                 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use arbor_shared::postgres::{Database, Object, Schema};
+use arbor_shared::postgres::{Database, Object, Patience, Schema};
 use arbor_testkit::PgCluster;
 
 const SCHEMA: Schema = Schema {
@@ -35,7 +35,7 @@ async fn one_read_at_a_time_keeps_to_one_backend_after_a_burst() {
         "arbor-pool-test",
         SCHEMA,
         &[],
-        Duration::from_secs(10),
+        Patience::Reachable(Duration::from_secs(10)),
     )
     .await
     .unwrap();

@@ -117,6 +117,11 @@ pub struct ServeArgs {
     /// every replica, instead of the embedded store in `--data-dir`.
     #[arg(long, env = "ARBOR_STORE", hide_env_values = true)]
     pub store: Option<String>,
+    /// With `--store`: at start-up, wait for the database whatever the error, for as long as
+    /// it takes, instead of exiting on a refused login, a missing database or role, or a newer
+    /// schema (and after 30 s of a server that cannot be reached).
+    #[arg(long, env = "ARBOR_STORE_WAIT_ALWAYS")]
+    pub store_wait_always: bool,
     /// The runner's gRPC address.
     #[arg(
         long,
@@ -172,6 +177,7 @@ impl ServeArgs {
     pub fn config(&self) -> anyhow::Result<ServeConfig> {
         let mut cfg = ServeConfig::new(&self.data_dir, &self.runner);
         cfg.store_url = self.store.clone();
+        cfg.store_wait_always = self.store_wait_always;
         cfg.drain_grace = std::time::Duration::from_millis(self.drain_grace_ms);
         cfg.metrics_listen = self.metrics_listen;
         if let Some(name) = &self.replica_name {

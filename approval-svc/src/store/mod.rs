@@ -19,12 +19,12 @@ use arbor_shared::domain::ApprovalRequest;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-/// The backends `approval-svc serve` runs on: `open` opens the embedded one in the data
-/// directory, `PgStore::open` the one shared by replicas (`--store postgres://…`).
-pub use self::postgres::PgStore;
 /// Statements of the PostgreSQL store whose plans the tests check.
 #[doc(hidden)]
 pub use self::postgres::{ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN, OUTBOX_PAGE, RUNS_TO_CANCEL};
+/// The backends `approval-svc serve` runs on: `open` opens the embedded one in the data
+/// directory, `PgStore::open` the one shared by replicas (`--store postgres://…`).
+pub use self::postgres::{OPEN_PATIENCE as PG_OPEN_PATIENCE, PgStore};
 pub use self::sled::{SledStore, open};
 
 use crate::{

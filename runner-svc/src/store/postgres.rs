@@ -61,8 +61,8 @@ use std::{
 };
 
 use arbor_shared::postgres::{
-    ClientWrapper, Database, DbError, Dedicated, LazyBegin, Prepared, Schema, ServerClock,
-    tokio_postgres::types::ToSql, wait,
+    ClientWrapper, Database, DbError, Dedicated, LazyBegin, Patience, Prepared, Schema,
+    ServerClock, tokio_postgres::types::ToSql, wait,
 };
 
 use super::{
@@ -151,12 +151,14 @@ const MAX_TRIES: u32 = 200;
 /// Ids a replica takes from the sequence at once (the sequence's increment).
 const ID_BLOCK: u64 = 64;
 /// How long start-up waits for an unreachable database.
-const OPEN_PATIENCE: Duration = Duration::from_secs(30);
+pub const OPEN_PATIENCE: Duration = Duration::from_secs(30);
 
 impl From<DbError> for StoreError {
     fn from(e: DbError) -> Self {
         match e {
-            DbError::Unavailable(m) => StoreError::Unavailable(m),
+            // A login refused while serving (a password or role changed): as unreachable as a
+            // server that is down, until someone puts it right.
+            DbError::Unavailable(m) | DbError::Misconfigured(m) => StoreError::Unavailable(m),
             other => StoreError::Failed(other.to_string()),
         }
     }
@@ -174,9 +176,15 @@ impl From<DbError> for Fault {
 impl Store {
     /// Opens the runner's tables in the PostgreSQL database at `url`, creating or migrating
     /// them (under an advisory lock, so replicas starting together migrate once). Waits up to
-    /// 30 s for an unreachable database; refuses a schema newer than this binary's.
+    /// 30 s for an unreachable database; refuses a wrong login, a missing database and a
+    /// schema newer than this binary's at once.
     pub async fn open_postgres(url: &str) -> Result<Self, DbError> {
-        let db = Database::open(url, "arbor-runner", SCHEMA, SESSION, OPEN_PATIENCE).await?;
+        Self::open_postgres_with(url, Patience::Reachable(OPEN_PATIENCE)).await
+    }
+
+    /// [`open_postgres`](Self::open_postgres), waiting for the database as `patience` says.
+    pub async fn open_postgres_with(url: &str, patience: Patience) -> Result<Self, DbError> {
+        let db = Database::open(url, "arbor-runner", SCHEMA, SESSION, patience).await?;
         // The log's table, as this connection's `search_path` finds it: the event log that a
         // notification of events names (several runners' schemas may share one database, and
         // notifications go to the whole database).
@@ -356,7 +364,13 @@ fn committer_loop(
         // meanwhile: while another replica's batch holds the writer lock, this one's are
         // queueing, and they all go in when the turn comes, not into a batch after it.
         let locked = match lane.writer {
-            true => take_writer_lock(&mut own),
+            true => take_writer_lock(&mut own).or_else(|e| match e {
+                // The connection was closed while the thread had nothing to do (the server
+                // restarted): the `BEGIN` and `LOCK` changed nothing, and go again, once, on a
+                // new one. The batch fails only if the database cannot be reached now.
+                StoreError::Unavailable(_) => take_writer_lock(&mut own),
+                other => Err(other),
+            }),
             false => Ok(()),
         };
         while batch.len() < MAX_BATCH {
@@ -483,9 +497,12 @@ fn run_bodies(
     setup: Setup<'_>,
 ) -> Vec<Result<(), Failed>> {
     let mut attempt = 0;
+    // Whether the transaction ran again on a new connection after its connection was found
+    // closed before its COMMIT went out (see `Unsent`).
+    let mut reconnected = false;
     loop {
         attempt += 1;
-        let ran = (|| -> Result<Vec<Result<(), Failed>>, DbError> {
+        let ran = (|| -> Result<Vec<Result<(), Failed>>, Unsent> {
             let pooled;
             let (client, rt) = match conn {
                 Conn::Pool(db) => {
@@ -508,7 +525,7 @@ fn run_bodies(
                 let mark = tx.mark();
                 let outcome = body(&tx);
                 if let Some(e) = tx.fault() {
-                    return Err(e);
+                    return Err(e.into());
                 }
                 match outcome {
                     Ok(()) => outcomes.push(Ok(())),
@@ -516,20 +533,40 @@ fn run_bodies(
                         tx.undo_to(mark);
                         outcomes.push(Err(Failed::Aborted));
                     }
-                    Err(Abort::Conflict) => return Err(DbError::Conflict("body".into())),
+                    Err(Abort::Conflict) => return Err(DbError::Conflict("body".into()).into()),
                     Err(Abort::Storage(e)) => return Ok(all_failed(bodies.len(), &e)),
                 }
             }
-            tx.commit()?;
+            if client.is_closed() {
+                return Err(DbError::Unavailable("the connection is closed".into()).into());
+            }
+            tx.commit().map_err(Unsent::sent)?;
             Ok(outcomes)
         })();
         match ran {
             Ok(outcomes) => return outcomes,
-            Err(DbError::Conflict(_)) if attempt < MAX_TRIES => {
+            Err(Unsent {
+                error: DbError::Conflict(_),
+                ..
+            }) if attempt < MAX_TRIES => {
                 setup.conflicts.fetch_add(1, Ordering::Relaxed);
                 conflict_pause(attempt);
             }
-            Err(e) => {
+            // A connection the server closed (it restarted while the connection was idle)
+            // fails the first statement sent on it; nothing was committed, since no COMMIT
+            // went out: the transaction runs again, once, on a new connection. Only when that
+            // fails too is the database unreachable.
+            Err(Unsent {
+                error: DbError::Unavailable(why),
+                unsent: true,
+            }) if !reconnected => {
+                reconnected = true;
+                tracing::debug!(error = %why, "connection lost before commit; trying a new one");
+                if let Conn::Own(own) = conn {
+                    own.reset();
+                }
+            }
+            Err(Unsent { error: e, .. }) => {
                 // The connection may be unusable (the database restarted): the next batch
                 // makes a new one.
                 if let Conn::Own(own) = conn {
@@ -537,6 +574,32 @@ fn run_bodies(
                 }
                 return all_failed(bodies.len(), &StoreError::from(e));
             }
+        }
+    }
+}
+
+/// Why a transaction's try failed, and whether that was before its COMMIT went out (then the
+/// server cannot have applied any of it).
+struct Unsent {
+    error: DbError,
+    unsent: bool,
+}
+
+impl Unsent {
+    /// A failure of the round trip that carried the COMMIT.
+    fn sent(error: DbError) -> Self {
+        Self {
+            error,
+            unsent: false,
+        }
+    }
+}
+
+impl From<DbError> for Unsent {
+    fn from(error: DbError) -> Self {
+        Self {
+            error,
+            unsent: true,
         }
     }
 }

@@ -5,11 +5,14 @@
 //! transaction that conflicts runs again and is counted, a replica tells the others about the
 //! jobs it queued only when it has no idle worker for them, a durable batch that waited for
 //! another replica's turn of the event log takes every commit queued during the wait, and one
-//! that rolls back tells no replica that its events are durable.
+//! that rolls back tells no replica that its events are durable. The ledger's sequence is one for
+//! all replicas, in commit order (`ledger`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common;
+#[path = "postgres_races/ledger.rs"]
+mod ledger;
 
 use std::{
     sync::{

@@ -2,7 +2,9 @@
 //! clients read through both services: the reads wait for it, and nothing else does. Health
 //! checks are answered at once, and the reads finish once the database answers again. A read
 //! that waited on a runtime thread would stop the whole service once there are as many reads
-//! as threads: health checks, streams and every other RPC with it.
+//! as threads: health checks, streams and every other RPC with it. And a database server that
+//! restarts (immediate mode, as a crash): once the replicas say SERVING again, the first write
+//! on each of them answers OK, none of them handing it a connection the old server closed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -13,8 +15,11 @@ use arbor_testkit::PgCluster;
 use arbor_tests::{
     Profile, WAIT,
     clients::{approvals_as, runner_as},
+    flow::decide,
+    gate_tree,
     process::{Replicas, Service},
     proxy::Proxy,
+    secured::{register, submit, wait_approval},
 };
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
@@ -143,4 +148,54 @@ async fn reads_waiting_for_a_stalled_database_leave_the_services_answering() {
     replicas.runners[0].wait_serving(WAIT).await;
     replicas.approvals[0].wait_serving(WAIT).await;
     replicas.stop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_write_on_every_replica_after_a_database_restart_succeeds() {
+    let pg = PgCluster::start();
+    let mut replicas = Replicas::prepare(Profile::Debug, &pg.url(), (2, 2), vec![], vec![]);
+    replicas.start_all().await;
+    let runners: Vec<_> = replicas
+        .runner_urls()
+        .iter()
+        .map(|u| runner_as(u, None))
+        .collect();
+    let approvals: Vec<_> = (replicas.approval_urls().iter())
+        .map(|u| approvals_as(u, None))
+        .collect();
+    // One approval for each approval replica to decide after the restart.
+    register(&mut runners[0].clone(), gate_tree("restart", "failure")).await;
+    let mut pending = Vec::new();
+    for (i, runner) in runners.iter().enumerate() {
+        let run_id = format!("restart-{i}");
+        submit(&mut runner.clone(), "restart", &run_id).await;
+        pending.push(wait_approval(&approvals[i], &run_id, apb::ApprovalState::Pending).await);
+    }
+
+    tokio::task::block_in_place(|| pg.restart_immediate());
+    for s in replicas
+        .runners
+        .iter_mut()
+        .chain(replicas.approvals.iter_mut())
+    {
+        s.wait_serving(WAIT).await;
+    }
+    // Each replica's first write, once: neither helper retries.
+    for (i, runner) in runners.iter().enumerate() {
+        register(
+            &mut runner.clone(),
+            gate_tree(&format!("after-restart-{i}"), "failure"),
+        )
+        .await;
+    }
+    for (approval, a) in pending.iter().zip(&approvals) {
+        decide(
+            &mut a.clone(),
+            &approval.request_id,
+            rpb::DecisionKind::Approve,
+            None,
+        )
+        .await;
+    }
+    assert!(replicas.stop_all().await.is_empty());
 }

@@ -1,15 +1,23 @@
-//! The schema on PostgreSQL, with real processes: replicas of both services starting together
-//! on an empty database migrate it once and all serve; a database that a newer release
+//! The schema and start-up on PostgreSQL, with real processes: replicas of both services starting
+//! together on an empty database migrate it once and all serve; a database that a newer release
 //! migrated is refused at start-up with a message naming both versions, and left as it was;
-//! an older release's database is brought up to date.
+//! an older release's database is brought up to date. A login the server refuses (a wrong
+//! password, a missing role) or a missing database ends start-up at once, non-zero, with a line
+//! naming it, unless `--store-wait-always` asks to wait; a server that comes up late is waited
+//! for, and then served.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use arbor_testkit::PgCluster;
-use arbor_tests::{Profile, WAIT, process::Replicas};
+use arbor_tests::{
+    Profile, WAIT, eventually,
+    process::{Replicas, Service},
+};
 
 /// The line a service logs for each migration it applies.
 const MIGRATED: &str = "schema migrated";
+/// The line a service logs while it waits for the database at start-up.
+const WAITING: &str = "waiting for the database";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_migrate_once_a_newer_schema_is_refused_and_an_older_one_upgraded() {
@@ -110,5 +118,117 @@ async fn replicas_migrate_once_a_newer_schema_is_refused_and_an_older_one_upgrad
              IN (('approval_records', 'record'), ('approval_audit', 'entry'))"),
         "text text"
     );
+    assert!(r.stop_all().await.is_empty());
+}
+
+/// One runner and one approval-svc on `url`, not started, with `args` besides.
+fn pair(url: &str, args: &[&str]) -> Replicas {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    Replicas::prepare(Profile::Debug, url, (1, 1), args.clone(), args)
+}
+
+fn both(r: &mut Replicas) -> [&mut Service; 2] {
+    let (runners, approvals) = (&mut r.runners, &mut r.approvals);
+    [&mut runners[0], &mut approvals[0]]
+}
+
+/// Waits until `service` has logged `line` since its start.
+async fn logged(service: &Service, line: &str) {
+    let what = format!("{:?} to log {line:?}", service.kind);
+    eventually(&what, WAIT, || async move {
+        service.log_since_start().contains(line).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_login_or_a_missing_database_ends_start_up_at_once_unless_told_to_wait() {
+    let cluster = PgCluster::shared();
+    let url = cluster.fresh_database("misconfigured");
+    let server = format!("127.0.0.1:{}", cluster.port());
+    let db = url.rsplit('/').next().unwrap().to_string();
+    // A role that logs in with a password: the cluster trusts every other login.
+    cluster
+        .psql(
+            &url,
+            "CREATE ROLE arbor_pw LOGIN SUPERUSER PASSWORD 'right'",
+        )
+        .unwrap();
+    let hba = cluster.data_dir().join("pg_hba.conf");
+    let rules = std::fs::read_to_string(&hba).unwrap();
+    std::fs::write(
+        &hba,
+        format!("host all arbor_pw 127.0.0.1/32 scram-sha-256\n{rules}"),
+    )
+    .unwrap();
+    cluster.psql(&url, "SELECT pg_reload_conf()").unwrap();
+    let wrong_password = format!("postgres://arbor_pw:wrong@{server}/{db}");
+
+    for (store, said) in [
+        (
+            wrong_password.clone(),
+            "PostgreSQL refused the login of the store URL (check its user and password): \
+             28P01: password authentication failed for user \"arbor_pw\"",
+        ),
+        (
+            format!("postgres://nobody_here@{server}/{db}"),
+            "PostgreSQL refused the login of the store URL (check its user and password): \
+             28000: role \"nobody_here\" does not exist",
+        ),
+        (
+            format!("postgres://arbor@{server}/no_such_database"),
+            "the database in the store URL does not exist: 3D000: database \
+             \"no_such_database\" does not exist",
+        ),
+    ] {
+        let mut r = pair(&store, &[]);
+        for s in both(&mut r) {
+            s.spawn();
+            let code = s.wait_exit(WAIT).await;
+            let log = s.log_since_start();
+            assert!(
+                matches!(code, Some(c) if c != 0),
+                "{:?}: exit {code:?}; log:\n{log}",
+                s.kind
+            );
+            let last = log.lines().last().unwrap_or_default();
+            assert!(
+                last.starts_with("error: ") && last.ends_with(said),
+                "{:?} did not end with {said:?}; log:\n{log}",
+                s.kind
+            );
+            assert!(!log.contains(WAITING), "{:?} waited; log:\n{log}", s.kind);
+        }
+    }
+
+    // Told to wait, both wait through the refusals, and serve once the password is right.
+    let mut r = pair(&wrong_password, &["--store-wait-always"]);
+    for s in both(&mut r) {
+        s.spawn();
+        logged(s, "28P01").await;
+        logged(s, WAITING).await;
+    }
+    cluster
+        .psql(&url, "ALTER ROLE arbor_pw PASSWORD 'wrong'")
+        .unwrap();
+    for s in both(&mut r) {
+        s.wait_serving(WAIT).await;
+    }
+    assert!(r.stop_all().await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_server_that_comes_up_late_is_waited_for_then_served() {
+    let cluster = PgCluster::start();
+    tokio::task::block_in_place(|| cluster.stop_immediate());
+    let mut r = pair(&cluster.url(), &[]);
+    for s in both(&mut r) {
+        s.spawn();
+        logged(s, WAITING).await;
+    }
+    tokio::task::block_in_place(|| cluster.start_again());
+    for s in both(&mut r) {
+        s.wait_serving(WAIT).await;
+    }
     assert!(r.stop_all().await.is_empty());
 }

@@ -35,7 +35,7 @@ use std::{
 
 use arbor_shared::{
     domain::ApprovalRequest,
-    postgres::{Database, DbError, Prepared, ServerClock, wait},
+    postgres::{Database, DbError, Patience, Prepared, ServerClock, wait},
 };
 use serde::{Serialize, de::DeserializeOwned};
 use tokio::sync::{mpsc, watch};
@@ -107,7 +107,7 @@ pub const RUNS_TO_CANCEL: &str = concat!(
 /// {request_id}"` (an empty id: "look at everything").
 const CHANNEL: &str = "arbor_approvals";
 /// How long start-up waits for an unreachable database.
-const OPEN_PATIENCE: Duration = Duration::from_secs(30);
+pub const OPEN_PATIENCE: Duration = Duration::from_secs(30);
 /// How often the database's reachability is probed (health).
 const HEALTH_PERIOD: Duration = Duration::from_secs(1);
 /// Tries of a transaction that keeps conflicting before it fails.
@@ -141,7 +141,9 @@ const CURSOR_AT_KEY: &str = "subscriber_cursor_at";
 impl From<DbError> for Error {
     fn from(e: DbError) -> Self {
         match e {
-            DbError::Unavailable(m) => Error::Unavailable(m),
+            // A login refused while serving (a password or role changed): as unreachable as a
+            // server that is down, until someone puts it right.
+            DbError::Unavailable(m) | DbError::Misconfigured(m) => Error::Unavailable(m),
             other => Error::Storage(other.to_string()),
         }
     }
@@ -184,9 +186,15 @@ impl std::fmt::Debug for PgStore {
 impl PgStore {
     /// Opens the approval tables in the database at `url`, creating or migrating them (once,
     /// under an advisory lock, when replicas start together). Waits up to 30 s for an
-    /// unreachable database; refuses a schema newer than this binary's.
+    /// unreachable database; refuses a wrong login, a missing database and a schema newer than
+    /// this binary's at once.
     pub async fn open(url: &str) -> Result<PgStore> {
-        let db = Database::open(url, "arbor-approval", schema::SCHEMA, &[], OPEN_PATIENCE)
+        Self::open_with(url, Patience::Reachable(OPEN_PATIENCE)).await
+    }
+
+    /// [`open`](Self::open), waiting for the database as `patience` says.
+    pub async fn open_with(url: &str, patience: Patience) -> Result<PgStore> {
+        let db = Database::open(url, "arbor-approval", schema::SCHEMA, &[], patience)
             .await
             .map_err(|e| match e {
                 DbError::Unavailable(m) => Error::Unavailable(m),
@@ -275,16 +283,20 @@ fn transact_blocking<T>(
     body: &impl Fn(&PgTx<'_>) -> Result<T, Fail>,
 ) -> Result<T> {
     let mut attempt = 0;
+    // Whether the transaction ran again on a new connection after its connection was found
+    // closed before its COMMIT went out.
+    let mut reconnected = false;
     loop {
         attempt += 1;
-        let ran = (|| -> Result<Result<T, Error>, DbError> {
-            let client = db.client_blocking()?;
+        // A failure, and whether it came before the COMMIT went out.
+        let ran = (|| -> Result<Result<T, Error>, (DbError, bool)> {
+            let client = db.client_blocking().map_err(|e| (e, true))?;
             let tx = PgTx::begin(&client, instance, clock.now_ms());
             let outcome = body(&tx);
             let result = match outcome {
-                Ok(v) => tx.commit().map(|()| Ok(v)),
+                Ok(v) => tx.commit().map(|()| Ok(v)).map_err(|e| (e, false)),
                 Err(Fail::Rule(e)) => Ok(Err(e)),
-                Err(Fail::Db(e)) => Err(e),
+                Err(Fail::Db(e)) => Err((e, true)),
             };
             if !matches!(result, Ok(Ok(_))) {
                 tx.rollback();
@@ -293,11 +305,18 @@ fn transact_blocking<T>(
         })();
         match ran {
             Ok(outcome) => return outcome,
-            Err(DbError::Conflict(_)) if attempt < MAX_TRIES => {
+            Err((DbError::Conflict(_), _)) if attempt < MAX_TRIES => {
                 let micros = 100u64 << attempt.min(8);
                 std::thread::sleep(Duration::from_micros(fastrand::u64(0..=micros)));
             }
-            Err(e) => return Err(e.into()),
+            // A connection the server closed (it restarted) fails the first statement sent on
+            // it, and the pool does not lend it again; nothing was committed, since no COMMIT
+            // went out: the transaction runs again, once, on another connection.
+            Err((DbError::Unavailable(why), true)) if !reconnected => {
+                reconnected = true;
+                tracing::debug!(error = %why, "connection lost before commit; trying another");
+            }
+            Err((e, _)) => return Err(e.into()),
         }
     }
 }

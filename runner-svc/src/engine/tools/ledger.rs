@@ -4,15 +4,17 @@
 use serde_json::{Value as Json, json};
 
 use super::{Tool, ToolCall, ToolError};
-use crate::store::{Store, StoreError, T, Value};
+use crate::store::{Abort, Store, StoreError, T, TxError, codec::read_u64};
+
+/// `meta` key of the ledger's sequence: the `seq` of the last record written, one row shared by
+/// every replica of the store.
+pub const LEDGER_SEQ: &[u8] = b"ledger_seq";
 
 /// Appends `args.entry` (or the whole args when there is no `entry`) under the call's idempotency
 /// key. A second append with the same key returns the first receipt and writes nothing.
 #[derive(Clone)]
 pub struct LedgerTool {
     store: Store,
-    /// Records written so far, counted once at start and kept in step with every append.
-    appended: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for LedgerTool {
@@ -21,20 +23,43 @@ impl std::fmt::Debug for LedgerTool {
     }
 }
 
+/// What an append found: its key new (then written), or the first receipt under it.
+enum Appended {
+    New(Json),
+    Stored(Vec<u8>),
+}
+
 impl LedgerTool {
     /// The ledger in `store`'s ledger table. Each record is a transaction of its own, so it is
     /// durable no later than the checkpoint that holds its receipt, whose commit waits for
     /// everything committed before it.
+    ///
+    /// A ledger written before the sequence had a row of its own (each process counted its
+    /// records) gets the row now, at the highest `seq` its receipts hold, so that no later
+    /// record goes below one of them.
     pub fn new(store: Store) -> Result<Self, StoreError> {
-        let mut appended = 0;
-        for entry in store.tree(T::Ledger).iter().keys() {
-            entry?;
-            appended += 1;
+        if store.tree(T::Meta).get(LEDGER_SEQ)?.is_none() {
+            let mut highest = 0;
+            for value in store.tree(T::Ledger).all().values() {
+                let receipt: Json = serde_json::from_slice(&value?).unwrap_or(Json::Null);
+                highest = highest.max(receipt["seq"].as_u64().unwrap_or(0));
+            }
+            // Replicas starting together may both get here: each raises it, none lowers it.
+            store
+                .transact(|tx| {
+                    let meta = tx.tree(T::Meta);
+                    let now = meta.get(LEDGER_SEQ)?.map_or(0, |v| read_u64(&v));
+                    if now < highest {
+                        meta.insert(LEDGER_SEQ, highest.to_be_bytes())?;
+                    }
+                    Ok::<_, Abort<()>>(())
+                })
+                .map_err(|e| match e {
+                    TxError::Storage(e) => e,
+                    TxError::Abort(()) => StoreError::Failed("the ledger's sequence".into()),
+                })?;
         }
-        Ok(Self {
-            store,
-            appended: std::sync::Arc::new(appended.into()),
-        })
+        Ok(Self { store })
     }
 
     /// (idempotency key, stored receipt) in key order.
@@ -54,14 +79,6 @@ impl LedgerTool {
     pub fn count(&self) -> usize {
         self.entries().len()
     }
-
-    /// Writes `value` under `key` unless the key holds a value already, which it returns.
-    fn insert_new(&self, key: &[u8], value: Vec<u8>) -> Result<Option<Value>, String> {
-        self.store
-            .tree(T::Ledger)
-            .insert_new(key, value)
-            .map_err(|e| e.to_string())
-    }
 }
 
 impl Tool for LedgerTool {
@@ -69,42 +86,92 @@ impl Tool for LedgerTool {
         "ledger.append"
     }
 
+    /// One serialisable transaction reads the key and the sequence's row, and, for a new key,
+    /// writes the record and the row moved on by one. Every append writes that one row, so of
+    /// two that overlap (on any replica) one conflicts and runs again after the other's commit:
+    /// a record committed later has a higher `seq`, and no two share one.
     fn call(&self, call: &ToolCall) -> Result<Json, ToolError> {
         let key = call.idempotency_key.as_bytes();
-        // A stored receipt is answered as it is; one that does not decode is an error.
-        let stored = |bytes: &[u8]| {
-            serde_json::from_slice(bytes).map_err(|e| ToolError::Storage(e.to_string()))
-        };
         let entry = call
             .args
             .get("entry")
             .cloned()
             .unwrap_or_else(|| call.args.clone());
-        let seq = self
-            .appended
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-            + 1;
-        let receipt = json!({
-            "key": call.idempotency_key,
-            "seq": seq,
-            "entry": entry,
-        });
-        let bytes = serde_json::to_vec(&receipt).map_err(|e| ToolError::Storage(e.to_string()))?;
-        // One write, no read ahead of it: a key that holds a receipt already (a step run
-        // again, two callers racing) keeps it and answers it, and the sequence number taken
-        // here is given back unless a later one was taken meanwhile (then it goes unused:
-        // `seq` orders receipts, it does not count them).
-        match self.insert_new(key, bytes).map_err(ToolError::Storage)? {
-            None => Ok(receipt),
-            Some(first) => {
-                let _ = self.appended.compare_exchange(
-                    seq,
-                    seq - 1,
-                    std::sync::atomic::Ordering::SeqCst,
-                    std::sync::atomic::Ordering::SeqCst,
-                );
-                stored(&first)
+        let appended = self.store.transact(|tx| {
+            tx.prefetch(&[(T::Ledger, key), (T::Meta, LEDGER_SEQ)])?;
+            if let Some(first) = tx.tree(T::Ledger).get(key)? {
+                return Ok(Appended::Stored(first));
             }
+            let meta = tx.tree(T::Meta);
+            let seq = meta.get(LEDGER_SEQ)?.map_or(0, |v| read_u64(&v)) + 1;
+            let receipt = json!({
+                "key": call.idempotency_key,
+                "seq": seq,
+                "entry": entry,
+            });
+            let bytes = serde_json::to_vec(&receipt)
+                .map_err(|e| Abort::Domain(ToolError::Storage(e.to_string())))?;
+            meta.insert(LEDGER_SEQ, seq.to_be_bytes())?;
+            tx.tree(T::Ledger).insert(key, bytes)?;
+            Ok(Appended::New(receipt))
+        });
+        match appended {
+            Ok(Appended::New(receipt)) => Ok(receipt),
+            // A stored receipt is answered as it is; one that does not decode is an error.
+            Ok(Appended::Stored(first)) => {
+                serde_json::from_slice(&first).map_err(|e| ToolError::Storage(e.to_string()))
+            }
+            Err(TxError::Abort(e)) => Err(e),
+            Err(TxError::Storage(e)) => Err(ToolError::Storage(e.to_string())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn append(ledger: &LedgerTool, key: &str) -> Json {
+        let call = ToolCall {
+            tool: "ledger.append".into(),
+            args: json!({"entry": key}),
+            run_id: "run".into(),
+            tool_call_id: key.into(),
+            idempotency_key: format!("run:{key}"),
+        };
+        ledger.call(&call).unwrap()
+    }
+
+    /// On the embedded store too, the sequence is kept in the store: it goes on past a reopen
+    /// and past the receipts a ledger without the sequence's row holds.
+    #[test]
+    fn seq_goes_on_across_a_reopen_and_past_receipts_written_before_it_had_a_row() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path(), 1 << 20).unwrap();
+            let old = json!({"key": "run:old", "seq": 41, "entry": "old"});
+            store
+                .tree(T::Ledger)
+                .insert_new("run:old", serde_json::to_vec(&old).unwrap())
+                .unwrap();
+            let ledger = LedgerTool::new(store).unwrap();
+            assert_eq!(append(&ledger, "a")["seq"], 42);
+            assert_eq!(append(&ledger, "b")["seq"], 43);
+            let first = append(&ledger, "a");
+            assert_eq!((first["seq"].clone(), ledger.count()), (json!(42), 3));
+        }
+        // The store closed above may still be letting go of its files.
+        let reopened = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(Store::open_waiting(
+                dir.path(),
+                1 << 20,
+                std::time::Duration::from_secs(10),
+            ))
+            .unwrap();
+        let ledger = LedgerTool::new(reopened).unwrap();
+        assert_eq!(append(&ledger, "c")["seq"], 44);
     }
 }
