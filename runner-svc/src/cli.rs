@@ -849,7 +849,9 @@ fn event_line(e: &pb::Event) -> String {
             EventDetail::SuspensionWithdrawn { request_id, reason } => {
                 format!("request={request_id} reason={reason:?}")
             }
-            EventDetail::TaskDispatched { task, .. } | EventDetail::TaskCompleted { task } => {
+            EventDetail::TaskDispatched { task, .. }
+            | EventDetail::TaskCompleted { task }
+            | EventDetail::TaskReleased { task, .. } => {
                 format!(
                     "task={} type={} attempt={} worker={}",
                     task.task_id, task.task_type, task.attempt, task.worker_id

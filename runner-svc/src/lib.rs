@@ -152,6 +152,15 @@ fn store_patience(always: bool) -> arbor_shared::postgres::Patience {
     }
 }
 
+/// The store the runner keeps its state in, for the log: the data dir of the embedded store, or
+/// `postgres` (never the URL: it may hold a password; no data dir is used then).
+fn store_name(cfg: &ServeConfig) -> String {
+    match &cfg.store_url {
+        Some(_) => "postgres".to_string(),
+        None => format!("sled:{}", cfg.data_dir.display()),
+    }
+}
+
 /// How long start-up waits for another process (a previous instance still flushing) to release
 /// the database lock before giving up.
 const LOCK_WAIT: Duration = Duration::from_secs(10);
@@ -170,7 +179,7 @@ pub async fn run(
     let health = tonic_health::server::health_reporter();
     let mut front =
         Front::start_with(listener, health, cfg.max_in_flight, cfg.tls.clone(), true).await?;
-    tracing::info!(addr = ?front.addr, data_dir = %cfg.data_dir.display(), "runner-svc recovering (health NOT_SERVING)");
+    tracing::info!(addr = ?front.addr, store = %store_name(&cfg), "runner-svc recovering (health NOT_SERVING)");
     let mut shutdown = Box::pin(shutdown);
     let opened = tokio::select! {
         r = open_runner(&cfg) => Some(r),

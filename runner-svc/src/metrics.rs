@@ -129,4 +129,11 @@ fn tasks(runner: &Runner, s: &mut Samples) {
         &[],
         read(&m.lease_expiries),
     );
+    s.counter(
+        "arbor_runner_task_releases",
+        "Task leases their workers gave back (ReleaseTask, e.g. while draining): queued again \
+         without spending an attempt.",
+        &[],
+        read(&m.released),
+    );
 }

@@ -153,7 +153,7 @@ enum_map!(EventKind <=> EventKind {
     RunSucceeded = RunSucceeded, RunFailed = RunFailed, RunCancelled = RunCancelled,
     RunSuperseded = RunSuperseded, JobDeadLettered = JobDeadLettered,
     SuspensionWithdrawn = SuspensionWithdrawn, TaskDispatched = TaskDispatched,
-    TaskCompleted = TaskCompleted, TaskFailed = TaskFailed,
+    TaskCompleted = TaskCompleted, TaskFailed = TaskFailed, TaskReleased = TaskReleased,
 });
 
 impl From<&ApprovalRequest> for pb::ApprovalRequested {
@@ -375,6 +375,14 @@ impl From<&Event> for pb::Event {
                 retry_at: (*retry_at_ms > 0).then(|| ts(*retry_at_ms)).flatten(),
                 request_id: task.request_id.clone(),
             }),
+            EventDetail::TaskReleased { task, reason } => D::TaskReleased(pb::TaskReleased {
+                task_id: task.task_id.clone(),
+                task_type: task.task_type.clone(),
+                attempt: task.attempt,
+                worker_id: task.worker_id.clone(),
+                request_id: task.request_id.clone(),
+                reason: reason.clone(),
+            }),
         };
         Self {
             seq: e.seq,
@@ -521,6 +529,16 @@ impl TryFrom<&pb::Event> for Event {
                 code: d.code.clone(),
                 will_retry: d.will_retry,
                 retry_at_ms: d.retry_at.as_ref().map(from_timestamp).unwrap_or(0),
+            },
+            D::TaskReleased(d) => EventDetail::TaskReleased {
+                task: task_ref(
+                    &d.task_id,
+                    &d.task_type,
+                    d.attempt,
+                    &d.worker_id,
+                    &d.request_id,
+                ),
+                reason: d.reason.clone(),
             },
         };
         Ok(Self {

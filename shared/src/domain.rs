@@ -286,6 +286,7 @@ pub enum EventKind {
     TaskDispatched,
     TaskCompleted,
     TaskFailed,
+    TaskReleased,
 }
 
 /// One durable event-log entry.
@@ -383,6 +384,12 @@ pub enum EventDetail {
         /// When the next attempt may be dispatched (0 when none).
         retry_at_ms: u64,
     },
+    /// A worker gave a leased task back: queued again at once, no attempt spent. (Last, so
+    /// stored events of older builds keep their variant numbers.)
+    TaskReleased {
+        task: TaskRef,
+        reason: String,
+    },
 }
 
 /// Which task and attempt an event is about.
@@ -453,6 +460,7 @@ impl EventDetail {
             Self::TaskDispatched { .. } => EventKind::TaskDispatched,
             Self::TaskCompleted { .. } => EventKind::TaskCompleted,
             Self::TaskFailed { .. } => EventKind::TaskFailed,
+            Self::TaskReleased { .. } => EventKind::TaskReleased,
         }
     }
 }

@@ -3,6 +3,21 @@
 //! list's) is refused with INVALID_ARGUMENT instead of being read as a place in the list, which
 //! would answer OK with a page that looks like the end.
 
+/// Rows of a page when a List RPC's `page_size` is 0.
+pub const DEFAULT_SIZE: usize = 100;
+/// The most rows a page holds; a larger `page_size` is clamped to it (the proto's "at most
+/// 1000"), the same in every List RPC of both services.
+pub const MAX_SIZE: usize = 1000;
+
+/// Rows of a page for a requested `page_size`: 0 means [`DEFAULT_SIZE`], more than
+/// [`MAX_SIZE`] is clamped to it.
+pub fn size(requested: u32) -> usize {
+    match requested as usize {
+        0 => DEFAULT_SIZE,
+        n => n.min(MAX_SIZE),
+    }
+}
+
 /// The token that continues `list` after `last_key`.
 pub fn token(list: &str, last_key: &[u8]) -> String {
     let mut out = hex::encode(last_key);
@@ -33,6 +48,15 @@ fn checksum(list: &str, key: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_default_and_clamp() {
+        assert_eq!(size(0), DEFAULT_SIZE);
+        assert_eq!(size(1), 1);
+        assert_eq!(size(1000), 1000);
+        assert_eq!(size(1001), MAX_SIZE);
+        assert_eq!(size(u32::MAX), MAX_SIZE);
+    }
 
     #[test]
     fn tokens_round_trip_and_foreign_ones_are_refused() {

@@ -25,8 +25,8 @@ use crate::{
 const READERS: &[Role] = &[Role::Approver, Role::Operator, Role::Service];
 const DECIDERS: &[Role] = &[Role::Approver, Role::Operator];
 
-pub const DEFAULT_PAGE_SIZE: usize = 100;
-pub const MAX_PAGE_SIZE: usize = 1000;
+/// The most ids one bulk decision names or selects: a page's worth.
+pub const MAX_PAGE_SIZE: usize = arbor_shared::page::MAX_SIZE;
 
 pub struct ApprovalApi<S> {
     approvals: Approvals<S>,
@@ -72,14 +72,6 @@ fn require(p: &Principal, roles: &[Role], action: &'static str) -> Result<()> {
     })
 }
 
-/// 0 means the default; larger than the maximum is clamped to it.
-fn page_size(requested: u32) -> usize {
-    match requested as usize {
-        0 => DEFAULT_PAGE_SIZE,
-        n => n.min(MAX_PAGE_SIZE),
-    }
-}
-
 fn token(t: &str) -> Option<&str> {
     (!t.is_empty()).then_some(t)
 }
@@ -112,7 +104,7 @@ impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
         let filter = filter_from_pb(r.filter.as_ref(), "filter")?;
         let page = self.store().list(
             &filter,
-            page_size(r.page_size),
+            arbor_shared::page::size(r.page_size),
             token(&r.page_token),
             self.store().now_ms(),
         )?;
@@ -257,9 +249,11 @@ impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
                 .into());
             }
         };
-        let page = self
-            .store()
-            .audit(&query, page_size(r.page_size), token(&r.page_token))?;
+        let page = self.store().audit(
+            &query,
+            arbor_shared::page::size(r.page_size),
+            token(&r.page_token),
+        )?;
         Ok(Response::new(pb::GetAuditLogResponse {
             entries: page.items.iter().map(Into::into).collect(),
             next_page_token: page.next.unwrap_or_default(),

@@ -62,6 +62,29 @@ fn check_text(field: &str, value: &str) -> Result<(), RunnerError> {
     Ok(())
 }
 
+/// The longest task type pattern, in bytes (task type names are at most 128 characters too).
+const MAX_PATTERN: usize = 128;
+
+/// One task type pattern: `*` and `?` only, what every worker helper can match too.
+fn pattern(field: &str, p: &str) -> Result<Glob, RunnerError> {
+    if p.is_empty() || p.len() > MAX_PATTERN {
+        return Err(RunnerError::invalid(
+            field,
+            format!(
+                "a task type pattern must be 1-{MAX_PATTERN} bytes (this one has {})",
+                p.len()
+            ),
+        ));
+    }
+    if p.contains(['[', ']', '{', '}', '\\']) {
+        return Err(RunnerError::invalid(
+            field,
+            "only `*` (any run of characters) and `?` (one character) are supported",
+        ));
+    }
+    Glob::new(p).map_err(|e| RunnerError::invalid(field, e.to_string()))
+}
+
 fn globs(field: &str, patterns: &[String]) -> Result<GlobSet, RunnerError> {
     if patterns.is_empty() || patterns.len() > MAX_TYPES {
         return Err(RunnerError::invalid(
@@ -71,22 +94,7 @@ fn globs(field: &str, patterns: &[String]) -> Result<GlobSet, RunnerError> {
     }
     let mut set = GlobSetBuilder::new();
     for (i, p) in patterns.iter().enumerate() {
-        if p.is_empty() || p.len() > 128 {
-            return Err(RunnerError::invalid(
-                &format!("{field}[{i}]"),
-                "must be 1-128 bytes",
-            ));
-        }
-        // `*` and `?` only: what every worker helper can match too.
-        if p.contains(['[', ']', '{', '}', '\\']) {
-            return Err(RunnerError::invalid(
-                &format!("{field}[{i}]"),
-                "only `*` (any run of characters) and `?` (one character) are supported",
-            ));
-        }
-        let glob = Glob::new(p)
-            .map_err(|e| RunnerError::invalid(&format!("{field}[{i}]"), e.to_string()))?;
-        set.add(glob);
+        set.add(pattern(&format!("{field}[{i}]"), p)?);
     }
     set.build()
         .map_err(|e| RunnerError::invalid(field, e.to_string()))
@@ -393,6 +401,25 @@ impl WorkerService for WorkerGrpc {
         }))
     }
 
+    async fn release_task(
+        &self,
+        req: Request<pb::ReleaseTaskRequest>,
+    ) -> Res<pb::ReleaseTaskResponse> {
+        principal_of(&req).require(WORKER_ROLES, "release tasks")?;
+        let r = req.into_inner();
+        fenced(&r.task_id, &r.lease_token)?;
+        check_text("reason", &r.reason)?;
+        let out = self
+            .runner
+            .release_task(&r.task_id, &r.lease_token, &r.reason)
+            .await?;
+        Ok(Response::new(pb::ReleaseTaskResponse {
+            accepted: out.accepted,
+            reason: out.reason,
+            attempt: out.attempt,
+        }))
+    }
+
     async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Res<pb::ListTasksResponse> {
         principal_of(&req).require(&[Role::Operator, Role::Service, Role::Worker], "list tasks")?;
         let r = req.into_inner();
@@ -403,11 +430,7 @@ impl WorkerService for WorkerGrpc {
             .collect::<Result<Vec<_>, _>>()?;
         let task_type = match r.task_type.as_str() {
             "" => None,
-            p => Some(
-                Glob::new(p)
-                    .map_err(|e| RunnerError::invalid("task_type", e.to_string()))?
-                    .compile_matcher(),
-            ),
+            p => Some(pattern("task_type", p)?.compile_matcher()),
         };
         let filter = TaskFilter {
             states,

@@ -54,15 +54,6 @@ pub struct JobPage {
     pub next_page_token: String,
 }
 
-/// Page sizes: 0 means 100, more than 1000 is refused.
-pub(crate) fn page_size(n: u32) -> Result<usize, RunnerError> {
-    match n {
-        0 => Ok(100),
-        1..=1000 => Ok(n as usize),
-        _ => Err(RunnerError::invalid("page_size", "must be at most 1000")),
-    }
-}
-
 impl Runner {
     pub fn get_run(&self, run_id: &str) -> Result<RunView, RunnerError> {
         submit::check_id("run_id", run_id)?;
@@ -95,7 +86,7 @@ impl Runner {
         page_size_req: u32,
         page_token: &str,
     ) -> Result<RunPage, RunnerError> {
-        let limit = page_size(page_size_req)?;
+        let limit = page::size(page_size_req);
         let page_token = &after_token(RUNS, page_token)?;
         let matches = |r: &RunRecord| {
             (filter.tree_id.is_empty() || r.tree_id == filter.tree_id)
@@ -155,7 +146,7 @@ impl Runner {
         page_size_req: u32,
         page_token: &str,
     ) -> Result<JobPage, RunnerError> {
-        let limit = page_size(page_size_req)?;
+        let limit = page::size(page_size_req);
         let after = after_token(JOBS, page_token)?;
         let mut jobs = self.mailbox.list(filter, &after, limit + 1)?;
         let more = jobs.len() > limit;

@@ -104,7 +104,7 @@ impl Runner {
         self.task_ends.subscribe()
     }
 
-    fn lease_ended(&self, task_id: &str) {
+    pub(crate) fn lease_ended(&self, task_id: &str) {
         let _ = self.task_ends.send(task_id.to_string());
     }
 
@@ -498,7 +498,7 @@ impl Runner {
         }
     }
 
-    fn after_task_change(&self) {
+    pub(crate) fn after_task_change(&self) {
         self.notify_tasks();
         self.wake_workers();
     }
@@ -510,11 +510,7 @@ impl Runner {
         page_size: u32,
         page_token: &str,
     ) -> Result<TaskPage, RunnerError> {
-        let limit = match page_size {
-            0 => 100,
-            n @ 1..=1000 => n as usize,
-            _ => return Err(RunnerError::invalid("page_size", "must be at most 1000")),
-        };
+        let limit = page::size(page_size);
         let after = if page_token.is_empty() {
             Vec::new()
         } else {

@@ -12,6 +12,7 @@
 //! Leased  --heartbeat-->                   Leased   (lease extended)
 //! Leased  --complete-->                    Completed
 //! Leased  --fail(retryable) / lease expired--> Queued (after backoff; attempts left)
+//! Leased  --release-->                     Queued   (at once; attempt - 1, so none is spent)
 //! Leased  --fail / lease expired, no attempts left--> Failed
 //! Leased  --throw-->                       Errored
 //! Queued  --cancel-->                      Cancelled
@@ -23,6 +24,7 @@
 //! Time: `available_at`, `lease_until` are on the store's clock (the database's on a shared
 //! store), so replicas agree on when a lease ran out.
 
+pub mod release;
 pub mod tx;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -86,6 +88,8 @@ pub enum TaskEvent {
     Heartbeat,
     Complete,
     Retry,
+    /// The worker gave the lease back (ReleaseTask): queued again, no attempt spent.
+    Release,
     Fail,
     Throw,
     Cancel,
@@ -108,7 +112,7 @@ pub fn transition(from: TaskState, event: TaskEvent) -> Result<TaskState, Invali
         (S::Queued, E::Dispatch) => S::Leased,
         (S::Leased, E::Heartbeat) => S::Leased,
         (S::Leased, E::Complete) => S::Completed,
-        (S::Leased, E::Retry) => S::Queued,
+        (S::Leased, E::Retry | E::Release) => S::Queued,
         (S::Leased, E::Fail) => S::Failed,
         (S::Leased, E::Throw) => S::Errored,
         (S::Queued, E::Cancel) => S::Cancelled,
@@ -208,6 +212,8 @@ pub struct TaskMetrics {
     pub failed: AtomicU64,
     pub errored: AtomicU64,
     pub cancelled: AtomicU64,
+    /// Leases given back by their workers (ReleaseTask).
+    pub released: AtomicU64,
 }
 
 impl TaskMetrics {
@@ -239,6 +245,7 @@ mod tests {
                 TaskEvent::Heartbeat,
                 TaskEvent::Complete,
                 TaskEvent::Retry,
+                TaskEvent::Release,
                 TaskEvent::Fail,
                 TaskEvent::Throw,
                 TaskEvent::Cancel,
@@ -257,6 +264,7 @@ mod tests {
         );
         assert!(transition(TaskState::Queued, TaskEvent::Complete).is_err());
         assert!(transition(TaskState::Queued, TaskEvent::Heartbeat).is_err());
+        assert!(transition(TaskState::Queued, TaskEvent::Release).is_err());
     }
 
     #[test]

@@ -207,6 +207,26 @@ pub fn requeue(
     Ok(task)
 }
 
+/// What a released task's `lease_token` becomes: no call can act with it (every fenced call
+/// compares the whole token), yet a repeat of the release recognises its own.
+pub fn released_token(token: &str) -> String {
+    format!("released:{token}")
+}
+
+/// Gives a leased task back: queued again at once, with the attempt it had before this lease,
+/// so the next dispatch carries the same number and no attempt is spent. The details stay.
+pub fn release(tx: &Tx<'_>, mut task: Task, now: u64) -> TxResult<Task, RunnerError> {
+    unindex(tx, &task)?;
+    task.state = moved(&task, TaskEvent::Release)?;
+    task.attempt = task.attempt.saturating_sub(1);
+    task.lease_token = released_token(&task.lease_token);
+    task.available_at_ms = now;
+    task.updated_at_ms = now;
+    enqueue(tx, &task)?;
+    put(tx, &task)?;
+    Ok(task)
+}
+
 /// The run no longer wants the task's result (its suspension was withdrawn): a queued task is
 /// cancelled, a leased one is flagged so its worker hears it on the next heartbeat.
 pub fn cancel(

@@ -1,6 +1,8 @@
 // A task worker for arbor.runner.v1.WorkerService, with the stubs loaded from proto/ at run time.
-// See example_worker.js; for logs, a Worker emits ready, task, completed, threw, failed, lost,
-// reconnect and stopped.
+// See example_worker.js; for logs, a Worker emits ready, task, completed, threw, failed,
+// released, lost, reconnect and stopped. On SIGTERM it drains: it stops taking tasks, lets the
+// running ones finish within graceMs, and hands the rest back with ReleaseTask (another worker
+// takes them at once, with the same attempt number).
 
 'use strict';
 
@@ -26,7 +28,8 @@ const { status } = grpc;
 const TRANSIENT = new Set([status.UNAVAILABLE, status.RESOURCE_EXHAUSTED]);
 // The lease is no longer ours: nothing sent about the task can change it any more.
 const LOST = new Set([status.ABORTED, status.NOT_FOUND]);
-const EVENT = { CompleteTask: 'completed', ThrowError: 'threw', FailTask: 'failed' };
+const EVENT = { CompleteTask: 'completed', ThrowError: 'threw', FailTask: 'failed',
+  ReleaseTask: 'released' };
 
 const mapObject = (o, f) => Object.fromEntries(Object.entries(o).map(([k, v]) => [k, f(v)]));
 
@@ -158,10 +161,14 @@ class Worker extends EventEmitter {
       settled ||= this.report(task, method, { ...lease, ...request });
       return settled;
     };
-    // Once a shutdown's grace period is over: hand the task back now, not at lease expiry.
+    // Once a shutdown's grace period is over (or before a task started): hand it back now,
+    // without spending an attempt, not at lease expiry.
     const abandon = () => {
-      if (!settled) abort.abort(new Error('worker shutting down'));
-      return settle('FailTask', { error: 'worker shutting down', retryable: true, backoff_ms: 0 });
+      if (settled) return settled;
+      // Settled first, so what the handler still returns is not reported.
+      const released = settle('ReleaseTask', { reason: `worker ${this.workerId} shutting down` });
+      abort.abort(new Error('worker shutting down'));
+      return released;
     };
     const handler = this.handlers.find((h) => h.re.test(act.task_type));
     const done = (async () => {
@@ -194,7 +201,7 @@ class Worker extends EventEmitter {
     }
   }
 
-  // Stops taking tasks, lets the running ones finish for up to graceMs, then hands the rest back.
+  // Stops taking tasks, lets the running ones finish for up to graceMs, then releases the rest.
   stop(graceMs = this.graceMs) {
     this.stopped ||= (async () => {
       this.stopping.abort();

@@ -3,15 +3,18 @@
 //
 //   node task_worker.js --runner 127.0.0.1:50051 --worker-id w1 --types 'node.*,x.upper'
 //                       [--max-in-flight 4] [--lease-ms 10000] [--effects FILE] [--token T]
+//                       [--grace-ms 10000]
 //
 // What a task does depends on its type's last segment (`node.upper` and `x.upper` alike):
 // upper, greet, effect (at most once per idempotency key, into --effects), slow (until
-// cancelled), raise (a business error), flaky (retryable failures until attempt succeed_on);
-// any other type returns its args.
+// cancelled), raise (a business error), flaky (retryable failures until attempt succeed_on),
+// resume (`steps` steps of `step_ms`, each heartbeated as details {done: n}, going on from the
+// details an earlier attempt left); any other type returns its args. On SIGTERM it drains
+// within --grace-ms.
 //
 // Output, one line per event: `ready`, `task id=ID type=TYPE attempt=N key=KEY args=JSON`,
-// `completed id=ID accepted=BOOL`, `cancelled id=ID`, `failed id=ID`, `threw id=ID code=CODE`,
-// `stopped`. Diagnostics (reconnects, lost leases) go to stderr. Exit 0 after SIGTERM/SIGINT,
+// `completed id=ID accepted=BOOL`, `cancelled id=ID`, `progress id=ID done=N`,
+// `released id=ID accepted=BOOL attempt=N`, `failed id=ID`, `threw id=ID code=CODE`, `stopped`. Diagnostics (reconnects, lost leases) go to stderr. Exit 0 after SIGTERM/SIGINT,
 // 1 on bad arguments.
 
 'use strict';
@@ -26,7 +29,7 @@ function parseArgs(argv) {
     return Number(value);
   };
   const opts = { runner: '127.0.0.1:50051', workerId: '', types: [], maxInFlight: 4, leaseMs: 10000,
-    effects: '', token: process.env.ARBOR_TOKEN || '' };
+    effects: '', token: process.env.ARBOR_TOKEN || '', graceMs: 10000 };
   for (let i = 0; i < argv.length; i += 2) {
     const [flag, value] = [argv[i], argv[i + 1]];
     if (value === undefined) throw new Error(`${flag} needs a value`);
@@ -38,6 +41,7 @@ function parseArgs(argv) {
       case '--lease-ms': opts.leaseMs = count(flag, value); break;
       case '--effects': opts.effects = value; break;
       case '--token': opts.token = value; break;
+      case '--grace-ms': opts.graceMs = count(flag, value); break;
       default: throw new Error(`unknown argument ${flag}`);
     }
   }
@@ -70,6 +74,20 @@ function behaviours(opts) {
     raise: (task, args) => {
       throw new BusinessError(args.code || 'E_BUSINESS', args.message || 'business error');
     },
+    resume: async (task, args) => {
+      const start = task.details?.done ?? 0;
+      for (let done = start + 1; done <= args.steps; done += 1) {
+        await sleep(args.step_ms ?? 50, task.signal);
+        // A heartbeat refused once the task was handed back is the same as a cancellation.
+        if (!task.cancelled) await task.heartbeat({ done }).catch(() => {});
+        if (task.cancelled) {
+          log(`cancelled id=${task.taskId}`);
+          return { cancelled: true };
+        }
+        log(`progress id=${task.taskId} done=${done}`);
+      }
+      return { resumed_from: start, previous: task.details, attempt: task.attempt, worker };
+    },
     flaky: ({ attempt }, args) => {
       if (attempt < (args.succeed_on || 2)) {
         throw new RetryableError(`flaky: attempt ${attempt} fails`, 50);
@@ -83,7 +101,7 @@ async function main() {
   const opts = parseArgs(process.argv.slice(2));
   const byKind = behaviours(opts);
   const worker = new Worker({ target: opts.runner, workerId: opts.workerId, token: opts.token,
-    maxInFlight: opts.maxInFlight, leaseMs: opts.leaseMs });
+    maxInFlight: opts.maxInFlight, leaseMs: opts.leaseMs, graceMs: opts.graceMs });
   const handle = async (task) => {
     const kind = byKind[task.taskType.slice(task.taskType.lastIndexOf('.') + 1)];
     return kind ? kind(task, task.args ?? {}) : task.args;
@@ -96,6 +114,8 @@ async function main() {
       + `key=${t.idempotencyKey} args=${JSON.stringify(t.args)}`))
     .on('completed', (t, resp) => log(`completed id=${t.taskId} accepted=${resp.accepted}`))
     .on('failed', (t) => log(`failed id=${t.taskId}`))
+    .on('released', (t, resp) => log(`released id=${t.taskId} accepted=${resp.accepted} `
+      + `attempt=${resp.attempt}`))
     .on('threw', (t, resp, req) => log(`threw id=${t.taskId} code=${req.code}`))
     .on('lost', (t, err) => warn(`lost id=${t.taskId}: ${err.details || err.message}`))
     .on('reconnect', ({ attempt, delayMs, status }) => warn(`reconnect attempt=${attempt} `

@@ -8,6 +8,10 @@ proto/ (put them on sys.path first, see approval_loop.py):
         return {"length": len(task.args["text"])}
 
     worker.run()  # until SIGTERM/SIGINT or worker.stop()
+
+On SIGTERM (or stop()) the worker drains: it stops taking tasks, gives the running ones a grace
+to finish, and hands the rest back with ReleaseTask, so another worker takes them at once with
+the same attempt number (no attempt is spent).
 """
 
 import fnmatch
@@ -71,7 +75,9 @@ def to_value(obj):
 
 
 class Task:
-    """One leased task. `cancelled` is set when the run no longer wants it or the lease is lost."""
+    """One leased task. `cancelled` is set when the run no longer wants it, the lease is lost, or
+    the worker released it while shutting down. `details` are what an earlier attempt's last
+    heartbeat stored (None if none); they stay as they came, whatever this attempt heartbeats."""
 
     def __init__(self, act, worker):
         self.task_id, self.task_type, self.args = act.task_id, act.task_type, to_py(act.args)
@@ -82,21 +88,26 @@ class Task:
         self._worker, self._ids = worker, {"task_id": act.task_id, "lease_token": act.lease_token}
         self._interval_s = (act.lease_ms or worker.lease_ms) / 3000
         self._settled, self._done = False, threading.Event()
+        # Resent with each heartbeat, as the Node helper does: details given to a heartbeat that
+        # did not get through still reach the server with the next one, for a later attempt.
+        self._details = self.details
 
     def heartbeat(self, details=None):
-        """Extends the lease now, storing `details` for a later attempt; False once cancelled."""
+        """Extends the lease now, storing `details` (any JSON value) for a later attempt, or
+        keeping the last ones given when None; False once cancelled."""
         return self._worker._heartbeat(self, details)
 
 
 class Worker:
-    def __init__(self, target, worker_id, token=None, max_in_flight=4, lease_ms=10000):
+    def __init__(self, target, worker_id, token=None, max_in_flight=4, lease_ms=10000,
+                 grace_s=10.0):
         self.worker_id, self.max_in_flight, self.lease_ms = worker_id, max_in_flight, lease_ms
         self._stub = wpb_grpc.WorkerServiceStub(grpc.insecure_channel(target, CHANNEL_OPTIONS))
         self._md = [("authorization", f"Bearer {token}")] if token else None
         self._handlers = []  # (glob, fn); the first match wins
         self._jobs, self._inflight = queue.Queue(), {}  # lease token -> Task
         self._lock = threading.Condition(threading.RLock())  # RLock: stop() runs in signal handlers
-        self._stream, self._stopping, self._grace_s = None, threading.Event(), 10.0
+        self._stream, self._stopping, self._grace_s = None, threading.Event(), grace_s
 
     def task(self, glob):
         """Decorator: `fn(task) -> JSON value` serves the task types matching `glob`."""
@@ -109,11 +120,14 @@ class Worker:
         """Hook: called right after each StreamTasks call is issued."""
 
     def on_done(self, task, outcome, request, reply):
-        """Hook: the server answered a task's last call; outcome: completed, failed or threw."""
+        """Hook: the server answered a task's last call; outcome: completed, failed, threw or
+        released (handed back at shutdown)."""
 
-    def stop(self, grace_s=10.0):
-        """Stops taking tasks; run() gives in-flight ones `grace_s` to finish, then returns."""
-        self._grace_s = grace_s
+    def stop(self, grace_s=None):
+        """Stops taking tasks; run() gives in-flight ones `grace_s` (default: the worker's
+        grace) to finish, releases the rest, then returns."""
+        if grace_s is not None:
+            self._grace_s = grace_s
         self._stopping.set()
         with self._lock:
             if self._stream is not None:
@@ -176,7 +190,10 @@ class Worker:
     def _work(self):
         while True:
             task, fn = self._jobs.get()
-            if task._settled:  # failed at shutdown while it was queued
+            if task._settled:  # released at shutdown while it was queued
+                continue
+            if self._stopping.is_set():  # not started: another worker can run it now
+                self._release(task)
                 continue
             try:
                 output = to_value(fn(task))
@@ -198,11 +215,28 @@ class Worker:
         self._settle(task, "failed", self._stub.FailTask, wpb.FailTaskRequest(
             **task._ids, error=error, retryable=retryable, backoff_ms=backoff_ms))
 
-    def _settle(self, task, outcome, rpc, request):
+    def _release(self, task):
+        """Hands a task that will not be finished back (shutdown): another worker takes it at
+        once, with the same attempt number."""
+        if not self._claim(task):
+            return
+        task.cancelled.set()  # the handler stops; a result it still returns is not sent
+        self._send(task, "released", self._stub.ReleaseTask, wpb.ReleaseTaskRequest(
+            **task._ids, reason=f"worker {self.worker_id} shutting down"))
+
+    def _claim(self, task):
+        """Whether the caller sends the task's last call: only the first to ask does."""
         with self._lock:
             if task._settled:
-                return
+                return False
             task._settled = True
+            return True
+
+    def _settle(self, task, outcome, rpc, request):
+        if self._claim(task):
+            self._send(task, outcome, rpc, request)
+
+    def _send(self, task, outcome, rpc, request):
         try:
             if task.lease_lost:
                 log.info("dropping the result of task %s: lease lost", task.task_id)
@@ -229,8 +263,9 @@ class Worker:
     def _heartbeat(self, task, details=None):
         request = wpb.HeartbeatRequest(**task._ids)
         if details is not None:
-            task.details = details
-            request.details.CopyFrom(to_value(details))
+            task._details = details
+        if task._details is not None:
+            request.details.CopyFrom(to_value(task._details))
         try:
             reply = self._stub.Heartbeat(request, metadata=self._md, timeout=task._interval_s)
             task.heartbeats += 1
@@ -251,5 +286,4 @@ class Worker:
                 self._lock.wait(left)
             late = list(self._inflight.values())
         for task in late:
-            self._fail(task, "worker shutting down")
-            task.cancelled.set()
+            self._release(task)

@@ -4,12 +4,16 @@
     python task_worker.py --stubs OUT --runner HOST:PORT --worker-id ID --types 'py.*,x.upper'
 
 The part of a task type after its last '.' picks the behaviour: upper, effect, slow, raise,
-flaky; anything else echoes its args. Prints one line per event, flushed:
+flaky, resume (`steps` steps of `step_ms`, each heartbeated as details {"done": n}, going on
+from the details an earlier attempt left); anything else echoes its args. On SIGTERM it drains
+within --grace-ms. Prints one line per event, flushed:
 
     ready
     task id=<task_id> type=<type> attempt=<n> key=<idempotency_key> args=<compact json>
     completed id=<id> accepted=<true|false>
     cancelled id=<id>
+    progress id=<id> done=<n>
+    released id=<id> accepted=<true|false> attempt=<n>
     failed id=<id>
     threw id=<id> code=<code>
     stopped
@@ -43,6 +47,8 @@ def parse_args():
     p.add_argument("--lease-ms", type=int, default=10000)
     p.add_argument("--effects", help="file of idempotency keys that `effect` tasks applied")
     p.add_argument("--token", help="bearer token for runner-svc")
+    p.add_argument("--grace-ms", type=int, default=10000,
+                   help="on SIGTERM, how long running tasks may finish before they are released")
     return p.parse_args()
 
 
@@ -87,8 +93,20 @@ def main():
             raise aw.RetryableError(f"flaky attempt {task.attempt}", backoff_ms=50)
         return {"attempt": task.attempt}
 
+    def resume(task):
+        start = (task.details or {}).get("done", 0)
+        for done in range(start + 1, task.args["steps"] + 1):
+            time.sleep(task.args.get("step_ms", 50) / 1000)
+            if not task.heartbeat({"done": done}):
+                say(f"cancelled id={task.task_id}")
+                return {"cancelled": True}
+            say(f"progress id={task.task_id} done={done}")
+        # `details` are still the earlier attempt's, whatever this one heartbeated.
+        return {"resumed_from": start, "previous": task.details, "attempt": task.attempt,
+                "worker": args.worker_id}
+
     behaviours = {"upper": upper, "effect": effect, "slow": slow, "raise": fail_business,
-                  "flaky": flaky}
+                  "flaky": flaky, "resume": resume}
 
     def handle(task):
         say(f"task id={task.task_id} type={task.task_type} attempt={task.attempt} "
@@ -107,13 +125,17 @@ def main():
         def on_done(self, task, outcome, request, reply):
             if outcome == "completed":
                 say(f"completed id={task.task_id} accepted={str(reply.accepted).lower()}")
+            elif outcome == "released":
+                say(f"released id={task.task_id} accepted={str(reply.accepted).lower()} "
+                    f"attempt={reply.attempt}")
             elif outcome == "threw":
                 say(f"threw id={task.task_id} code={request.code}")
             else:
                 say(f"failed id={task.task_id}")
 
     worker = TestWorker(args.runner, args.worker_id, token=args.token,
-                        max_in_flight=args.max_in_flight, lease_ms=args.lease_ms)
+                        max_in_flight=args.max_in_flight, lease_ms=args.lease_ms,
+                        grace_s=args.grace_ms / 1000)
     for glob in filter(None, (g.strip() for g in args.types.split(","))):
         worker.task(glob)(handle)
     worker.run()

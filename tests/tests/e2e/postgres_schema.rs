@@ -38,6 +38,14 @@ async fn replicas_migrate_once_a_newer_schema_is_refused_and_an_older_one_upgrad
     for s in r.runners.iter_mut().chain(r.approvals.iter_mut()) {
         s.wait_serving(WAIT).await;
     }
+    // Each runner names the store it uses: PostgreSQL, not a data dir it never opens.
+    for s in &r.runners {
+        let log = s.log_since_start();
+        assert!(
+            log.contains("store=postgres") && !log.contains("data_dir"),
+            "the runner's start-up log names another store:\n{log}"
+        );
+    }
     let current = versions();
     let known: Vec<(String, i32)> = current
         .split(' ')

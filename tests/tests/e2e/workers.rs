@@ -3,7 +3,7 @@
 //! tokens itself). Each test checks what a tree's author or an operator sees: the run's status
 //! and blackboard, which worker produced what, the TASK_* events, ListTasks and the CLI —
 //! through approvals with EDIT, worker deaths, heartbeats, cancellation, stale tokens, business
-//! errors, retries, misspelt tools and a worker's clean shutdown.
+//! errors, retries, misspelt tools, a worker's clean shutdown and a draining worker's release.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -291,6 +291,10 @@ async fn task_log(cluster: &Cluster, run_id: &str) -> Vec<String> {
                 "failed {} #{} by {}: {} code={} retry={}",
                 d.task_type, d.attempt, d.worker_id, d.cause, d.code, d.will_retry
             )),
+            Detail::TaskReleased(d) => Some(format!(
+                "released {} #{} by {}",
+                d.task_type, d.attempt, d.worker_id
+            )),
             _ => None,
         })
         .collect()
@@ -315,6 +319,9 @@ fn with(mut node: Json, extra: Json) -> Json {
 
 // ---------------------------------------------------------------------------------------------
 // Tests.
+
+#[path = "workers/release.rs"]
+mod release;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_and_node_tools_run_in_sequence_and_each_output_names_its_worker() {

@@ -153,6 +153,34 @@ async fn a_wrong_token_is_aborted_and_changes_nothing_and_bad_fields_are_invalid
             "{what}"
         );
     }
+    // A pattern over the length limit is refused with a message that names the limit, in
+    // StreamTasks, PollTasks and ListTasks alike.
+    let long_pattern = format!("rs.{}*", "x".repeat(126));
+    let refusals = [
+        w.stream_tasks(stream("w", &[WORK, &long_pattern], 1, 0))
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+        w.poll_tasks(poll_req("w", &[&long_pattern], 0, 0))
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+        w.list_tasks(pb::ListTasksRequest {
+            task_type: long_pattern.clone(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+        .unwrap_err(),
+    ];
+    for refused in refusals {
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        assert!(
+            refused.message().contains("1-128 bytes") && refused.message().contains("130"),
+            "{}",
+            refused.message()
+        );
+    }
 
     // Nothing of all that changed the task or the run.
     let task = rig.task(&run).await;

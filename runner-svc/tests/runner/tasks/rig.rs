@@ -213,6 +213,7 @@ impl Rig {
             EventKind::TaskDispatched,
             EventKind::TaskCompleted,
             EventKind::TaskFailed,
+            EventKind::TaskReleased,
         ];
         let events = self.events(run_id).await;
         events
@@ -292,6 +293,22 @@ pub async fn heartbeat(
         task_id: a.task_id.clone(),
         lease_token: token.into(),
         details: details.and_then(val),
+    })
+    .await
+    .map(tonic::Response::into_inner)
+}
+
+/// ReleaseTask of `a` with `token`.
+pub async fn release(
+    w: &mut Workers,
+    a: &pb::TaskActivation,
+    token: &str,
+    reason: &str,
+) -> Result<pb::ReleaseTaskResponse, Status> {
+    w.release_task(pb::ReleaseTaskRequest {
+        task_id: a.task_id.clone(),
+        lease_token: token.into(),
+        reason: reason.into(),
     })
     .await
     .map(tonic::Response::into_inner)
