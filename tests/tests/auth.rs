@@ -1,7 +1,8 @@
 //! Authentication and roles through both release binaries: what each role may and may not do,
 //! that only approval-svc's service identity resolves approvals on the runner, that nobody
 //! approves a run they submitted, that missing / unknown / expired tokens are UNAUTHENTICATED,
-//! and that a service without tokens refuses to listen beyond loopback unless `--insecure`.
+//! and that a service without tokens refuses to listen beyond loopback unless `--insecure`. Read
+//! rights (who reads which runs, events and approvals) are in `auth/reads.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -22,6 +23,9 @@ use arbor_tests::{
 };
 use serde_json::json;
 use tonic::Code;
+
+#[path = "auth/reads.rs"]
+mod reads;
 
 fn code<T>(r: Result<tonic::Response<T>, tonic::Status>) -> Code {
     match r {
