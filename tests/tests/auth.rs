@@ -444,13 +444,14 @@ async fn only_workers_take_and_finish_tasks() {
     assert_eq!(code(submitted), Code::PermissionDenied, "worker submits");
 }
 
-/// approval-svc holding an approver's token instead of its service identity cannot slip a
+/// approval-svc holding an operator's token instead of its service identity (enough to follow
+/// the runner's log as a durable subscriber, which an approver's token is not) cannot slip a
 /// decision into a run: the runner refuses the delivery and the run stays suspended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_service_identity_delivers_decisions_to_the_runner() {
     let mut cluster = Cluster::prepare(Profile::Release, Vec::new(), Vec::new());
     let t = Tokens::write(cluster.dir.path());
-    std::fs::write(&t.runner_token_file, &t.approver).unwrap();
+    std::fs::write(&t.runner_token_file, &t.operator).unwrap();
     cluster.runner.extra_args.extend(t.runner_args());
     cluster.approval.extra_args.extend(t.approval_args());
     let runner_url = cluster.runner.url();
