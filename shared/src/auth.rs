@@ -25,16 +25,23 @@ pub enum Role {
     Service,
     /// A task worker: takes leased tasks and completes, fails or heartbeats them.
     Worker,
+    /// Reads everything both services hold (runs, events, jobs, tasks, approvals, audit) and
+    /// changes nothing: for dashboards and auditors.
+    Reader,
 }
 
 impl Role {
-    pub const ALL: [Role; 5] = [
+    pub const ALL: [Role; 6] = [
         Role::Submitter,
         Role::Approver,
         Role::Operator,
         Role::Service,
         Role::Worker,
+        Role::Reader,
     ];
+
+    /// The roles that read everything a service holds, whoever it belongs to.
+    pub const READ_ALL: [Role; 3] = [Role::Operator, Role::Service, Role::Reader];
 }
 
 /// The authenticated caller.
@@ -59,6 +66,12 @@ impl Principal {
 
     pub fn has_any(&self, roles: &[Role]) -> bool {
         roles.iter().any(|r| self.has(*r))
+    }
+
+    /// Whether the principal reads everything (operator, service or reader), not only what is
+    /// its own.
+    pub fn reads_all(&self) -> bool {
+        self.has_any(&Role::READ_ALL)
     }
 
     /// PERMISSION_DENIED unless the principal holds one of `roles`.
@@ -363,5 +376,26 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::PermissionDenied);
         assert!(err.message().contains("service"));
+    }
+
+    #[test]
+    fn readers_read_all_and_submitters_do_not() {
+        let with = |roles: Vec<Role>| Principal {
+            name: "p".into(),
+            roles,
+        };
+        assert!(with(vec![Role::Reader]).reads_all());
+        assert!(with(vec![Role::Operator]).reads_all());
+        assert!(with(vec![Role::Service]).reads_all());
+        assert!(!with(vec![Role::Submitter, Role::Approver, Role::Worker]).reads_all());
+        let file = format!(
+            "[[principal]]\nname='dash'\nroles=['reader']\ntoken_sha256='{}'",
+            hash_token("t")
+        );
+        let p = Authenticator::from_toml(&file)
+            .unwrap()
+            .authenticate(&md(Some("t")))
+            .unwrap();
+        assert_eq!(p.roles, [Role::Reader]);
     }
 }

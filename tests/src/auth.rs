@@ -25,6 +25,8 @@ pub struct Tokens {
     pub expired: String,
     /// `wendy`: a task worker.
     pub worker: String,
+    /// `rita`: reads everything, changes nothing (a dashboard).
+    pub reader: String,
 }
 
 pub const SUBMITTER: &str = "sam";
@@ -33,6 +35,7 @@ pub const OPERATOR: &str = "olga";
 pub const SERVICE: &str = "approval-svc";
 pub const SUBMITTER_APPROVER: &str = "bob";
 pub const WORKER: &str = "wendy";
+pub const READER: &str = "rita";
 
 impl Tokens {
     /// Writes the tokens file and the runner token file into `dir`. Tokens are random per
@@ -49,6 +52,7 @@ impl Tokens {
             submitter_approver: token(SUBMITTER_APPROVER),
             expired: token("old"),
             worker: token(WORKER),
+            reader: token(READER),
         };
         let entry = |name: &str, roles: &str, tok: &str, extra: &str| {
             format!(
@@ -68,6 +72,7 @@ impl Tokens {
                 "",
             ),
             entry(WORKER, "\"worker\"", &t.worker, ""),
+            entry(READER, "\"reader\"", &t.reader, ""),
             entry(
                 "old",
                 "\"submitter\"",

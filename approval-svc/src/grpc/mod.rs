@@ -22,7 +22,10 @@ use crate::{
     store::ApprovalStore,
 };
 
-const READERS: &[Role] = &[Role::Approver, Role::Operator, Role::Service];
+/// Who reads approvals, their audit and their changes (docs/auth.md). Any approver may decide
+/// any approval but those of its own runs, and may see those too, so approvers read them all;
+/// submitters follow their runs (suspensions included) on the runner instead.
+const READERS: &[Role] = &[Role::Approver, Role::Operator, Role::Service, Role::Reader];
 const DECIDERS: &[Role] = &[Role::Approver, Role::Operator];
 
 /// The most ids one bulk decision names or selects: a page's worth.

@@ -1,6 +1,7 @@
 //! The `arbor.runner.v1.RunnerService` handlers: thin adapters that check roles, convert at the
 //! edge and call `Runner`.
 
+mod access;
 mod convert;
 pub mod worker;
 
@@ -119,6 +120,7 @@ impl RunnerService for RunnerGrpc {
     }
 
     async fn get_tree(&self, req: Request<pb::GetTreeRequest>) -> Res<pb::GetTreeResponse> {
+        principal_of(&req).require(access::TREE_READERS, "read trees")?;
         let r = req.into_inner();
         // Tree ids are at most 128 bytes (parse_tree enforces it), so a longer one is malformed,
         // not merely unknown.
@@ -139,12 +141,26 @@ impl RunnerService for RunnerGrpc {
         input.trace = TraceContext::from_metadata(req.metadata());
         let initial_blackboard = input.input.clone();
         let may_exist = !input.run_id.is_empty();
+        // Resubmitting an existing run id resumes that run and answers with it: only a caller
+        // who may read it does either.
+        let reads = access::RunReads::of(&principal)?;
+        if may_exist && !reads.is_all() {
+            match self.runner.get_run(&input.run_id) {
+                Ok(existing) => reads.check(&existing)?,
+                Err(RunnerError::RunNotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         let submitted = self.runner.submit(input).await?;
         tracing::info!(run_id = %submitted.run.run_id, deduplicated = submitted.deduplicated,
             trace_id = %submitted.trace_id, "run submitted");
         // A new run is exactly its record and its input: no need to read the checkpoint back.
         let view = if submitted.deduplicated || may_exist {
-            self.view(&submitted.run.run_id).await?
+            let view = self.view(&submitted.run.run_id).await?;
+            // A dedupe key another principal used answers with that principal's run; nothing
+            // was written, and the caller does not get to see it.
+            reads.check(&view)?;
+            view
         } else {
             crate::runs::RunView {
                 run: submitted.run.clone(),
@@ -160,18 +176,23 @@ impl RunnerService for RunnerGrpc {
     }
 
     async fn get_run(&self, req: Request<pb::GetRunRequest>) -> Res<pb::GetRunResponse> {
+        let reads = access::RunReads::of(&principal_of(&req))?;
         let view = self.view(&req.get_ref().run_id).await?;
+        reads.check(&view)?;
         ok(pb::GetRunResponse {
             run: Some(convert::run(&view)),
         })
     }
 
     async fn list_runs(&self, req: Request<pb::ListRunsRequest>) -> Res<pb::ListRunsResponse> {
+        // A submitter or approver is not refused: it gets the runs it may read.
+        let reads = access::RunReads::of(&principal_of(&req))?;
         let r = req.into_inner();
         let filter = RunFilter {
             thread_id: r.thread_id,
             tree_id: r.tree_id,
             statuses: convert::statuses(&r.statuses).map_err(RunnerError::from)?,
+            visible: reads.visible(),
         };
         let page = self.runner.list_runs(&filter, r.page_size, &r.page_token)?;
         self.runner.caught_up().await?;
@@ -253,6 +274,7 @@ impl RunnerService for RunnerGrpc {
         &self,
         req: Request<pb::StreamEventsRequest>,
     ) -> Res<Self::StreamEventsStream> {
+        let principal = principal_of(&req);
         let r = req.into_inner();
         let filter = EventFilter {
             run_id: r
@@ -281,6 +303,13 @@ impl RunnerService for RunnerGrpc {
         if r.subscriber_id.len() > 128 {
             return Err(RunnerError::invalid("subscriber_id", "at most 128 bytes").into());
         }
+        let mut reads = access::StreamReads::of(
+            &principal,
+            &self.runner,
+            &r.subscriber_id,
+            &filter.run_id,
+            &filter.thread_id,
+        )?;
         let events = self.runner.events().clone();
         let cursor = match r.after_seq {
             Some(seq) => seq,
@@ -304,6 +333,7 @@ impl RunnerService for RunnerGrpc {
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER);
         let shutdown = self.shutdown.clone();
         let lag = self.lag_timeout;
+        let runner = self.runner.clone();
         tokio::spawn(async move {
             let mut watch = events.watch();
             let mut cursor = cursor;
@@ -335,6 +365,14 @@ impl RunnerService for RunnerGrpc {
                     cursor = event.seq;
                     if !filter.matches(&event) {
                         continue;
+                    }
+                    match reads.shows(&runner, &event.run_id) {
+                        Ok(true) => {}
+                        Ok(false) => continue,
+                        Err(e) => {
+                            let _ = tx.send(Err(Status::from(e))).await;
+                            return;
+                        }
                     }
                     let item = pb::StreamEventsResponse {
                         event: Some(pb::Event::from(&event)),
@@ -428,7 +466,7 @@ impl RunnerService for RunnerGrpc {
     }
 
     async fn list_jobs(&self, req: Request<pb::ListJobsRequest>) -> Res<pb::ListJobsResponse> {
-        principal_of(&req).require(&[Role::Operator, Role::Service], "list jobs")?;
+        principal_of(&req).require(access::JOB_READERS, "list jobs")?;
         let r = req.into_inner();
         let filter = JobFilter {
             mailbox_id: r.thread_id,

@@ -421,7 +421,7 @@ impl WorkerService for WorkerGrpc {
     }
 
     async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Res<pb::ListTasksResponse> {
-        principal_of(&req).require(&[Role::Operator, Role::Service, Role::Worker], "list tasks")?;
+        principal_of(&req).require(super::access::TASK_READERS, "list tasks")?;
         let r = req.into_inner();
         let states = r
             .states

@@ -23,7 +23,7 @@ use arbor_shared::domain::{Event, RunStatus};
 use tokio::sync::{Notify, watch};
 use tracing::Instrument;
 
-pub use query::{JobPage, RunFilter, RunPage, RunView};
+pub use query::{JobPage, RunFilter, RunPage, RunView, Visible};
 pub use records::{RunRecord, TreeRecord};
 pub use resolve::ResolveInput;
 pub use submit::{SubmitInput, Submitted};

@@ -42,6 +42,16 @@ pub struct RunFilter {
     pub thread_id: String,
     pub tree_id: String,
     pub statuses: Vec<RunStatus>,
+    /// Only the runs the caller may read (`None`: every run). Applied before paging, so a page
+    /// holds `page_size` readable runs when there are that many.
+    pub visible: Option<std::sync::Arc<dyn Visible>>,
+}
+
+/// Which runs a caller may see; the gRPC layer decides it from the caller's roles.
+pub trait Visible: std::fmt::Debug + Send + Sync {
+    /// The answer when the run record settles it; `None` when it takes the checkpoint's view.
+    fn record(&self, run: &RunRecord) -> Option<bool>;
+    fn view(&self, view: &RunView) -> bool;
 }
 
 pub struct RunPage {
@@ -123,12 +133,26 @@ impl Runner {
             if !matches(&run) {
                 continue;
             }
+            let view = match filter.visible.as_ref().map(|v| (v, v.record(&run))) {
+                None | Some((_, Some(true))) => None,
+                Some((_, Some(false))) => continue,
+                Some((v, None)) => {
+                    let view = self.view(run.clone())?;
+                    if !v.view(&view) {
+                        continue;
+                    }
+                    Some(view)
+                }
+            };
             if runs.len() == limit {
                 more = true;
                 break;
             }
             last = run.run_id.clone();
-            runs.push(self.view(run)?);
+            runs.push(match view {
+                Some(view) => view,
+                None => self.view(run)?,
+            });
         }
         Ok(RunPage {
             runs,

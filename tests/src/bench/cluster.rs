@@ -1,8 +1,8 @@
 //! The system as it ships: both release binaries with authentication on (a tokens file with a
-//! submitter, an approver, an operator, a task worker and approval-svc's service identity) and,
-//! for the policy path, an approval policy that auto-approves the benchmark's gate. On the
-//! embedded store, one process of each; on PostgreSQL, any number of replicas of each on one
-//! fresh database.
+//! submitter, an approver, an operator, a task worker, a reader and approval-svc's service
+//! identity) and, for the policy path, an approval policy that auto-approves the benchmark's
+//! gate. On the embedded store, one process of each; on PostgreSQL, any number of replicas of
+//! each on one fresh database.
 
 use std::{path::Path, sync::Arc};
 
@@ -26,6 +26,8 @@ pub const APPROVER: &str = "bench-approver-token";
 pub const OPERATOR: &str = "bench-operator-token";
 pub const SERVICE: &str = "bench-approval-svc-token";
 pub const WORKER: &str = "bench-worker-token";
+/// Reads every run and the whole event log: what the benches' event followers use.
+pub const READER: &str = "bench-reader-token";
 
 /// Where the services of a bench cluster keep their state.
 #[derive(Debug, Clone)]
@@ -201,6 +203,7 @@ fn write_tokens(dir: &Path) -> std::path::PathBuf {
         entry("ops", "operator", OPERATOR),
         entry("approval-svc", "service", SERVICE),
         entry("worker", "worker", WORKER),
+        entry("dashboard", "reader", READER),
     ]
     .concat();
     std::fs::write(&path, text).expect("tokens file");

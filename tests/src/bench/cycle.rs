@@ -16,7 +16,7 @@ use arbor_shared::proto::{approval::v1 as apb, runner::v1 as rpb};
 use tokio::sync::oneshot;
 
 use super::{
-    cluster::{APPROVER, BenchCluster, SUBMITTER, Spec, Store},
+    cluster::{APPROVER, BenchCluster, READER, SUBMITTER, Spec, Store},
     procstat,
 };
 
@@ -158,7 +158,7 @@ pub async fn run(
 
     // The one follower, and the map of what it saw.
     let tracks = Tracks::default();
-    let follower = tokio::spawn(follow(runners[0].clone(), tracks.clone()));
+    let follower = tokio::spawn(follow(cluster.runner_at(0, READER).await, tracks.clone()));
     let person = match decider {
         Decider::Person => {
             let mut resolvers = Vec::new();

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use arbor_shared::proto::runner::v1 as rpb;
 
 use super::{
-    cluster::{BenchCluster, SUBMITTER},
+    cluster::{BenchCluster, READER, SUBMITTER},
     cycle::TREE,
 };
 
@@ -60,7 +60,7 @@ pub async fn run(subscribers: usize, cycles: usize, rate: usize) -> FanoutResult
     // 100 streams over 10 connections, as 100 separate consumers behind a few hosts would be.
     let mut channels = Vec::new();
     for _ in 0..10 {
-        channels.push(cluster.runner_as(SUBMITTER).await);
+        channels.push(cluster.runner_as(READER).await);
     }
     let t = Instant::now();
     for i in 0..subscribers {

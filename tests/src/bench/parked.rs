@@ -13,7 +13,7 @@ use std::{
 use arbor_shared::proto::{approval::v1 as apb, runner::v1 as rpb};
 
 use super::{
-    cluster::{APPROVER, BenchCluster, SUBMITTER},
+    cluster::{APPROVER, BenchCluster, READER, SUBMITTER},
     cycle::TREE,
     procstat,
 };
@@ -81,7 +81,7 @@ pub async fn run(runs: usize) -> ParkedResult {
         .expect("register");
     let suspended = Arc::new(AtomicUsize::new(0));
     let follower = tokio::spawn(count_events(
-        runner.clone(),
+        cluster.runner_as(READER).await,
         rpb::EventKind::ExecutionSuspended,
         suspended.clone(),
     ));
@@ -123,10 +123,9 @@ pub async fn run(runs: usize) -> ParkedResult {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let runner_rss_after_restart = procstat::rss(cluster.runners[0].pid().unwrap_or(0));
 
-    let runner = cluster.runner_as(SUBMITTER).await;
     let succeeded = Arc::new(AtomicUsize::new(0));
     let follower = tokio::spawn(count_events(
-        runner.clone(),
+        cluster.runner_as(READER).await,
         rpb::EventKind::RunSucceeded,
         succeeded.clone(),
     ));

@@ -1,7 +1,8 @@
 //! Authentication and roles through both release binaries: what each role may and may not do,
 //! that only approval-svc's service identity resolves approvals on the runner, that nobody
 //! approves a run they submitted, that missing / unknown / expired tokens are UNAUTHENTICATED,
-//! and that a service without tokens refuses to listen beyond loopback unless `--insecure`.
+//! and that a service without tokens refuses to listen beyond loopback unless `--insecure`. Read
+//! rights (who reads which runs, events and approvals) are in `auth/reads.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -22,6 +23,8 @@ use arbor_tests::{
 };
 use serde_json::json;
 use tonic::Code;
+
+mod reads;
 
 fn code<T>(r: Result<tonic::Response<T>, tonic::Status>) -> Code {
     match r {
@@ -440,13 +443,14 @@ async fn only_workers_take_and_finish_tasks() {
     assert_eq!(code(submitted), Code::PermissionDenied, "worker submits");
 }
 
-/// approval-svc holding an approver's token instead of its service identity cannot slip a
+/// approval-svc holding an operator's token instead of its service identity (enough to follow
+/// the runner's log as a durable subscriber, which an approver's token is not) cannot slip a
 /// decision into a run: the runner refuses the delivery and the run stays suspended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_service_identity_delivers_decisions_to_the_runner() {
     let mut cluster = Cluster::prepare(Profile::Debug, Vec::new(), Vec::new());
     let t = Tokens::write(cluster.dir.path());
-    std::fs::write(&t.runner_token_file, &t.approver).unwrap();
+    std::fs::write(&t.runner_token_file, &t.operator).unwrap();
     cluster.runner.extra_args.extend(t.runner_args());
     cluster.approval.extra_args.extend(t.approval_args());
     let runner_url = cluster.runner.url();

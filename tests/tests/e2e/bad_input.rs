@@ -307,6 +307,21 @@ fn runner_cases(fx: &Fixture) -> Vec<Case> {
     let olga = runner_as(&fx.runner_url, Some(&fx.tokens.operator));
     // approval-svc's identity: the only one that gets past the role check for approvals.
     let svc = runner_as(&fx.runner_url, Some(&fx.tokens.service));
+    // A task worker: reads tasks, no run.
+    let wendy = runner_as(&fx.runner_url, Some(&fx.tokens.worker));
+    let get_run = |who: &RunnerClient, run_id: &str| {
+        let (mut who, run_id) = (who.clone(), run_id.to_string());
+        async move { unit(who.get_run(rpb::GetRunRequest { run_id }).await) }
+    };
+    let events_of = |run_id: &str, thread_id: &str| rpb::StreamEventsRequest {
+        after_seq: Some(0),
+        filter: Some(rpb::EventFilter {
+            run_id: run_id.into(),
+            thread_id: thread_id.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
     let register = |doc: String, format: rpb::TreeFormat| {
         let mut sam = sam.clone();
         async move {
@@ -468,6 +483,21 @@ fn runner_cases(fx: &Fixture) -> Vec<Case> {
         case("RequeueJob: unknown job", NOT_FOUND, { let mut s = olga.clone(); async move { unit(s.requeue_job(rpb::RequeueJobRequest { job_id: "nope".into() }).await) } }),
         case("RequeueJob: job is not dead-lettered", PRECONDITION, { let mut s = olga.clone(); let j = fx.done_job.clone(); async move { unit(s.requeue_job(rpb::RequeueJobRequest { job_id: j }).await) } }),
         case("RequeueJob: submitter may not requeue", DENIED, { let mut s = sam.clone(); let j = fx.done_job.clone(); async move { unit(s.requeue_job(rpb::RequeueJobRequest { job_id: j }).await) } }),
+        // Read rights: a submitter reads its own runs, an approver runs waiting for an approval.
+        case("GetRun: submitter reads another's run", DENIED, get_run(&sam, "bi-own-run")),
+        case("GetRun: approver reads a run with no approval waiting", DENIED, get_run(&alice, &fx.input_run)),
+        case("GetRun: worker may not read runs", DENIED, get_run(&wendy, &fx.gate_run)),
+        case("ListRuns: worker may not list runs", DENIED, { let mut s = wendy.clone(); async move { unit(s.list_runs(rpb::ListRunsRequest::default()).await) } }),
+        case("GetTree: approver may not read trees", DENIED, { let mut s = alice.clone(); async move { unit(s.get_tree(rpb::GetTreeRequest { tree_id: "bi-gate".into(), version: 0 }).await) } }),
+        case("GetTree: worker may not read trees", DENIED, { let mut s = wendy.clone(); async move { unit(s.get_tree(rpb::GetTreeRequest { tree_id: "bi-gate".into(), version: 0 }).await) } }),
+        case("SubmitRun: another's run id resubmitted", DENIED, submit(&bob, gate_submit(|r| { r.run_id = "bi-input-run".into(); r.restore_policy = rpb::RestorePolicy::IfExists as i32; }))),
+        case("StreamEvents: submitter follows another's run", DENIED, stream(&bob, events_of(&fx.input_run, ""))),
+        case("StreamEvents: submitter follows a thread of another's runs", DENIED, stream(&bob, events_of("", &fx.input_run))),
+        case("StreamEvents: submitter follows the whole log", DENIED, stream(&sam, rpb::StreamEventsRequest { after_seq: Some(0), ..Default::default() })),
+        case("StreamEvents: submitter resumes a named subscriber", DENIED, stream(&sam, rpb::StreamEventsRequest { subscriber_id: "approval-svc".into(), ..events_of(&fx.gate_run, "") })),
+        case("StreamEvents: unknown run for a submitter", NOT_FOUND, stream(&sam, events_of("nope", ""))),
+        case("StreamEvents: worker follows a run", DENIED, stream(&wendy, events_of(&fx.gate_run, ""))),
+        case("ListJobs: approver may not list jobs", DENIED, { let mut s = alice.clone(); async move { unit(s.list_jobs(rpb::ListJobsRequest::default()).await) } }),
     ]
 }
 
@@ -600,6 +630,16 @@ fn approval_cases(fx: &Fixture) -> Vec<Case> {
             DENIED,
             list(&sam, apb::ListApprovalsRequest::default()),
         ),
+        case("GetApproval: submitter may not read approvals", DENIED, {
+            let mut s = sam.clone();
+            let id = fx.gate_request.clone();
+            async move {
+                unit(
+                    s.get_approval(apb::GetApprovalRequest { request_id: id })
+                        .await,
+                )
+            }
+        }),
         case("GetApproval: empty id", INVALID, {
             let mut a = alice.clone();
             async move {
