@@ -116,6 +116,7 @@ fn halt_range(ck: &mut Checkpoint, range: Range<usize>, reason: &str, effects: &
     }
     let mut busy = ck.interaction.active_owners();
     busy.extend(ck.interaction.progress.values().map(|p| p.node));
+    let mut moved_on = Vec::new();
     for (i, state) in ck
         .nodes
         .iter_mut()
@@ -129,12 +130,18 @@ fn halt_range(ck: &mut Checkpoint, range: Range<usize>, reason: &str, effects: &
             || busy.contains(&(i as u32));
         if in_flight {
             state.attempt = state.attempt.wrapping_add(1);
+            moved_on.push(i as u32);
         }
         state.status = NodeStatus::Idle;
         state.data.reset();
     }
     let nodes = range.start as u32..range.end as u32;
     ck.interaction.withdraw(nodes, reason, effects);
+    // Pre-order indices, so `moved_on` is sorted.
+    if !moved_on.is_empty() {
+        ck.interaction
+            .prune(|node| moved_on.binary_search(&node).is_ok());
+    }
 }
 
 impl<'t> Ctx<'t> {
@@ -187,8 +194,14 @@ impl<'t> Ctx<'t> {
         }
         state.attempt = state.attempt.wrapping_add(1);
         state.data.reset();
-        for &child in &self.node(idx).children {
+        let node = self.node(idx);
+        for &child in &node.children {
             self.ck.nodes[child].status = NodeStatus::Idle;
+        }
+        // The node's next entry asks under new ids: what it recorded under the old ones is done.
+        if node.kind.keeps_records() {
+            let me = idx as u32;
+            self.ck.interaction.prune(|node| node == me);
         }
     }
 
