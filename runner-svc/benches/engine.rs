@@ -2,6 +2,10 @@
 //! Run with `cargo bench -p arbor-runner-svc --bench engine`. The py_trees side lives in
 //! `py_trees_bench.py` and runs in a venv under the target directory; without python or pip the
 //! bench says so and prints Arbor's figures alone.
+//!
+//! The loop case (`-- loop` runs it alone) steps a `repeat` of tool calls the way the runner
+//! does (decode the checkpoint, tick, encode) and shows the step cost and checkpoint size at
+//! iteration 10, 1,000 and 10,000: a long-running loop must not slow down.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -135,6 +139,74 @@ impl Bench {
     }
 }
 
+/// A `repeat` whose every iteration is one `echo` call and a 1 ms wait: one step per iteration.
+fn loop_tree(iterations: u32) -> TreeSpec {
+    parse(
+        json!({"type": "repeat", "count": iterations, "child": {"type": "sequence", "children": [
+            {"type": "tool", "name": "call", "tool": "echo", "args": {"n": 1}, "output": "out"},
+            {"type": "wait", "ms": 1}
+        ]}}),
+    )
+}
+
+/// Iterations at which the loop case reports, and how many steps each window averages.
+const LOOP_AT: [usize; 3] = [10, 1_000, 10_000];
+const LOOP_WINDOW: usize = 200;
+
+impl Bench {
+    /// Steps one run of [`loop_tree`] through its iterations; for each of `LOOP_AT`, the mean
+    /// step time (decode + tick + encode) over the window starting there and the checkpoint size
+    /// at its start.
+    fn loop_steps(&self) -> Vec<(Duration, usize)> {
+        let last = LOOP_AT[LOOP_AT.len() - 1] + LOOP_WINDOW;
+        let spec = loop_tree(last as u32 + 1);
+        let mut env = self.env();
+        let t0 = env.now_ms;
+        let mut bytes = Checkpoint::new(&spec, "thread", Map::new()).encode();
+        let mut rows = vec![(Duration::ZERO, 0); LOOP_AT.len()];
+        for step in 0..last {
+            env.now_ms = t0 + step as u64;
+            let window = LOOP_AT
+                .iter()
+                .position(|&at| (at..at + LOOP_WINDOW).contains(&step));
+            let start = Instant::now();
+            let mut ck = Checkpoint::decode(&bytes).unwrap();
+            let out = tick(&spec, &mut ck, Vec::new(), &env);
+            bytes = ck.encode();
+            let took = start.elapsed();
+            assert_eq!(out.status, TickStatus::Running, "{}", out.error);
+            if let Some(i) = window {
+                if step == LOOP_AT[i] {
+                    rows[i].1 = bytes.len();
+                }
+                rows[i].0 += took;
+            }
+        }
+        rows.into_iter()
+            .map(|(total, size)| (total / LOOP_WINDOW as u32, size))
+            .collect()
+    }
+}
+
+/// The loop table: the median of five runs per row.
+fn print_loop(bench: &Bench) {
+    let runs: Vec<Vec<(Duration, usize)>> = (0..5).map(|_| bench.loop_steps()).collect();
+    println!("loop (repeat of echo + 1 ms wait; one step = decode + tick + encode, as the runner)");
+    println!(
+        "{:<12} {:>18} {:>12}",
+        "iteration", "step (µs, median)", "ckpt bytes"
+    );
+    for (i, at) in LOOP_AT.iter().enumerate() {
+        let mut times: Vec<Duration> = runs.iter().map(|r| r[i].0).collect();
+        times.sort();
+        let size = runs[0][i].1;
+        println!(
+            "{at:<12} {:>18.2} {size:>12}",
+            times[times.len() / 2].as_secs_f64() * 1e6
+        );
+    }
+}
+
 struct PyTrees {
     big: f64,
     small: f64,
@@ -179,6 +251,10 @@ fn py_trees() -> Result<PyTrees, String> {
 
 fn main() {
     let bench = Bench::new();
+    if std::env::args().any(|a| a == "loop") {
+        print_loop(&bench);
+        return;
+    }
     let big = big_tree();
     let small = small_tree();
     // Warm-up, then measure.
@@ -226,4 +302,7 @@ fn main() {
         let (size, time) = bench.checkpoint(n);
         println!("{n:<12} {size:>12} {:>22.1}", time.as_secs_f64() * 1e6);
     }
+
+    println!();
+    print_loop(&bench);
 }

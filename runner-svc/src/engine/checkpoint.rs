@@ -1,17 +1,20 @@
 //! Checkpoints: everything a run needs to continue after a restart. Per-node runtime state is a
 //! vector indexed by the node's pre-order index in the spec (a node's path is derivable from the
 //! spec, so it is not stored). Encoded with postcard behind a one-byte format version.
+//!
+//! Version 2 added the run's note of pruned suspensions (`Interaction::past`, see
+//! [`super::interaction::store`]); version 1 checkpoints are still read.
 
 use arbor_shared::json::as_text;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
 
 use super::TickStatus;
-use super::interaction::store::Interaction;
+use super::interaction::store::{Interaction, PastRequest};
 use super::interaction::{Decision, SuspensionRecord};
 use super::spec::{NodeKind, TreeSpec};
 
-const FORMAT_VERSION: u8 = 1;
+const FORMAT_VERSION: u8 = 2;
 
 /// Status of one node (and of the root, for the run).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -123,7 +126,9 @@ pub struct Checkpoint {
 pub enum CheckpointError {
     #[error("checkpoint is empty")]
     Empty,
-    #[error("checkpoint format version {0} is not supported (this build reads {FORMAT_VERSION})")]
+    #[error(
+        "checkpoint format version {0} is not supported (this build reads 1 to {FORMAT_VERSION})"
+    )]
     UnsupportedVersion(u8),
     #[error("checkpoint is corrupt: {0}")]
     Corrupt(String),
@@ -170,9 +175,18 @@ impl Checkpoint {
     /// so re-entry picks up where it was).
     pub fn decode(bytes: &[u8]) -> Result<Self, CheckpointError> {
         let (&version, body) = bytes.split_first().ok_or(CheckpointError::Empty)?;
-        if version != FORMAT_VERSION {
-            return Err(CheckpointError::UnsupportedVersion(version));
-        }
+        // Version 1 is version 2 without `Interaction::past`, the body's last field: postcard
+        // writes fields one after another without framing, so a version 1 body followed by an
+        // empty sequence (one 0 byte) is a version 2 body.
+        let upgraded;
+        let body = match version {
+            FORMAT_VERSION => body,
+            1 => {
+                upgraded = [body, &[0]].concat();
+                &upgraded[..]
+            }
+            _ => return Err(CheckpointError::UnsupportedVersion(version)),
+        };
         let (mut ck, rest) = postcard::take_from_bytes::<Self>(body)
             .map_err(|e| CheckpointError::Corrupt(e.to_string()))?;
         if !rest.is_empty() {
@@ -185,6 +199,16 @@ impl Checkpoint {
             if matches!(node.data, NodeData::Leaf { .. }) && node.status == NodeStatus::Running {
                 node.status = NodeStatus::Idle;
             }
+        }
+        if version == 1 {
+            // Version 1 kept every call record; a call of an earlier attempt (`LOCATOR#ATTEMPT`)
+            // can never come up again. Records naming no node are left for `check_matches`.
+            let nodes = &ck.nodes;
+            ck.interaction.tool_calls.retain(|id, call| {
+                nodes.get(call.node as usize).is_none_or(|n| {
+                    id.rsplit_once('#').and_then(|(_, a)| a.parse().ok()) == Some(n.attempt)
+                })
+            });
         }
         Ok(ck)
     }
@@ -262,17 +286,31 @@ impl Checkpoint {
             .map(|o| &o.record)
     }
 
+    /// A suspension whose node has moved on, as the run remembers it (its last
+    /// [`PAST_KEPT`](super::PAST_KEPT) such requests). `suspension` no longer
+    /// finds it.
+    pub fn past_request(&self, request_id: &str) -> Option<&PastRequest> {
+        self.interaction.past(request_id)
+    }
+
     /// A delivered decision its node has not popped yet.
     pub fn pending_decision(&self, request_id: &str) -> Option<&Decision> {
         self.interaction.resolved_approvals.get(request_id)
     }
 
-    /// request_id → decision_id of every decision the tree has popped.
+    /// request_id → decision_id of the decisions the tree has popped, as far as the run remembers
+    /// them: those of its current suspensions and of the pruned ones in `past_request`.
     pub fn consumed_decisions(&self) -> impl Iterator<Item = (&str, &str)> {
+        let past = self
+            .interaction
+            .past
+            .iter()
+            .filter_map(|p| p.decision_id.as_deref().map(|d| (p.request_id.as_str(), d)));
         self.interaction
             .resolved_approval_acks
             .iter()
             .map(|(r, d)| (r.as_str(), d.as_str()))
+            .chain(past)
     }
 
     pub fn root_status(&self) -> NodeStatus {

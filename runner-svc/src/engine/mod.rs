@@ -31,6 +31,7 @@ use arbor_shared::domain::RunMode;
 use serde::{Deserialize, Serialize};
 
 pub use checkpoint::{Checkpoint, CheckpointError, NodeStatus};
+pub use interaction::store::{PAST_KEPT, PastRequest};
 pub use interaction::{Decision, DecisionError, SuspensionRecord, validate_decision};
 pub use spec::{TreeFormat, TreeSpec, parse_tree};
 pub use tools::{GuardConfig, LedgerTool, Tool, ToolCall, ToolError, ToolRegistry};

@@ -1,5 +1,7 @@
 //! Delivering decisions into a run's inbox (`RunnerService.Resolve`), idempotently by
-//! `decision_id`.
+//! `decision_id`. A request whose node has moved on (its record pruned from the checkpoint) is
+//! answered from the run's note of its last settled requests: the same decision is still a
+//! duplicate, another one still refused.
 
 use arbor_shared::domain::{
     DecisionSource, EventDetail, JobKind, JobOrigin, SuspensionCategory, SuspensionState, Verdict,
@@ -92,12 +94,18 @@ impl Runner {
                 let Some(ck) = records::get_checkpoint(tx, &input.run_id)? else {
                     return abort(not_found(&input));
                 };
-                let Some(record) = ck.suspension(&input.request_id) else {
-                    return abort(not_found(&input));
-                };
-                if record.category == SuspensionCategory::RequireApproval
-                    && !input.may_resolve_approvals
+                // A suspension whose node has moved on is remembered only by how it ended.
+                let found = ck.suspension(&input.request_id);
+                let (category, state, consumed) = match (found, ck.past_request(&input.request_id))
                 {
+                    (Some(r), _) => (r.category, r.state, r.consumed_decision_id.clone()),
+                    (None, Some(past)) => match &past.decision_id {
+                        Some(d) => (past.category, SuspensionState::Cleared, Some(d.clone())),
+                        None => (past.category, SuspensionState::Inactive, None),
+                    },
+                    (None, None) => return abort(not_found(&input)),
+                };
+                if category == SuspensionCategory::RequireApproval && !input.may_resolve_approvals {
                     return abort(RunnerError::ApprovalNeedsService);
                 }
                 let duplicate = |existing: &str| -> TxResult<((Resolved, _), _), RunnerError> {
@@ -114,16 +122,16 @@ impl Runner {
                         })
                     }
                 };
-                match record.state {
-                    SuspensionState::Cleared => {
-                        let existing = record.consumed_decision_id.clone().unwrap_or_default();
-                        return duplicate(&existing);
+                let record = match (state, found) {
+                    (SuspensionState::Cleared, _) => {
+                        return duplicate(&consumed.unwrap_or_default());
                     }
-                    SuspensionState::Inactive => {
+                    (SuspensionState::Inactive, _) => {
                         return abort(RunnerError::Withdrawn(input.request_id.clone()));
                     }
-                    SuspensionState::Active => {}
-                }
+                    (SuspensionState::Active, Some(record)) => record,
+                    (SuspensionState::Active, None) => return abort(not_found(&input)),
+                };
                 if let Some(pending) = ck.pending_decision(&input.request_id) {
                     return duplicate(&pending.decision_id);
                 }
@@ -253,5 +261,129 @@ fn not_found(input: &ResolveInput) -> RunnerError {
     RunnerError::RequestNotFound {
         run_id: input.run_id.clone(),
         request_id: input.request_id.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use arbor_shared::{domain::RunStatus, testing::eventually};
+    use serde_json::json;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::{engine::TreeFormat, runs::SubmitInput};
+
+    const ASK_THRICE: &str = r#"{"id": "ask-thrice", "version": 1, "root":
+      {"type": "repeat", "name": "loop", "count": 3, "child":
+        {"type": "user_input", "name": "ask", "input_kind": "text", "prompt": "Next?"}}}"#;
+
+    fn answer(run_id: &str, request_id: &str, decision_id: &str) -> ResolveInput {
+        ResolveInput {
+            run_id: run_id.into(),
+            request_id: request_id.into(),
+            decision_id: decision_id.into(),
+            action: Verdict::Resume,
+            result: json!({"text": "go on"}),
+            reason: String::new(),
+            decided_by: "alice".into(),
+            source: DecisionSource::Person,
+            may_resolve_approvals: false,
+            trace: None,
+        }
+    }
+
+    /// Waits until the run asks something other than `previous`; returns its request id.
+    async fn next_request(runner: &Runner, run_id: &str, previous: &str) -> String {
+        eventually(
+            "the run's next request",
+            Duration::from_secs(20),
+            || async {
+                let view = runner.get_run(run_id).unwrap();
+                let rid = view.suspensions.first()?.request_id.clone();
+                (rid != previous).then_some(rid)
+            },
+        )
+        .await
+    }
+
+    /// The request a repeated `Resolve` names has left the checkpoint (its node asked anew), yet
+    /// the same decision is still a duplicate and another one still refused, until the run ends
+    /// and after.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_duplicate_resolve_after_pruning_still_answers_duplicate() {
+        let dir = tempfile::tempdir().unwrap();
+        let runner = crate::open_runner(&crate::ServeConfig {
+            data_dir: dir.path().to_path_buf(),
+            ..crate::ServeConfig::default()
+        })
+        .await
+        .unwrap();
+        runner
+            .register_tree(ASK_THRICE, TreeFormat::Json)
+            .await
+            .unwrap();
+        let stop = CancellationToken::new();
+        let _workers = crate::worker::spawn(runner.clone(), 1, stop.clone());
+        let input = SubmitInput {
+            tree_id: "ask-thrice".into(),
+            submitted_by: "alice".into(),
+            ..Default::default()
+        };
+        let run_id = runner.submit(input).await.unwrap().run.run_id;
+        let first = next_request(&runner, &run_id, "").await;
+        let r = runner
+            .resolve(answer(&run_id, &first, "d-1"))
+            .await
+            .unwrap();
+        assert!(!r.duplicate);
+        let second = next_request(&runner, &run_id, &first).await;
+
+        let ck = runner
+            .store
+            .tree(T::Checkpoints)
+            .get(run_id.as_bytes())
+            .unwrap()
+            .unwrap();
+        let ck = crate::engine::Checkpoint::decode(&ck).unwrap();
+        assert!(
+            ck.suspension(&first).is_none(),
+            "the first request was pruned"
+        );
+        let again = runner
+            .resolve(answer(&run_id, &first, "d-1"))
+            .await
+            .unwrap();
+        assert!(again.duplicate);
+        assert_eq!(again.run.suspensions[0].request_id, second);
+        let other = runner.resolve(answer(&run_id, &first, "d-2")).await;
+        assert!(
+            matches!(&other, Err(RunnerError::AlreadyDecided { decision_id, .. }) if decision_id == "d-1"),
+            "{other:?}"
+        );
+
+        runner
+            .resolve(answer(&run_id, &second, "d-2"))
+            .await
+            .unwrap();
+        let third = next_request(&runner, &run_id, &second).await;
+        runner
+            .resolve(answer(&run_id, &third, "d-3"))
+            .await
+            .unwrap();
+        eventually("the run to succeed", Duration::from_secs(20), || async {
+            let status = runner.get_run(&run_id).unwrap().run.status;
+            (status == RunStatus::Succeeded).then_some(())
+        })
+        .await;
+        let late = runner
+            .resolve(answer(&run_id, &first, "d-1"))
+            .await
+            .unwrap();
+        assert!(late.duplicate);
+        stop.cancel();
     }
 }

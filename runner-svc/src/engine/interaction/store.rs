@@ -1,11 +1,21 @@
 //! The interaction namespace of a run: suspension records, the decision inbox
 //! (`resolved_approvals`), acknowledged pops (`resolved_approval_acks`), approval progress records
 //! and tool-call records. It is serialised inside the checkpoint, so all of it survives a restore.
+//!
+//! It stays bounded however long a run loops: a record is kept only while its node can still
+//! refer to it. Suspension ids and tool call ids carry the owning node's attempt, so once that
+//! attempt moves on (the node finished, or was halted while in flight) the node asks anew under
+//! new ids and never looks its old records up again; [`Interaction::prune`] then drops them. A
+//! crash replays from the last committed checkpoint, in which the node's attempt and records are
+//! still the old ones, so a replay finds its in-flight call, and a pruned call (its node's attempt
+//! has moved on in every later checkpoint) is never run again. What a caller may still ask about a
+//! pruned suspension (whether a repeated `Resolve` is a duplicate) is answered from `past`: the
+//! last [`PAST_KEPT`] settled requests with their decision id, or none if withdrawn.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::Range;
 
-use arbor_shared::domain::SuspensionState;
+use arbor_shared::domain::{SuspensionCategory, SuspensionState};
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
@@ -26,6 +36,22 @@ pub(crate) struct Interaction {
     pub tool_calls: BTreeMap<String, ToolCallRecord>,
     /// Tool calls admitted by the guard in this run (the per-run budget).
     pub budget_used: u32,
+    /// The most recently pruned suspensions, oldest first, at most [`PAST_KEPT`].
+    pub past: VecDeque<PastRequest>,
+}
+
+/// How many pruned suspensions a run remembers (about 80 bytes each): a repeated `Resolve` of one
+/// of them still answers as before (duplicate, already decided, withdrawn); older ones are
+/// unknown.
+pub const PAST_KEPT: usize = 256;
+
+/// What is left of a suspension once its node moved on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PastRequest {
+    pub request_id: String,
+    pub category: SuspensionCategory,
+    /// The decision that cleared it; `None` if it was withdrawn.
+    pub decision_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -95,8 +121,40 @@ impl Interaction {
             Some(o)
                 if o.record.consumed_decision_id.as_deref()
                     == Some(decision.decision_id.as_str()) => {}
+            None if self.past(&rid).is_some_and(|p| {
+                p.decision_id.as_deref() == Some(decision.decision_id.as_str())
+            }) => {}
             _ => discard(effects, &decision),
         }
+    }
+
+    /// A pruned suspension, if it is among the last [`PAST_KEPT`].
+    pub fn past(&self, request_id: &str) -> Option<&PastRequest> {
+        self.past.iter().rev().find(|p| p.request_id == request_id)
+    }
+
+    /// Forgets the settled suspensions and the tool calls of the nodes `moved_on` says have a new
+    /// attempt (no id of theirs can come up again), keeping a short note of each suspension in
+    /// `past`. Active suspensions stay: halting withdraws them first.
+    pub fn prune(&mut self, moved_on: impl Fn(u32) -> bool) {
+        let past = &mut self.past;
+        let acks = &mut self.resolved_approval_acks;
+        self.suspensions.retain(|rid, owned| {
+            if owned.record.state == SuspensionState::Active || !moved_on(owned.node) {
+                return true;
+            }
+            acks.remove(rid);
+            if past.len() >= PAST_KEPT {
+                past.pop_front();
+            }
+            past.push_back(PastRequest {
+                request_id: rid.clone(),
+                category: owned.record.category,
+                decision_id: owned.record.consumed_decision_id.take(),
+            });
+            false
+        });
+        self.tool_calls.retain(|_, call| !moved_on(call.node));
     }
 
     /// Records a suspension unless one with the same id exists; returns whether it is new (the

@@ -51,6 +51,8 @@ fn set_count(cx: &mut Ctx<'_>, idx: usize, value: u32) {
 
 /// Re-enters a failing child until it succeeds or `max_attempts` attempts failed. Synchronous
 /// failures are retried within the tick (bounded by the attempts and the tick's work budget).
+/// A guard refusal that no wait can cure (deny, budget spent) fails it at once with the guard's
+/// reason; a rate-limited tool below it waits for its window instead of failing (see `tool`).
 pub(super) fn retry(cx: &mut Ctx<'_>, idx: usize, max_attempts: u32) -> TickStatus {
     let Some(child) = only_child(cx, idx) else {
         return cx.fail("decorator without a child");
@@ -63,6 +65,8 @@ pub(super) fn retry(cx: &mut Ctx<'_>, idx: usize, max_attempts: u32) -> TickStat
                 return TickStatus::Running;
             }
             TickStatus::Success => return TickStatus::Success,
+            // The refusal stays the reason, so an outer retry gives up too.
+            TickStatus::Failure if cx.refused() => return TickStatus::Failure,
             TickStatus::Failure => {
                 failed += 1;
                 if failed >= max_attempts {

@@ -27,6 +27,9 @@ enum Why {
     Nothing,
     Text(String),
     Node(usize),
+    /// A guard refusal that waiting cannot cure (policy deny, budget spent): a `retry` gives up
+    /// at once instead of spending its attempts.
+    Refused(String),
 }
 
 pub(crate) struct Ctx<'t> {
@@ -40,6 +43,9 @@ pub(crate) struct Ctx<'t> {
     /// A suspension became active in this tick (Yield mode stops ticking parallel siblings).
     pub suspended_now: bool,
     work_left: u32,
+    /// A failure of the node being ticked would be retried by a `retry` above it (no selector,
+    /// inverter, force_* or tolerant parallel in between handles it first).
+    pub retried: bool,
 }
 
 pub(crate) fn tick_root(
@@ -57,6 +63,7 @@ pub(crate) fn tick_root(
         why: Why::Nothing,
         suspended_now: false,
         work_left: WORK_BUDGET,
+        retried: false,
     };
     let status = cx.tick(0);
     cx.ck.root_status = status.into();
@@ -116,6 +123,7 @@ fn halt_range(ck: &mut Checkpoint, range: Range<usize>, reason: &str, effects: &
     }
     let mut busy = ck.interaction.active_owners();
     busy.extend(ck.interaction.progress.values().map(|p| p.node));
+    let mut moved_on = Vec::new();
     for (i, state) in ck
         .nodes
         .iter_mut()
@@ -129,12 +137,18 @@ fn halt_range(ck: &mut Checkpoint, range: Range<usize>, reason: &str, effects: &
             || busy.contains(&(i as u32));
         if in_flight {
             state.attempt = state.attempt.wrapping_add(1);
+            moved_on.push(i as u32);
         }
         state.status = NodeStatus::Idle;
         state.data.reset();
     }
     let nodes = range.start as u32..range.end as u32;
     ck.interaction.withdraw(nodes, reason, effects);
+    // Pre-order indices, so `moved_on` is sorted.
+    if !moved_on.is_empty() {
+        ck.interaction
+            .prune(|node| moved_on.binary_search(&node).is_ok());
+    }
 }
 
 impl<'t> Ctx<'t> {
@@ -151,6 +165,16 @@ impl<'t> Ctx<'t> {
         }
         self.work_left -= 1;
         let node = self.node(idx);
+        let outer = self.retried;
+        self.retried = match &node.kind {
+            NodeKind::Retry { .. } => true,
+            NodeKind::Selector | NodeKind::Inverter | NodeKind::ForceSuccess => false,
+            NodeKind::ForceFailure => false,
+            NodeKind::Parallel { success_threshold } => {
+                outer && *success_threshold >= node.children.len()
+            }
+            _ => outer,
+        };
         let status = match &node.kind {
             NodeKind::Sequence => composite::sequence(self, idx),
             NodeKind::Selector => composite::selector(self, idx),
@@ -175,6 +199,7 @@ impl<'t> Ctx<'t> {
             NodeKind::UserInput(u) => input::user_input(self, idx, u),
             NodeKind::External(e) => input::external(self, idx, e),
         };
+        self.retried = outer;
         self.record(idx, status);
         status
     }
@@ -187,8 +212,14 @@ impl<'t> Ctx<'t> {
         }
         state.attempt = state.attempt.wrapping_add(1);
         state.data.reset();
-        for &child in &self.node(idx).children {
+        let node = self.node(idx);
+        for &child in &node.children {
             self.ck.nodes[child].status = NodeStatus::Idle;
+        }
+        // The node's next entry asks under new ids: what it recorded under the old ones is done.
+        if node.kind.keeps_records() {
+            let me = idx as u32;
+            self.ck.interaction.prune(|node| node == me);
         }
     }
 
@@ -208,6 +239,17 @@ impl<'t> Ctx<'t> {
         TickStatus::Failure
     }
 
+    /// Fails with a guard refusal that time cannot cure: an enclosing `retry` fails at once.
+    pub fn refuse(&mut self, message: String) -> TickStatus {
+        self.why = Why::Refused(message);
+        TickStatus::Failure
+    }
+
+    /// Whether the most recent failure was [`Ctx::refuse`]d.
+    pub fn refused(&self) -> bool {
+        matches!(self.why, Why::Refused(_))
+    }
+
     /// Fails with a reason derived from the node's spec, formatted only if it is ever reported:
     /// failing conditions and selectors are ordinary control flow.
     pub fn fail_quietly(&mut self, idx: usize) -> TickStatus {
@@ -219,7 +261,7 @@ impl<'t> Ctx<'t> {
     pub fn take_error(&mut self) -> String {
         match std::mem::replace(&mut self.why, Why::Nothing) {
             Why::Nothing => String::new(),
-            Why::Text(text) => text,
+            Why::Text(text) | Why::Refused(text) => text,
             Why::Node(idx) => {
                 let node = self.node(idx);
                 let loc = &node.locator;

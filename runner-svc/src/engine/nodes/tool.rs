@@ -1,6 +1,12 @@
 //! The `tool` leaf: guard pipeline (policy → budget → rate limit → ask), the optional approval
 //! suspension and the decision it applies (approve, edit, respond, reject), and the call itself
 //! with an idempotency key, so a replay after a crash repeats the same call id and key.
+//!
+//! Under a `retry` (with nothing in between that handles the failure itself), a guard refusal
+//! does not spend the retry's attempts: a rate-limited call parks the node until the rate
+//! limit's window has room (a durable deadline in the node's state, reported as the tick's wake
+//! time), then passes the guards again under the same call id; a refusal that no wait can cure
+//! (policy deny, budget spent) fails the retry at once with the guard's reason.
 
 use arbor_shared::domain::{
     ApprovalKind, ApprovalPhase, ApprovalRequest, DecisionKind, SuspensionCategory,
@@ -9,31 +15,53 @@ use arbor_shared::domain::{
 use serde_json::{Map, Value as Json, json};
 
 use super::{Ctx, task};
+use crate::engine::checkpoint::NodeData;
 use crate::engine::interaction::SuspensionRecord;
 use crate::engine::interaction::request_id;
 use crate::engine::interaction::store::{Progress, ProgressEntry, ToolCallRecord, ToolCallState};
 use crate::engine::spec::{ToolOnReject, ToolSpec};
 use crate::engine::tools::{Policy, ToolCall};
-use crate::engine::{TaskKind, TickStatus};
+use crate::engine::{Effect, TaskKind, TickStatus};
+
+/// Why a new call was turned away.
+enum Refusal {
+    /// An ordinary node failure: arguments that do not resolve, an unknown tool.
+    Failed(String),
+    /// Policy deny or budget spent: waiting cannot cure it.
+    Final(String),
+    /// The rate limit's window has no room before `until`.
+    RateLimited { error: String, until: u64 },
+}
 
 pub(super) fn tool(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec) -> TickStatus {
     let loc = cx.locator(idx);
     let call_id = format!("{loc}#{}", cx.attempt(idx));
-    if !cx.ck.interaction.tool_calls.contains_key(&call_id)
-        && let Err(error) = admit(cx, idx, spec, &call_id)
-    {
-        cx.ck.interaction.tool_calls.insert(
-            call_id,
-            ToolCallRecord {
-                node: idx as u32,
-                tool: spec.tool.clone(),
-                args: Json::Null,
-                state: ToolCallState::Failed {
-                    error: error.clone(),
-                },
-            },
-        );
-        return cx.fail(error);
+    if !cx.ck.interaction.tool_calls.contains_key(&call_id) {
+        let parked = parked_until(cx, idx);
+        if let Some(until) = parked
+            && cx.env.now_ms < until
+        {
+            cx.wake_at(until);
+            return TickStatus::Running;
+        }
+        match admit(cx, idx, spec, &call_id) {
+            Ok(()) => set_parked(cx, idx, None),
+            Err(Refusal::RateLimited { error, until }) if cx.retried => {
+                if parked.is_none() {
+                    cx.effects.push(Effect::Log {
+                        node_locator: loc.to_string(),
+                        message: format!("{error}: waiting for the window (until {until} ms)"),
+                    });
+                }
+                set_parked(cx, idx, Some(until));
+                cx.wake_at(until);
+                return TickStatus::Running;
+            }
+            Err(Refusal::Failed(error) | Refusal::RateLimited { error, .. }) => {
+                return cx.fail(error);
+            }
+            Err(Refusal::Final(error)) => return cx.refuse(error),
+        }
     }
     let Some(record) = cx.ck.interaction.tool_calls.get(&call_id) else {
         return cx.fail(format!("tool '{loc}': call record missing"));
@@ -51,31 +79,47 @@ pub(super) fn tool(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec) -> TickStatus 
     }
 }
 
+/// When a node parked on the rate limit may ask again (kept in its leaf deadline).
+fn parked_until(cx: &Ctx<'_>, idx: usize) -> Option<u64> {
+    cx.ck.nodes[idx].data.deadline()
+}
+
+fn set_parked(cx: &mut Ctx<'_>, idx: usize, until: Option<u64>) {
+    if let NodeData::Leaf { deadline } = &mut cx.ck.nodes[idx].data {
+        *deadline = until;
+    }
+}
+
 /// The guard pipeline for a new call; on success the call record exists (approved or awaiting
 /// approval) and counts against the run's budget.
-fn admit(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, call_id: &str) -> Result<(), String> {
+fn admit(cx: &mut Ctx<'_>, idx: usize, spec: &ToolSpec, call_id: &str) -> Result<(), Refusal> {
     let loc = cx.locator(idx);
     let name = &spec.tool;
     let args = cx
         .resolve(&spec.args)
-        .map_err(|e| format!("tool '{loc}': {e}"))?;
+        .map_err(|e| Refusal::Failed(format!("tool '{loc}': {e}")))?;
     if cx.env.tools.get(name).is_none() && !is_remote(cx, name) {
-        return Err(format!("tool '{loc}': unknown tool '{name}'"));
+        return Err(Refusal::Failed(format!(
+            "tool '{loc}': unknown tool '{name}'"
+        )));
     }
     let guards = cx.env.tools.guards();
     let policy = spec.policy.unwrap_or_else(|| guards.policy_for(name));
     if policy == Policy::Deny {
-        return Err(format!("tool '{name}' ({loc}) denied by policy"));
+        return Err(Refusal::Final(format!(
+            "tool '{name}' ({loc}) denied by policy"
+        )));
     }
     if let Some(budget) = guards.budget_per_run()
         && cx.ck.interaction.budget_used >= budget
     {
-        return Err(format!(
+        return Err(Refusal::Final(format!(
             "tool '{name}' ({loc}) over budget: {budget} calls per run"
-        ));
+        )));
     }
-    if !guards.admit(name, cx.env.now_ms) {
-        return Err(format!("tool '{name}' ({loc}) rate limited"));
+    if let Err(until) = guards.admit(name, cx.env.now_ms) {
+        let error = format!("tool '{name}' ({loc}) rate limited");
+        return Err(Refusal::RateLimited { error, until });
     }
     cx.ck.interaction.budget_used += 1;
     let state = if policy == Policy::Ask {

@@ -193,6 +193,16 @@ pub(crate) enum NodeKind {
     External(Box<ExternalSpec>),
 }
 
+impl NodeKind {
+    /// Whether nodes of this kind own suspension or tool-call records.
+    pub fn keeps_records(&self) -> bool {
+        matches!(
+            self,
+            Self::Approval(_) | Self::Tool(_) | Self::UserInput(_) | Self::External(_)
+        )
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CondOp {
     Eq,

@@ -18,7 +18,7 @@ fn encode_decode_round_trips_mid_run() {
     let mut h = Harness::new(two_gates());
     h.tick();
     let bytes = h.ck.encode();
-    assert_eq!(bytes[0], 1, "format version byte");
+    assert_eq!(bytes[0], 2, "format version byte");
     let back = Checkpoint::decode(&bytes).unwrap();
     assert_eq!(back.blackboard(), h.ck.blackboard());
     assert_eq!(back.step(), 1);

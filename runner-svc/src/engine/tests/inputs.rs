@@ -132,10 +132,19 @@ fn decisions_for_other_or_inactive_requests_are_refused() {
         "d",
         json!({"value": {"any": [1]}}),
     )]);
-    let cleared = h.ck.suspension(&record.request_id).unwrap();
-    assert_eq!(cleared.state, SuspensionState::Cleared);
+    assert_eq!(
+        h.ck.past_request(&record.request_id)
+            .unwrap()
+            .decision_id
+            .as_deref(),
+        Some("d")
+    );
+    let cleared = SuspensionRecord {
+        state: SuspensionState::Cleared,
+        ..record.clone()
+    };
     let err = validate_decision(
-        cleared,
+        &cleared,
         Decision::resume(&record.request_id, "d2", json!({"value": 1})),
     )
     .unwrap_err();

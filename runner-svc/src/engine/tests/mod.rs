@@ -6,6 +6,7 @@ mod decorators;
 mod gates;
 mod harness;
 mod inputs;
+mod loops;
 mod parallel;
 mod tools;
 mod validation;

@@ -285,11 +285,9 @@ fn reject_never_runs_the_tool_and_on_reject_says_what_the_node_returns() {
         assert_eq!(out.status, TickStatus::Failure);
         assert_eq!(out.error, "tool call rejected: too much");
         assert_eq!(h.ledger.count(), 0, "{extra}");
-        let call = &h.ck.interaction.tool_calls["append#0"];
-        assert!(matches!(
-            &call.state,
-            crate::engine::interaction::store::ToolCallState::Cancelled { reason } if reason == "too much"
-        ));
+        // The node is done with the call: its record is gone, and a new entry is a new call.
+        assert!(h.ck.interaction.tool_calls.is_empty());
+        assert_eq!(h.ck.nodes[0].attempt, 1);
     }
     let (mut h, record) = asked(json!({"on_reject": "skip"}));
     let out = h.decide(vec![decide(
@@ -411,4 +409,112 @@ fn decisions_and_records_survive_postcard() {
     );
     let bytes = postcard::to_stdvec(&d).unwrap();
     assert_eq!(postcard::from_bytes::<Decision>(&bytes).unwrap(), d);
+}
+
+fn rate_limited(calls: u32) -> GuardConfig {
+    GuardConfig {
+        rate_limit: Some(RateLimit {
+            calls,
+            window_ms: 1000,
+        }),
+        ..GuardConfig::default()
+    }
+}
+
+#[test]
+fn a_retry_around_a_rate_limited_tool_waits_for_the_window_without_spending_attempts() {
+    use super::harness::T0;
+    use crate::engine::checkpoint::NodeData;
+    let mut h = Harness::with_guards(
+        json!({"type": "sequence", "children": [
+            {"type": "tool", "name": "first", "tool": "ledger.append", "args": {"entry": {"n": 1}}},
+            {"type": "retry", "name": "again", "max_attempts": 2, "child":
+                {"type": "tool", "name": "second", "tool": "ledger.append",
+                 "args": {"entry": {"n": 2}}}}
+        ]}),
+        rate_limited(1),
+    );
+    let out = h.tick();
+    assert_eq!(out.status, TickStatus::Running, "{}", out.error);
+    assert_eq!(
+        out.next_wake_ms,
+        Some(T0 + 1000),
+        "wakes when the window has room"
+    );
+    let logged: Vec<&str> = out
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            crate::engine::Effect::Log { message, .. } => Some(message.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert!(logged[0].starts_with("tool 'ledger.append' (second) rate limited: waiting"));
+    assert_eq!(h.ledger.count(), 1);
+    let no_attempt_spent = |h: &Harness| {
+        assert_eq!(h.ck.nodes[2].data, NodeData::Counter { count: 0 });
+        assert_eq!(h.ck.nodes[3].attempt, 0);
+    };
+    no_attempt_spent(&h);
+    // Woken early (a restart, another decision): still waiting, nothing asked or said again.
+    h.now = T0 + 500;
+    h.restore();
+    let out = h.tick();
+    assert_eq!(out.status, TickStatus::Running);
+    assert_eq!(out.next_wake_ms, Some(T0 + 1000));
+    assert!(out.effects.is_empty(), "{:?}", out.effects);
+    no_attempt_spent(&h);
+    h.now = T0 + 1000;
+    assert_eq!(h.tick().status, TickStatus::Success);
+    // The call that went through is the retry's first attempt.
+    let keys: Vec<String> = h.ledger.entries().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(keys, ["run-1:first#0", "run-1:second#0"]);
+}
+
+#[test]
+fn a_rate_limited_tool_whose_failure_a_selector_handles_does_not_wait() {
+    let mut h = Harness::with_guards(
+        json!({"type": "retry", "max_attempts": 3, "child": {"type": "sequence", "children": [
+            {"type": "tool", "tool": "echo"},
+            {"type": "selector", "children": [
+                {"type": "tool", "name": "limited", "tool": "echo"},
+                {"type": "set", "key": "fell_back", "value": true}
+            ]}
+        ]}}),
+        rate_limited(1),
+    );
+    assert_eq!(h.tick().status, TickStatus::Success);
+    assert_eq!(h.bb("fell_back"), json!(true));
+}
+
+#[test]
+fn a_retry_gives_up_at_once_on_a_refusal_no_wait_can_cure() {
+    let budget = GuardConfig {
+        budget_per_run: Some(1),
+        ..GuardConfig::default()
+    };
+    let mut h = Harness::with_guards(
+        json!({"type": "sequence", "children": [
+            {"type": "tool", "name": "first", "tool": "echo"},
+            {"type": "retry", "max_attempts": 5, "child": {"type": "tool", "name": "second", "tool": "echo"}}
+        ]}),
+        budget,
+    );
+    let out = h.tick();
+    assert_eq!(out.status, TickStatus::Failure);
+    assert_eq!(
+        out.error,
+        "tool 'echo' (second) over budget: 1 calls per run"
+    );
+    assert_eq!(h.ck.nodes[3].attempt, 1, "tried once, not five times");
+
+    // Nested retries give up too, with the guard's reason.
+    let mut h = Harness::new(json!({"type": "retry", "max_attempts": 3, "child":
+        {"type": "retry", "max_attempts": 3, "child":
+            {"type": "tool", "name": "t", "tool": "echo", "policy": "deny"}}}));
+    let out = h.tick();
+    assert_eq!(out.status, TickStatus::Failure);
+    assert_eq!(out.error, "tool 'echo' (t) denied by policy");
+    assert_eq!(h.ck.nodes[2].attempt, 1);
 }

@@ -123,10 +123,11 @@ impl Guards {
         self.config.budget_per_run
     }
 
-    /// Counts a call against the rate limit; false when the window is full.
-    pub fn admit(&self, tool: &str, now_ms: u64) -> bool {
+    /// Counts a call against the rate limit. When the window is full, nothing is counted and the
+    /// answer is when its oldest call leaves it (the earliest time a call can be admitted).
+    pub fn admit(&self, tool: &str, now_ms: u64) -> Result<(), u64> {
         let Some(limit) = self.config.rate_limit else {
-            return true;
+            return Ok(());
         };
         let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
         let window = windows.entry(tool.to_string()).or_default();
@@ -137,9 +138,10 @@ impl Guards {
             window.pop_front();
         }
         if window.len() >= limit.calls as usize {
-            return false;
+            let oldest = window.front().copied().unwrap_or(now_ms);
+            return Err(oldest.saturating_add(limit.window_ms).max(now_ms));
         }
         window.push_back(now_ms);
-        true
+        Ok(())
     }
 }
