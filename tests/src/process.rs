@@ -64,6 +64,11 @@ impl Binaries {
         let target = std::env::var("CARGO_TARGET_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|_| root.join("target"));
+        if profile == Profile::Debug
+            && let Some(built) = Self::built_with_this_test(&root)
+        {
+            return built;
+        }
         let mut cmd =
             std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
         cmd.current_dir(&root).args([
@@ -89,6 +94,53 @@ impl Binaries {
             approval: dir.join("approval-svc"),
         }
     }
+
+    /// The debug binaries `cargo test --workspace` built beside this test executable (it builds
+    /// them for the services' own integration tests), when none of their sources changed since:
+    /// asking cargo again would build them a second time whenever its selection of packages
+    /// resolves their dependencies' features differently from the whole workspace's.
+    fn built_with_this_test(root: &Path) -> Option<Binaries> {
+        let dir = std::env::current_exe().ok()?.parent()?.parent()?.to_path_buf();
+        let bins = Binaries {
+            runner: dir.join("runner-svc"),
+            approval: dir.join("approval-svc"),
+        };
+        let built = [&bins.runner, &bins.approval]
+            .into_iter()
+            .map(|b| std::fs::metadata(b).and_then(|m| m.modified()).ok())
+            .min()??;
+        let sources = [
+            "Cargo.toml",
+            "Cargo.lock",
+            "proto",
+            "shared",
+            "runner-svc/Cargo.toml",
+            "runner-svc/src",
+            "approval-svc/Cargo.toml",
+            "approval-svc/src",
+        ];
+        let newest = sources
+            .iter()
+            .filter_map(|s| newest_modification(&root.join(s)))
+            .max()?;
+        (newest <= built).then_some(bins)
+    }
+}
+
+/// The latest modification time of `path` or of anything under it (`shared/tests` and
+/// `shared/target`-like folders included: erring towards a build is safe).
+fn newest_modification(path: &Path) -> Option<std::time::SystemTime> {
+    let meta = std::fs::metadata(path).ok()?;
+    let own = meta.modified().ok();
+    if !meta.is_dir() {
+        return own;
+    }
+    std::fs::read_dir(path)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| newest_modification(&e.path()))
+        .chain(own)
+        .max()
 }
 
 pub use arbor_testkit::free_port;

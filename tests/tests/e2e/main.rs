@@ -15,6 +15,7 @@ mod docs;
 mod interaction;
 mod manifests;
 mod observability;
+mod one_build;
 mod partition;
 mod polyglot;
 mod postgres_clock;

@@ -81,7 +81,7 @@ fn set(ids: &[&str]) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submitters_read_their_own_runs_and_approvers_what_they_decide() {
-    let (cluster, t) = Cluster::start_secure(Profile::Release).await;
+    let (cluster, t) = Cluster::start_secure(Profile::Debug).await;
     let r = cluster.runner.url();
     let mut sam = runner_as(&r, Some(&t.submitter));
     let mut bob = runner_as(&r, Some(&t.submitter_approver));
@@ -318,7 +318,7 @@ impl Target<'_> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_read_is_refused_without_the_right_and_answered_with_it() {
-    let (cluster, t) = Cluster::start_secure(Profile::Release).await;
+    let (cluster, t) = Cluster::start_secure(Profile::Debug).await;
     let mut sam = runner_as(&cluster.runner.url(), Some(&t.submitter));
     register(&mut sam, gate_tree("table-gate", "failure")).await;
     submit(&mut sam, "table-gate", "table-run").await;
