@@ -100,7 +100,11 @@ impl Binaries {
     /// asking cargo again would build them a second time whenever its selection of packages
     /// resolves their dependencies' features differently from the whole workspace's.
     fn built_with_this_test(root: &Path) -> Option<Binaries> {
-        let dir = std::env::current_exe().ok()?.parent()?.parent()?.to_path_buf();
+        let dir = std::env::current_exe()
+            .ok()?
+            .parent()?
+            .parent()?
+            .to_path_buf();
         let bins = Binaries {
             runner: dir.join("runner-svc"),
             approval: dir.join("approval-svc"),

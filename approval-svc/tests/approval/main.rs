@@ -2,6 +2,9 @@
 //! runner, deadlines, retention, replicas, and the store conformance suite on sled and on
 //! PostgreSQL.
 
+// Helpers outside #[test] functions may fail loudly too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod conformance;
 mod support;
 

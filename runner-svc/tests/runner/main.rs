@@ -2,6 +2,9 @@
 //! service on ephemeral ports, and the storage conformance suite on sled (the same suite runs
 //! on PostgreSQL in `tests/runner_postgres`).
 
+// Helpers outside #[test] functions may fail loudly too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 /// The storage conformance suite of this binary runs on sled (see `common::open_store`).
 pub const ON_POSTGRES: bool = false;
 

@@ -4,6 +4,9 @@
 //! directory, on the throwaway cluster that `arbor-testkit` starts from Debian's `postgresql`
 //! package).
 
+// Helpers outside #[test] functions may fail loudly too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 /// The storage conformance suite of this binary runs on PostgreSQL (see `common::open_store`).
 pub const ON_POSTGRES: bool = true;
 

@@ -224,8 +224,7 @@ async fn bad_input_gets_the_right_code_and_changes_nothing_on_postgresql() {
         .await
         .unwrap();
     let store = vec!["--store".to_string(), url];
-    let (cluster, tokens) =
-        Cluster::start_secure_with(Profile::Debug, store.clone(), store).await;
+    let (cluster, tokens) = Cluster::start_secure_with(Profile::Debug, store.clone(), store).await;
     every_row(&cluster, tokens).await;
 }
 

@@ -2,6 +2,9 @@
 //! and on a throwaway PostgreSQL, driven over gRPC, the CLI and the client helpers — one test
 //! binary, a module per concern.
 
+// Helpers outside #[test] functions may fail loudly too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod approval_loop;
 mod auth;
 mod bad_input;
