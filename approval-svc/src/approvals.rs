@@ -4,9 +4,8 @@
 //! policy decision travels exactly the same path as a person's.
 
 use std::{
-    collections::HashMap,
     panic::AssertUnwindSafe,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, PoisonError},
     time::Duration,
 };
 
@@ -25,8 +24,8 @@ use crate::{
     lifecycle::ApprovalState,
     metrics::Metrics,
     model::{Approval, NewDecision},
+    outbox::{DeliveryWake, Mark, Marks},
     policy::{Policy, Subject},
-    runner::delivery::DeliveryWake,
     store::{ApprovalStore, Consumed, DeliveryOutcome, Put, Resolved},
 };
 
@@ -55,46 +54,6 @@ pub struct Approvals<S> {
     marks: Arc<Marks>,
     /// This replica's name and whether it leads.
     replica: Arc<Replica>,
-}
-
-/// Deliveries the runner accepted whose record waits for the decision's consumption, by
-/// request id.
-#[derive(Default)]
-struct Marks {
-    waiting: Mutex<HashMap<String, Mark>>,
-    added: Notify,
-}
-
-struct Mark {
-    decision_id: String,
-    run_id: String,
-    at: Instant,
-}
-
-impl Marks {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Mark>> {
-        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Whether the acceptance of `decision_id` of `request_id` waits to be recorded.
-    fn holds(&self, request_id: &str, decision_id: &str) -> bool {
-        held(&self.lock(), request_id, decision_id)
-    }
-
-    /// Forgets the mark of `decision_id` of `request_id`: it is recorded.
-    fn forget(&self, request_id: &str, decision_id: &str) {
-        let mut waiting = self.lock();
-        if held(&waiting, request_id, decision_id) {
-            waiting.remove(request_id);
-        }
-    }
-}
-
-/// Whether `waiting` holds the mark of `decision_id` of `request_id`.
-fn held(waiting: &HashMap<String, Mark>, request_id: &str, decision_id: &str) -> bool {
-    waiting
-        .get(request_id)
-        .is_some_and(|m| m.decision_id == decision_id)
 }
 
 impl<S> Clone for Approvals<S> {
@@ -146,8 +105,18 @@ impl<S: ApprovalStore> Approvals<S> {
         &self.store
     }
 
+    /// The store, for a task that needs no more of the façade (retention).
+    pub fn shared_store(&self) -> Arc<S> {
+        self.store.clone()
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The counters, for the registry that exports them.
+    pub fn shared_metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
     }
 
     /// Every durable change, in the order this process made them durable.
