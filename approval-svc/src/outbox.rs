@@ -13,7 +13,7 @@ use std::{
 
 use tokio::{sync::Notify, time::Instant};
 
-use crate::model::Approval;
+use crate::{model::Approval, store::DeliveryOutcome};
 
 /// Approvals named to delivery and not taken yet beyond which it is told to look at everything
 /// instead: nobody takes them while another replica leads.
@@ -163,6 +163,9 @@ fn held(waiting: &HashMap<String, Mark>, request_id: &str, decision_id: &str) ->
         .get(request_id)
         .is_some_and(|m| m.decision_id == decision_id)
 }
+
+/// A delivery attempt to record: request id, decision id, outcome.
+pub type Attempt = (String, String, DeliveryOutcome);
 
 #[cfg(test)]
 pub(crate) mod tests {

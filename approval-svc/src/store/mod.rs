@@ -2,9 +2,11 @@
 //! change is one transaction together with its audit entry, and a write answers only once it is
 //! on disk, so whatever a caller was told OK survives a crash.
 //!
-//! This module is the storage seam: the service above it uses only the `ApprovalStore` trait
-//! and `open`; each backend lives in a module of its own below it and must pass the
-//! conformance suite in `tests/conformance`.
+//! The service above uses only the `ApprovalStore` trait and `open`. Below it is the seam a
+//! backend implements (`backend`: transactions over `Records`, and the reads here); every write
+//! is written once above the seam (`rules` for what it does to a record, `ops` for the
+//! transaction it runs in and what a batch does). Each backend lives in a module of its own
+//! and must pass the conformance suite in `tests/conformance`.
 //!
 //! `Err` is either a storage failure (`Error::Storage`) or a business outcome that changed
 //! nothing (`Error::NotFound`, `Error::InvalidTransition`, `Error::AlreadyDecided`, …).

@@ -1,5 +1,5 @@
-//! The PostgreSQL implementation of `ApprovalStore`, shared by every replica that opens the
-//! same database (`approval-svc serve --store postgres://…`).
+//! The PostgreSQL backend (`Backend`, and the reads of `ApprovalStore`), shared by every
+//! replica that opens the same database (`approval-svc serve --store postgres://…`).
 //!
 //! - Every state change is one SQL transaction (READ COMMITTED) that reads the approval's row
 //!   `FOR UPDATE`, runs the same rules as every backend (`store::rules`), writes the record with

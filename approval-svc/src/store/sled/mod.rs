@@ -1,6 +1,7 @@
-//! The sled implementation of `ApprovalStore`: one multi-tree transaction per state change
-//! (record, its indexes and its audit entry), then a flush before answering. State changes go
-//! through the batched commit, so concurrent ones share one sled transaction and one flush.
+//! The sled backend (`Backend`, and the reads of `ApprovalStore`): one multi-tree transaction
+//! per state change (record, its indexes and its audit entry), then a flush before answering.
+//! State changes go through the batched commit, so concurrent ones share one sled transaction
+//! and one flush.
 //!
 //! Everything that knows about sled lives here: the record and key layout (`codec`), the
 //! index reads (`query`), retention's deletes (`retention`), the integrity marker and the
