@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 
 use arbor_shared::{auth::Authenticator, metrics::MetricsListen};
 
-use crate::{policy::Policy, retention::RetentionConfig};
+use crate::policy::Policy;
 
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -95,5 +95,33 @@ impl Default for Tuning {
             rpc_timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(10),
         }
+    }
+}
+
+/// How long final approvals are kept, and how often the compactor looks.
+#[derive(Debug, Clone)]
+pub struct RetentionConfig {
+    /// Final approvals (and their audit entries) unchanged for this long are deleted.
+    pub keep: Duration,
+    /// How often the compactor runs.
+    pub interval: Duration,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            keep: Duration::from_secs(7 * 24 * 3600),
+            interval: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RetentionConfig {
+    /// The newest `updated_at` that may go at wall-clock `now_ms`. Never later than the last
+    /// cursor ack: an approval changed by an event the runner could still replay (a lost ack)
+    /// stays, so a replayed APPROVAL_REQUESTED finds its tombstone instead of a fresh PENDING.
+    pub fn cutoff(&self, now_ms: u64, cursor_acked_at: Option<u64>) -> u64 {
+        let by_age = now_ms.saturating_sub(self.keep.as_millis() as u64);
+        by_age.min(cursor_acked_at.unwrap_or(0))
     }
 }

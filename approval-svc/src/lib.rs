@@ -12,6 +12,7 @@ pub mod leader;
 pub mod lifecycle;
 pub mod metrics;
 pub mod model;
+pub mod outbox;
 pub mod policy;
 pub mod ratelog;
 pub mod retention;

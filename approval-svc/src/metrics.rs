@@ -2,7 +2,10 @@
 //! approvals wait for a decision. The counters are logged with every notable change and
 //! exported, with the decision-latency histogram and the pending gauge, on `/metrics`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
+};
 
 use arbor_shared::{
     domain::{DecisionKind, DecisionSource},
@@ -13,8 +16,6 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, histogram::Histogram},
     registry::Registry,
 };
-
-use crate::{approvals::Approvals, store::ApprovalStore};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabels {
@@ -123,11 +124,25 @@ impl Metrics {
     }
 }
 
+/// What the registry reads of the service at each scrape (metrics depend on nothing else of it).
+pub struct Scraped {
+    /// This replica's name.
+    pub replica: String,
+    /// Whether it leads.
+    pub leading: bool,
+    /// How many approvals are PENDING; `None`: the count could not be read.
+    pub pending: Option<u64>,
+    /// The store's fsyncs so far.
+    pub fsyncs: u64,
+}
+
 /// The registry `/metrics` serves: the histogram and decision counter as they are kept, the
-/// atomic counters and the pending count read at scrape time.
-pub fn registry<S: ApprovalStore>(approvals: Approvals<S>) -> Registry {
+/// atomic counters and what `scrape` reads, at scrape time.
+pub fn registry(
+    metrics: Arc<Metrics>,
+    scrape: impl Fn() -> Scraped + Send + Sync + 'static,
+) -> Registry {
     let mut registry = Registry::default();
-    let metrics = approvals.metrics();
     // Every source appears from the first scrape, so rate() and absent() behave.
     for source in [
         DecisionSource::Person,
@@ -149,7 +164,13 @@ pub fn registry<S: ApprovalStore>(approvals: Approvals<S>) -> Registry {
         metrics.decisions.clone(),
     );
     registry.register_collector(Box::new(ScrapeCollector::new(move |s| {
-        let m = approvals.metrics();
+        let m = &*metrics;
+        let Scraped {
+            replica,
+            leading,
+            pending,
+            fsyncs,
+        } = scrape();
         let counters: [(&str, &str, &AtomicU64); 10] = [
             (
                 "arbor_approval_delivery_retries",
@@ -209,7 +230,7 @@ pub fn registry<S: ApprovalStore>(approvals: Approvals<S>) -> Registry {
             "arbor_approval_fsyncs",
             "Group-commit flushes (fsyncs) of the approval database.",
             &[],
-            approvals.store().fsyncs(),
+            fsyncs,
         );
         let gauges: [(&str, &str, &AtomicU64); 2] = [
             (
@@ -227,14 +248,13 @@ pub fn registry<S: ApprovalStore>(approvals: Approvals<S>) -> Registry {
         for (name, help, value) in gauges {
             s.gauge(name, help, &[], Metrics::get(value) as f64);
         }
-        let replica = approvals.replica();
         s.gauge(
             "arbor_approval_leader",
             "1 while this replica leads (follows the runner and delivers decisions), else 0.",
-            &[("replica", replica.name())],
-            f64::from(u8::from(replica.is_leading())),
+            &[("replica", replica.as_str())],
+            f64::from(u8::from(leading)),
         );
-        match pending_count(&approvals) {
+        match pending {
             Some(n) => s.gauge(
                 "arbor_approval_pending",
                 "Approvals waiting for a decision.",
@@ -245,8 +265,4 @@ pub fn registry<S: ApprovalStore>(approvals: Approvals<S>) -> Registry {
         }
     })));
     registry
-}
-
-fn pending_count<S: ApprovalStore>(approvals: &Approvals<S>) -> Option<u64> {
-    approvals.store().pending_count().ok()
 }

@@ -3,55 +3,27 @@
 //! have not changed for the retention period; anything a person or the runner may still act on
 //! (PENDING, RESOLVED, EXPIRED, ACKED) stays, however old.
 
-use std::time::Duration;
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    approvals::Approvals,
     error::Result,
     metrics::Metrics,
     store::{ApprovalStore, Compacted},
 };
 
-/// How long final approvals are kept, and how often the compactor looks.
-#[derive(Debug, Clone)]
-pub struct RetentionConfig {
-    /// Final approvals (and their audit entries) unchanged for this long are deleted.
-    pub keep: Duration,
-    /// How often the compactor runs.
-    pub interval: Duration,
-}
-
-impl Default for RetentionConfig {
-    fn default() -> Self {
-        Self {
-            keep: Duration::from_secs(7 * 24 * 3600),
-            interval: Duration::from_secs(60),
-        }
-    }
-}
-
-impl RetentionConfig {
-    /// The newest `updated_at` that may go at wall-clock `now_ms`. Never later than the last
-    /// cursor ack: an approval changed by an event the runner could still replay (a lost ack)
-    /// stays, so a replayed APPROVAL_REQUESTED finds its tombstone instead of a fresh PENDING.
-    pub fn cutoff(&self, now_ms: u64, cursor_acked_at: Option<u64>) -> u64 {
-        let by_age = now_ms.saturating_sub(self.keep.as_millis() as u64);
-        by_age.min(cursor_acked_at.unwrap_or(0))
-    }
-}
+pub use crate::config::RetentionConfig;
 
 /// One compaction pass at wall-clock `now_ms`; counts what it removed.
 pub async fn compact_once<S: ApprovalStore>(
-    approvals: &Approvals<S>,
+    store: &S,
+    m: &Metrics,
     cfg: &RetentionConfig,
     now_ms: u64,
 ) -> Result<Compacted> {
-    let store = approvals.store();
     let cutoff = cfg.cutoff(now_ms, store.cursor_acked_at()?);
     let done = store.compact(cutoff).await?;
-    let m = approvals.metrics();
     Metrics::add(&m.retained_approvals, done.approvals);
     Metrics::add(&m.retained_audit_entries, done.audit_entries);
     Ok(done)
@@ -59,7 +31,8 @@ pub async fn compact_once<S: ApprovalStore>(
 
 /// Runs a compaction pass every `cfg.interval` until `shutdown`.
 pub struct Compactor<S> {
-    pub approvals: Approvals<S>,
+    pub store: Arc<S>,
+    pub metrics: Arc<Metrics>,
     pub cfg: RetentionConfig,
     pub shutdown: CancellationToken,
 }
@@ -71,7 +44,8 @@ impl<S: ApprovalStore> Compactor<S> {
                 _ = self.shutdown.cancelled() => return,
                 _ = tokio::time::sleep(self.cfg.interval) => {}
             }
-            match compact_once(&self.approvals, &self.cfg, self.approvals.store().now_ms()).await {
+            let now = self.store.now_ms();
+            match compact_once(&*self.store, &self.metrics, &self.cfg, now).await {
                 Ok(c) if c != Compacted::default() => tracing::info!(
                     approvals = c.approvals,
                     audit_entries = c.audit_entries,
@@ -86,6 +60,8 @@ impl<S: ApprovalStore> Compactor<S> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]

@@ -155,7 +155,16 @@ async fn serve<S: ApprovalStore>(
         tokio::spawn(approvals.clone().follow_foreign(stop.clone())),
     ];
     if let Some(l) = metrics_listener {
-        let registry = Arc::new(crate::metrics::registry(approvals.clone()));
+        let scraped = approvals.clone();
+        let registry = Arc::new(crate::metrics::registry(
+            approvals.shared_metrics(),
+            move || crate::metrics::Scraped {
+                replica: scraped.replica().name().to_string(),
+                leading: scraped.replica().is_leading(),
+                pending: scraped.store().pending_count().ok(),
+                fsyncs: scraped.store().fsyncs(),
+            },
+        ));
         tasks.push(tokio::spawn(arbor_shared::metrics::serve(
             l,
             registry,
@@ -343,7 +352,8 @@ impl<S: ApprovalStore> Leader<S> {
             ),
             tokio::spawn(
                 Compactor {
-                    approvals: self.approvals.clone(),
+                    store: self.approvals.shared_store(),
+                    metrics: self.approvals.shared_metrics(),
                     cfg: self.cfg.retention.clone(),
                     shutdown: round,
                 }

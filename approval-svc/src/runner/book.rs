@@ -129,7 +129,7 @@ mod tests {
     use super::*;
 
     fn item(id: &str) -> Item {
-        (crate::runner::wake::tests::approval(id), None)
+        (crate::outbox::tests::approval(id), None)
     }
 
     #[test]

@@ -20,12 +20,12 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tracing::Instrument;
 
-pub use super::wake::{DeliveryWake, Due};
 use super::{
     RunnerClient,
     backoff::Backoff,
     book::{Away, Book, Item},
 };
+pub use crate::outbox::{DeliveryWake, Due};
 use crate::{
     approvals::Approvals,
     config::Tuning,

@@ -5,7 +5,6 @@ pub mod backoff;
 mod book;
 pub mod delivery;
 pub mod subscriber;
-pub mod wake;
 
 use arbor_shared::{
     auth::BearerToken, proto::runner::v1::runner_service_client::RunnerServiceClient,

@@ -2,13 +2,17 @@
 //! change is one transaction together with its audit entry, and a write answers only once it is
 //! on disk, so whatever a caller was told OK survives a crash.
 //!
-//! This module is the storage seam: the service above it uses only the `ApprovalStore` trait
-//! and `open`; each backend lives in a module of its own below it and must pass the
-//! conformance suite in `tests/conformance`.
+//! The service above uses only the `ApprovalStore` trait and `open`. Below it is the seam a
+//! backend implements (`backend`: transactions over `Records`, and the reads here); every write
+//! is written once above the seam (`rules` for what it does to a record, `ops` for the
+//! transaction it runs in and what a batch does). Each backend lives in a module of its own
+//! and must pass the conformance suite in `tests/conformance`.
 //!
 //! `Err` is either a storage failure (`Error::Storage`) or a business outcome that changed
 //! nothing (`Error::NotFound`, `Error::InvalidTransition`, `Error::AlreadyDecided`, …).
 
+mod backend;
+mod ops;
 mod postgres;
 mod rules;
 mod sled;
@@ -27,8 +31,9 @@ pub use self::postgres::{ANY_CANCELLABLE_OF_RUN, CANCELLABLE_OF_RUN, OUTBOX_PAGE
 pub use self::postgres::{OPEN_PATIENCE as PG_OPEN_PATIENCE, PgStore};
 pub use self::sled::{SledStore, open};
 
+pub use self::backend::{Backend, Records};
 use crate::{
-    error::{Error, Result},
+    error::Result,
     model::{Approval, AuditEntry, AuditQuery, Filter, NewDecision, Page},
 };
 
@@ -143,14 +148,19 @@ impl Leadership {
 }
 
 /// Durable approvals. Writes resolve once durable; reads see every answered write.
-pub trait ApprovalStore: Send + Sync + 'static {
+///
+/// The writes are written once, here, over the [`Backend`] seam (see `ops`, whose module doc
+/// says what a batch does); a backend implements the reads, notifications and leadership.
+pub trait ApprovalStore: Backend {
     /// Stores a runner request as PENDING. Idempotent by request id: a known id, including a
     /// pruned tombstone or a cancelled one, returns the stored record unchanged.
     fn put_request(
         &self,
         request: ApprovalRequest,
         unknown_kind: Option<i32>,
-    ) -> impl Future<Output = Result<Put>> + Send;
+    ) -> impl Future<Output = Result<Put>> + Send {
+        ops::put(self, true, request, unknown_kind)
+    }
 
     /// Like `put_request`, but answers once the write is committed, before it is durable. For
     /// callers that make it durable right after (a policy decision's flush, or `flush`).
@@ -159,73 +169,53 @@ pub trait ApprovalStore: Send + Sync + 'static {
         request: ApprovalRequest,
         unknown_kind: Option<i32>,
     ) -> impl Future<Output = Result<Put>> + Send {
-        self.put_request(request, unknown_kind)
+        ops::put(self, false, request, unknown_kind)
     }
 
     /// `put_trace` (unless `traceparent` is empty) and `put_request_lazy`, as a runner's
-    /// APPROVAL_REQUESTED event asks for both; a backend with transactions writes them in one.
+    /// APPROVAL_REQUESTED event asks for both, in one transaction.
     fn put_traced_request(
         &self,
         request: ApprovalRequest,
         unknown_kind: Option<i32>,
         traceparent: &str,
     ) -> impl Future<Output = Result<Put>> + Send {
-        async move {
-            if !traceparent.is_empty() {
-                self.put_trace(&request.request_id, traceparent)?;
-            }
-            self.put_request_lazy(request, unknown_kind).await
-        }
+        let requests = vec![(request, unknown_kind, traceparent.to_string())];
+        async move { ops::single(self.put_traced_requests(requests).await?) }
     }
 
     /// `put_traced_request` for each of `requests` (request, unknown kind, `traceparent`), in
-    /// order, answering their outcomes in that order; the first error fails them all (some may
-    /// have been stored: each is idempotent, so the caller stores them all again). A backend
-    /// with transactions writes them in one.
+    /// order, answering their outcomes in that order, all in one transaction; the first error
+    /// fails them all and stores none.
     fn put_traced_requests(
         &self,
         requests: Vec<(ApprovalRequest, Option<i32>, String)>,
     ) -> impl Future<Output = Result<Vec<Put>>> + Send {
-        async move {
-            // join_all polls in order, so the writes reach a batched commit in this order and
-            // share its transactions.
-            futures_util::future::join_all(requests.into_iter().map(
-                |(request, unknown_kind, traceparent)| async move {
-                    self.put_traced_request(request, unknown_kind, &traceparent)
-                        .await
-                },
-            ))
-            .await
-            .into_iter()
-            .collect()
-        }
+        ops::put_and_decide(self, requests, |_| None)
     }
 
     /// `put_traced_requests`, letting `decide` (the policy) decide each request it creates in
-    /// the same write where the backend can: such a request is stored already RESOLVED, with
-    /// its REQUESTED and DECIDED audit entries, and its `Put` says `decided`. A decision the
-    /// request does not allow is not taken. The caller applies the policy to every PENDING one
-    /// not `decided`, as before; this default decides none (sled's group commit already makes
-    /// the decision's write share the request's flush).
+    /// the same write: such a request is stored already RESOLVED, with its REQUESTED and
+    /// DECIDED audit entries, and its `Put` says `decided`. A decision the request does not
+    /// allow is not taken. The caller applies the policy to every PENDING one not `decided`.
     fn put_and_decide_requests(
         &self,
         requests: Vec<(ApprovalRequest, Option<i32>, String)>,
         decide: impl Fn(&Approval) -> Option<NewDecision> + Send + Sync + 'static,
     ) -> impl Future<Output = Result<Vec<Put>>> + Send {
-        drop(decide);
-        self.put_traced_requests(requests)
+        ops::put_and_decide(self, requests, decide)
     }
 
     /// `ack_and_prune` for each of `consumed`, in order, answering each one's outcome in that
-    /// order; one that says `delivered` has the runner's acceptance of its decision recorded
-    /// first, in the same write (as an accepted `record_delivery` would, unless it already is).
-    /// A backend with transactions does them all in one: then one that is missing or that the
-    /// rules refuse answers its error alone, having written nothing, and any other failure
-    /// fails the call and changes nothing.
+    /// order, as one batch (see `ops`); one that says `delivered` has the runner's acceptance
+    /// of its decision recorded first, in the same write (as an accepted `record_delivery`
+    /// would, unless it already is).
     fn ack_and_prune_all(
         &self,
         consumed: Vec<Consumed>,
-    ) -> impl Future<Output = Result<Vec<Result<(Approval, Approval)>>>> + Send;
+    ) -> impl Future<Output = Result<Vec<Result<(Approval, Approval)>>>> + Send {
+        ops::ack_and_prune_all(self, consumed)
+    }
 
     /// PENDING → RESOLVED, single winner. The same decision again is a duplicate (OK, nothing
     /// changes); a different one is `AlreadyDecided` and the first decision stands.
@@ -233,33 +223,25 @@ pub trait ApprovalStore: Send + Sync + 'static {
         &self,
         request_id: &str,
         decision: NewDecision,
-    ) -> impl Future<Output = Result<Resolved>> + Send;
+    ) -> impl Future<Output = Result<Resolved>> + Send {
+        ops::resolve(self, request_id, decision)
+    }
 
     /// `resolve_request` for each of `decisions` (request id, decision), in order, answering
-    /// each one's outcome in that order. A backend with transactions takes them all in one:
-    /// then one the rules refuse (unknown, already decided, not allowed, …) answers its error
-    /// alone, having written nothing, and any other failure fails the call and changes
-    /// nothing. Two decisions on one approval take turns as two calls would. Each one taken
-    /// answers the request's `traceparent` too; a backend that can read it with the decision
-    /// does.
+    /// each one's outcome in that order, as one batch (see `ops`). Two decisions on one
+    /// approval take turns as two calls would. Each one taken answers the request's
+    /// `traceparent` too.
     fn resolve_requests(
         &self,
         decisions: Vec<(String, NewDecision)>,
     ) -> impl Future<Output = Result<Vec<Result<Resolved>>>> + Send {
-        async move {
-            Ok(futures_util::future::join_all(decisions.into_iter().map(
-                |(request_id, decision)| async move {
-                    let mut resolved = self.resolve_request(&request_id, decision).await?;
-                    resolved.traceparent = self.trace(&request_id)?;
-                    Ok(resolved)
-                },
-            ))
-            .await)
-        }
+        ops::resolve_all(self, decisions)
     }
 
     /// PENDING → EXPIRED with the request's `on_timeout` decision (source TIMEOUT).
-    fn expire(&self, request_id: &str) -> impl Future<Output = Result<Approval>> + Send;
+    fn expire(&self, request_id: &str) -> impl Future<Output = Result<Approval>> + Send {
+        ops::expire(self, request_id)
+    }
 
     /// Counts a delivery attempt of `decision_id`; an accepted one is recorded (with an audit
     /// entry) so it is not sent again. `None` when the approval no longer awaits that decision.
@@ -268,24 +250,18 @@ pub trait ApprovalStore: Send + Sync + 'static {
         request_id: &str,
         decision_id: &str,
         outcome: DeliveryOutcome,
-    ) -> impl Future<Output = Result<Option<Approval>>> + Send;
+    ) -> impl Future<Output = Result<Option<Approval>>> + Send {
+        ops::record_delivery(self, request_id, decision_id, outcome)
+    }
 
     /// `record_delivery` for each of `attempts` (request id, decision id, outcome), answering
-    /// each one's outcome in that order. A backend with transactions records them all in one:
-    /// then a storage failure fails the call and changes nothing.
+    /// each one's outcome in that order, in one transaction: any failure, a refusal too, fails
+    /// the call and changes nothing.
     fn record_deliveries(
         &self,
         attempts: Vec<(String, String, DeliveryOutcome)>,
     ) -> impl Future<Output = Result<Vec<Result<Option<Approval>>>>> + Send {
-        async move {
-            Ok(futures_util::future::join_all(attempts.into_iter().map(
-                |(request_id, decision_id, outcome)| async move {
-                    self.record_delivery(&request_id, &decision_id, outcome)
-                        .await
-                },
-            ))
-            .await)
-        }
+        ops::record_deliveries(self, attempts)
     }
 
     /// RESOLVED/EXPIRED → ACKED, only for the decision the approval holds.
@@ -293,7 +269,9 @@ pub trait ApprovalStore: Send + Sync + 'static {
         &self,
         request_id: &str,
         decision_id: &str,
-    ) -> impl Future<Output = Result<Approval>> + Send;
+    ) -> impl Future<Output = Result<Approval>> + Send {
+        ops::ack(self, request_id, decision_id)
+    }
 
     /// `ack_result` then `prune_result` of `consumed` as one atomic, durable step (the run
     /// consumed the decision: nothing is left to keep): [`ack_and_prune_all`] of it alone.
@@ -303,19 +281,14 @@ pub trait ApprovalStore: Send + Sync + 'static {
         &self,
         consumed: Consumed,
     ) -> impl Future<Output = Result<(Approval, Approval)>> + Send {
-        async move {
-            let outcomes = self.ack_and_prune_all(vec![consumed]).await?;
-            outcomes.into_iter().next().unwrap_or_else(|| {
-                Err(Error::Storage(
-                    "the store answered no outcome for a consumption".into(),
-                ))
-            })
-        }
+        async move { ops::single(self.ack_and_prune_all(vec![consumed]).await?)? }
     }
 
     /// ACKED → PRUNED: drops the request payload and the decision's args/result; the record
     /// stays as a tombstone and the audit trail stays whole.
-    fn prune_result(&self, request_id: &str) -> impl Future<Output = Result<Approval>> + Send;
+    fn prune_result(&self, request_id: &str) -> impl Future<Output = Result<Approval>> + Send {
+        ops::prune(self, request_id)
+    }
 
     /// PENDING/RESOLVED/EXPIRED → CANCELLED.
     fn cancel(
@@ -323,7 +296,9 @@ pub trait ApprovalStore: Send + Sync + 'static {
         request_id: &str,
         actor: &str,
         reason: &str,
-    ) -> impl Future<Output = Result<Approval>> + Send;
+    ) -> impl Future<Output = Result<Approval>> + Send {
+        ops::cancel(self, request_id, actor, reason)
+    }
 
     /// Of `run_ids`, those that may still hold an approval [`cancel_run`](Self::cancel_run)
     /// would change, so that the runs ending in one batch of events are looked at together. A
@@ -339,10 +314,14 @@ pub trait ApprovalStore: Send + Sync + 'static {
         run_id: &str,
         actor: &str,
         reason: &str,
-    ) -> impl Future<Output = Result<Vec<Approval>>> + Send;
+    ) -> impl Future<Output = Result<Vec<Approval>>> + Send {
+        ops::cancel_run(self, run_id, actor, reason)
+    }
 
     /// Appends a free-standing audit entry (its id and time are assigned here).
-    fn append_audit(&self, entry: AuditEntry) -> impl Future<Output = Result<AuditEntry>> + Send;
+    fn append_audit(&self, entry: AuditEntry) -> impl Future<Output = Result<AuditEntry>> + Send {
+        ops::append_audit(self, entry)
+    }
 
     fn get(&self, request_id: &str) -> Result<Option<Approval>>;
 
@@ -481,7 +460,7 @@ pub trait ApprovalStore: Send + Sync + 'static {
 
 /// Each of `approvals` with its `traceparent`, read one by one (the default of the reads that
 /// delivery makes).
-fn with_traces<S: ApprovalStore + ?Sized>(
+fn with_traces<S: ApprovalStore>(
     store: &S,
     approvals: Vec<Approval>,
 ) -> Result<Vec<(Approval, Option<String>)>> {

@@ -6,51 +6,14 @@
 use arbor_shared::domain::{ApprovalRequest, DecisionKind, DecisionSource, TimeoutAction};
 use serde_json::{Map, Value as Json};
 
-use super::{ACTOR_RUNNER, ACTOR_SERVICE, ACTOR_TIMEOUT, DeliveryOutcome, Put, Resolved};
+use super::{
+    ACTOR_RUNNER, ACTOR_SERVICE, ACTOR_TIMEOUT, DeliveryOutcome, Put, Resolved, backend::Records,
+};
 use crate::{
     error::Error,
     lifecycle::{ApprovalState, Transition},
     model::{Approval, AuditAction, AuditEntry, NewDecision},
 };
-
-/// One transaction's view of the approvals, in a backend. `Fail` is how the backend's
-/// transaction fails: a business outcome ([`Error`], which ends the transaction with nothing
-/// changed) or a storage failure of its own (which may mean "run it again").
-pub(super) trait Records {
-    type Fail: From<Error>;
-
-    /// The transaction's wall-clock time (ms); every change it makes is stamped with it.
-    fn now(&self) -> u64;
-
-    /// The stored approval, locked against other transactions until this one ends.
-    fn find(&self, request_id: &str) -> Result<Option<Approval>, Self::Fail>;
-
-    /// The next number in the order requests arrive.
-    fn next_arrival(&self) -> Result<u64, Self::Fail>;
-
-    /// Writes `new` (which replaces `old`, `None` for a new record) with its indexes.
-    fn save(&self, old: Option<&Approval>, new: &Approval) -> Result<(), Self::Fail>;
-
-    /// Appends an audit entry, assigning its id and time.
-    fn audit(&self, entry: AuditEntry) -> Result<AuditEntry, Self::Fail>;
-
-    /// [`audit`](Self::audit) for a caller that does not need the entry back. A backend whose
-    /// statements cost a round trip each may send it with the transaction's next statement or
-    /// its commit.
-    fn append(&self, entry: AuditEntry) -> Result<(), Self::Fail> {
-        self.audit(entry).map(drop)
-    }
-
-    /// Appends audit entries of one approval, in order, as [`audit`](Self::audit) each would
-    /// (their ids ascending in that order). A backend whose statements cost a round trip each
-    /// writes them in one.
-    fn audit_all(&self, entries: Vec<AuditEntry>) -> Result<(), Self::Fail> {
-        for entry in entries {
-            self.audit(entry)?;
-        }
-        Ok(())
-    }
-}
 
 type Outcome<R, T> = Result<T, <R as Records>::Fail>;
 
@@ -323,20 +286,8 @@ pub(super) fn prune<R: Records>(tx: &R, request_id: &str) -> Outcome<R, Approval
     write(tx, &a, n, entry)
 }
 
-/// [`ack`] then [`prune`], with both moves and both audit entries, but the record written once:
-/// in its pruned form. With `delivered`, see [`consumption`].
-pub(super) fn ack_and_prune<R: Records>(
-    tx: &R,
-    request_id: &str,
-    decision_id: &str,
-    delivered: bool,
-) -> Outcome<R, (Approval, Approval)> {
-    let a = load(tx, request_id)?;
-    let consumption = consumption(tx, &a, decision_id, delivered)?;
-    consume(tx, &a, consumption)
-}
-
-/// The moves of [`ack_and_prune`] and their audit entries, not written yet.
+/// The moves of a consumption ([`ack`] then [`prune`], the record written once, in its pruned
+/// form) and their audit entries, not written yet.
 pub(super) struct Consumption {
     /// The delivery recorded with the consumption, when it was not recorded before.
     delivered: Option<AuditEntry>,
@@ -344,7 +295,7 @@ pub(super) struct Consumption {
     pruned: (Approval, AuditEntry),
 }
 
-/// Every check of [`ack_and_prune`] on the loaded `a`, before anything is written: a refusal
+/// Every check of a consumption on the loaded `a`, before anything is written: a refusal
 /// here leaves the transaction as it was. With `delivered`, the runner's acceptance of the
 /// decision is recorded first, as an accepted [`record_delivery`] would, unless it already is.
 pub(super) fn consumption<R: Records>(

@@ -1,5 +1,5 @@
-//! The PostgreSQL implementation of `ApprovalStore`, shared by every replica that opens the
-//! same database (`approval-svc serve --store postgres://…`).
+//! The PostgreSQL backend (`Backend`, and the reads of `ApprovalStore`), shared by every
+//! replica that opens the same database (`approval-svc serve --store postgres://…`).
 //!
 //! - Every state change is one SQL transaction (READ COMMITTED) that reads the approval's row
 //!   `FOR UPDATE`, runs the same rules as every backend (`store::rules`), writes the record with
@@ -22,6 +22,7 @@
 mod lead;
 mod query;
 mod schema;
+mod statements;
 mod tx;
 
 use std::{
@@ -33,21 +34,15 @@ use std::{
     time::Duration,
 };
 
-use arbor_shared::{
-    domain::ApprovalRequest,
-    postgres::{Database, DbError, Patience, Prepared, ServerClock, wait},
-};
+use arbor_shared::postgres::{Database, DbError, Patience, Prepared, ServerClock, wait};
 use serde::{Serialize, de::DeserializeOwned};
 use tokio::sync::{mpsc, watch};
 
 use self::tx::{Fail, PgTx};
-use super::{
-    ApprovalStore, Compacted, Consumed, DeliveryOutcome, Leadership, Put, Resolved,
-    rules::{self, Records},
-};
+use super::{ApprovalStore, Backend, Compacted, Leadership};
 use crate::{
     error::{Error, Result},
-    model::{Approval, AuditEntry, AuditQuery, Filter, NewDecision, Page},
+    model::{Approval, AuditEntry, AuditQuery, Filter, Page},
 };
 
 /// The most rows one page of the outbox holds: a literal, so that [`OUTBOX_PAGE`] spells it out
@@ -211,37 +206,6 @@ impl PgStore {
         })
     }
 
-    /// Runs `body` as one SQL transaction on a blocking thread, again when it conflicts with
-    /// another (a unique violation or a deadlock); answers after the commit.
-    async fn transact<T: Send + 'static>(
-        &self,
-        body: impl Fn(&PgTx<'_>) -> Result<T, Fail> + Send + 'static,
-    ) -> Result<T> {
-        let (db, instance, commits, clock) = (
-            self.db.clone(),
-            self.instance.clone(),
-            self.commits.clone(),
-            self.clock.clone(),
-        );
-        tokio::task::spawn_blocking(move || {
-            let outcome = transact_blocking(&db, &instance, &clock, &body);
-            if outcome.is_ok() {
-                commits.fetch_add(1, Ordering::Relaxed);
-            }
-            outcome
-        })
-        .await
-        .map_err(|e| Error::Storage(format!("store task failed: {e}")))?
-    }
-
-    /// Whether the run has an approval that may still be cancelled, as committed now.
-    fn any_cancellable(&self, run_id: &str) -> Result<bool> {
-        let client = self.db.client_blocking()?;
-        let row = wait(client.prepared_query_opt(ANY_CANCELLABLE_OF_RUN, &[&run_id]))
-            .map_err(db_error)?;
-        Ok(row.is_some())
-    }
-
     fn meta(&self, key: &str) -> Result<Option<u64>> {
         let client = self.db.client_blocking()?;
         let row = wait(
@@ -250,30 +214,6 @@ impl PgStore {
         .map_err(db_error)?;
         Ok(row.map(|r| r.get::<_, i64>(0).max(0) as u64))
     }
-}
-
-/// An id for each of `n` decisions, generated once per call so that a transaction run again
-/// reuses them.
-fn decision_ids(n: usize) -> Vec<String> {
-    (0..n).map(|_| uuid::Uuid::now_v7().to_string()).collect()
-}
-
-/// `each` of `items` taken in the order of their request ids (`id`), its outcomes answered in
-/// the order given; the first failure ends it. A transaction that changes several approvals
-/// locks their rows in this order, as every other does, so no two wait for each other in a
-/// circle (PostgreSQL would break the circle only after `deadlock_timeout`, a second).
-fn in_id_order<I, O>(
-    items: &[I],
-    id: impl Fn(&I) -> &String,
-    mut each: impl FnMut(&I) -> Result<O, Fail>,
-) -> Result<Vec<O>, Fail> {
-    let mut order: Vec<usize> = (0..items.len()).collect();
-    order.sort_by(|&a, &b| id(&items[a]).cmp(id(&items[b])));
-    let mut outcomes: Vec<Option<O>> = (0..items.len()).map(|_| None).collect();
-    for i in order {
-        outcomes[i] = Some(each(&items[i])?);
-    }
-    Ok(outcomes.into_iter().flatten().collect())
 }
 
 fn transact_blocking<T>(
@@ -321,223 +261,56 @@ fn transact_blocking<T>(
     }
 }
 
-impl ApprovalStore for PgStore {
-    async fn put_request(
+impl Backend for PgStore {
+    type Fail = Fail;
+    type Tx<'t> = PgTx<'t>;
+
+    /// On a blocking thread, again when it conflicts with another (a unique violation or a
+    /// deadlock); answers after the commit, which the server made durable whatever `durable`
+    /// says.
+    async fn transact<T: Send + 'static>(
         &self,
-        request: ApprovalRequest,
-        unknown_kind: Option<i32>,
-    ) -> Result<Put> {
-        self.transact(move |tx| rules::put(tx, &request, unknown_kind))
-            .await
-    }
-
-    /// In one transaction: the trace rides in the round trip of the record's lookup.
-    async fn put_traced_request(
-        &self,
-        request: ApprovalRequest,
-        unknown_kind: Option<i32>,
-        traceparent: &str,
-    ) -> Result<Put> {
-        let mut puts = self
-            .put_traced_requests(vec![(request, unknown_kind, traceparent.to_string())])
-            .await?;
-        puts.pop()
-            .ok_or_else(|| Error::Storage("a batch of one stored nothing".into()))
-    }
-
-    /// All in one transaction: one commit (and one WAL flush) for a whole batch of the
-    /// runner's events.
-    async fn put_traced_requests(
-        &self,
-        requests: Vec<(ApprovalRequest, Option<i32>, String)>,
-    ) -> Result<Vec<Put>> {
-        self.put_and_decide_requests(requests, |_| None).await
-    }
-
-    /// All in one transaction, the decisions too: a request the policy decides costs one
-    /// record write and no transaction of its own.
-    async fn put_and_decide_requests(
-        &self,
-        requests: Vec<(ApprovalRequest, Option<i32>, String)>,
-        decide: impl Fn(&Approval) -> Option<NewDecision> + Send + Sync + 'static,
-    ) -> Result<Vec<Put>> {
-        if requests.is_empty() {
-            return Ok(Vec::new());
-        }
-        let decision_ids = decision_ids(requests.len());
-        let ids: Vec<String> = requests
-            .iter()
-            .map(|(request, _, _)| request.request_id.clone())
-            .collect();
-        self.transact(move |tx| {
-            // The traces go with the first statement, all in one.
-            for (request, _, traceparent) in &requests {
-                if !traceparent.is_empty() {
-                    tx.put_trace(&request.request_id, traceparent);
-                }
-            }
-            tx.lock_ahead(&ids.iter().map(String::as_str).collect::<Vec<_>>(), true)?;
-            let mut puts = Vec::with_capacity(requests.len());
-            for ((request, unknown_kind, _), id) in requests.iter().zip(&decision_ids) {
-                let decide: rules::Decide<'_> = &decide;
-                puts.push(rules::put_deciding(
-                    tx,
-                    request,
-                    *unknown_kind,
-                    Some((decide, id)),
-                )?);
-            }
-            Ok(puts)
-        })
-        .await
-    }
-
-    async fn resolve_request(&self, request_id: &str, decision: NewDecision) -> Result<Resolved> {
-        // Generated once per call, so a transaction run again reuses it.
-        let decision_id = uuid::Uuid::now_v7().to_string();
-        let request_id = request_id.to_string();
-        self.transact(move |tx| rules::resolve(tx, &request_id, &decision, &decision_id))
-            .await
-    }
-
-    /// All in one transaction: one commit (and one WAL flush) for the decisions taken
-    /// together, their approvals and traces locked and read with one statement.
-    async fn resolve_requests(
-        &self,
-        decisions: Vec<(String, NewDecision)>,
-    ) -> Result<Vec<Result<Resolved>>> {
-        if decisions.is_empty() {
-            return Ok(Vec::new());
-        }
-        let decision_ids = decision_ids(decisions.len());
-        self.transact(move |tx| {
-            let ids: Vec<&str> = decisions.iter().map(|(id, _)| id.as_str()).collect();
-            let traces = tx.lock_ahead_traced(&ids)?;
-            let items: Vec<_> = decisions.iter().zip(&decision_ids).collect();
-            in_id_order(
-                &items,
-                |((request_id, _), _)| request_id,
-                |((request_id, decision), decision_id)| match rules::resolve(
-                    tx,
-                    request_id,
-                    decision,
-                    decision_id,
-                ) {
-                    Ok(resolved) => Ok(Ok(Resolved {
-                        traceparent: traces.get(request_id.as_str()).cloned(),
-                        ..resolved
-                    })),
-                    Err(Fail::Rule(e)) => Ok(Err(e)),
-                    Err(e) => Err(e),
-                },
-            )
-        })
-        .await
-    }
-
-    async fn expire(&self, request_id: &str) -> Result<Approval> {
-        let decision_id = uuid::Uuid::now_v7().to_string();
-        let request_id = request_id.to_string();
-        self.transact(move |tx| rules::expire(tx, &request_id, &decision_id))
-            .await
-    }
-
-    async fn record_delivery(
-        &self,
-        request_id: &str,
-        decision_id: &str,
-        outcome: DeliveryOutcome,
-    ) -> Result<Option<Approval>> {
-        let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
-        self.transact(move |tx| rules::record_delivery(tx, &request_id, &decision_id, &outcome))
-            .await
-    }
-
-    /// All in one transaction: one commit (and one WAL flush) for the deliveries that finished
-    /// together; any failure fails the call and changes nothing.
-    async fn record_deliveries(
-        &self,
-        attempts: Vec<(String, String, DeliveryOutcome)>,
-    ) -> Result<Vec<Result<Option<Approval>>>> {
-        if attempts.is_empty() {
-            return Ok(Vec::new());
-        }
-        let recorded = self
-            .transact(move |tx| {
-                let ids: Vec<&str> = attempts.iter().map(|(id, _, _)| id.as_str()).collect();
-                tx.lock_ahead(&ids, false)?;
-                in_id_order(
-                    &attempts,
-                    |(request_id, _, _)| request_id,
-                    |(request_id, decision_id, outcome)| {
-                        rules::record_delivery(tx, request_id, decision_id, outcome)
-                    },
-                )
-            })
-            .await?;
-        Ok(recorded.into_iter().map(Ok).collect())
-    }
-
-    async fn ack_result(&self, request_id: &str, decision_id: &str) -> Result<Approval> {
-        let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
-        self.transact(move |tx| rules::ack(tx, &request_id, &decision_id))
-            .await
-    }
-
-    /// All in one transaction: one commit (and one WAL flush) for the consumptions of a whole
-    /// batch of the runner's events. One that is missing or that the rules refuse answers its
-    /// error alone, having written nothing; any other failure fails the call and changes
-    /// nothing.
-    async fn ack_and_prune_all(
-        &self,
-        consumed: Vec<Consumed>,
-    ) -> Result<Vec<Result<(Approval, Approval)>>> {
-        if consumed.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.transact(move |tx| {
-            let ids: Vec<&str> = consumed.iter().map(|c| c.request_id.as_str()).collect();
-            tx.lock_ahead(&ids, false)?;
-            in_id_order(
-                &consumed,
-                |c| &c.request_id,
-                |c| {
-                    let refused = |e: Fail| match e {
-                        Fail::Rule(e) => Ok(Err(e)),
-                        other => Err(other),
-                    };
-                    let a = match rules::load(tx, &c.request_id) {
-                        Ok(a) => a,
-                        Err(e) => return refused(e),
-                    };
-                    match rules::consumption(tx, &a, &c.decision_id, c.delivered) {
-                        Ok(n) => rules::consume(tx, &a, n).map(Ok),
-                        Err(e) => refused(e),
-                    }
-                },
-            )
-        })
-        .await
-    }
-
-    async fn prune_result(&self, request_id: &str) -> Result<Approval> {
-        let request_id = request_id.to_string();
-        self.transact(move |tx| rules::prune(tx, &request_id)).await
-    }
-
-    async fn cancel(&self, request_id: &str, actor: &str, reason: &str) -> Result<Approval> {
-        let (request_id, actor, reason) = (
-            request_id.to_string(),
-            actor.to_string(),
-            reason.to_string(),
+        _durable: bool,
+        body: impl Fn(&PgTx<'_>) -> Result<T, Fail> + Send + 'static,
+    ) -> Result<T> {
+        let (db, instance, commits, clock) = (
+            self.db.clone(),
+            self.instance.clone(),
+            self.commits.clone(),
+            self.clock.clone(),
         );
-        self.transact(move |tx| {
-            let a = rules::load(tx, &request_id)?;
-            rules::cancel(tx, &a, &actor, &reason)
+        tokio::task::spawn_blocking(move || {
+            let outcome = transact_blocking(&db, &instance, &clock, &body);
+            if outcome.is_ok() {
+                commits.fetch_add(1, Ordering::Relaxed);
+            }
+            outcome
         })
         .await
+        .map_err(|e| Error::Storage(format!("store task failed: {e}")))?
     }
 
+    fn refusal(fail: Fail) -> Result<Error, Fail> {
+        match fail {
+            Fail::Rule(e) => Ok(e),
+            other => Err(other),
+        }
+    }
+
+    /// A look outside any transaction: it sees what a transaction's first statement would (an
+    /// approval committed since is not among either's, and one cancelled or decided meanwhile
+    /// is locked and read again). It blocks the calling thread, as every read does: a pooled
+    /// connection held across an await on the service's runtime could wait for a thread that
+    /// waits for a connection. The transaction locks the run's approvals itself.
+    fn cancellable_ids(&self, run_id: &str) -> Result<Option<Vec<String>>> {
+        let client = self.db.client_blocking()?;
+        let row = wait(client.prepared_query_opt(ANY_CANCELLABLE_OF_RUN, &[&run_id]))
+            .map_err(db_error)?;
+        Ok(row.map(|_| Vec::new()))
+    }
+}
+
+impl ApprovalStore for PgStore {
     /// One look for all of them (see `cancel_run`).
     fn runs_to_cancel(&self, run_ids: &[String]) -> Result<HashSet<String>> {
         if run_ids.is_empty() {
@@ -546,35 +319,6 @@ impl ApprovalStore for PgStore {
         let client = self.db.client_blocking()?;
         let rows = wait(client.prepared_query(RUNS_TO_CANCEL, &[&run_ids])).map_err(db_error)?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
-    }
-
-    /// Most runs end with nothing left to cancel (the runner withdraws a run's open suspensions
-    /// in the step that ends it), so a look outside any transaction answers those without one.
-    /// It sees what a transaction's first statement would: an approval committed since is not
-    /// among either's, and one cancelled or decided meanwhile is locked and read again below.
-    /// The look blocks the calling thread, as every read does: a pooled connection held across
-    /// an await on the service's runtime could wait for a thread that waits for a connection.
-    async fn cancel_run(&self, run_id: &str, actor: &str, reason: &str) -> Result<Vec<Approval>> {
-        if !self.any_cancellable(run_id)? {
-            return Ok(Vec::new());
-        }
-        let (run_id, actor, reason) = (run_id.to_string(), actor.to_string(), reason.to_string());
-        self.transact(move |tx| {
-            let mut changed = Vec::new();
-            for id in tx.cancellable_of_run(&run_id)? {
-                let a = rules::load(tx, &id)?;
-                if rules::cancellable(&a) {
-                    changed.push(rules::cancel(tx, &a, &actor, &reason)?);
-                }
-            }
-            Ok(changed)
-        })
-        .await
-    }
-
-    async fn append_audit(&self, entry: AuditEntry) -> Result<AuditEntry> {
-        self.transact(move |tx| Records::audit(tx, entry.clone()))
-            .await
     }
 
     fn get(&self, request_id: &str) -> Result<Option<Approval>> {
@@ -799,27 +543,5 @@ impl ApprovalStore for PgStore {
 
     fn reachable(&self) -> Option<watch::Receiver<bool>> {
         Some(self.reachable.clone())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn several_approvals_are_taken_in_byte_order_and_answered_in_the_order_given() {
-        let items: Vec<String> = ["b", "B", "a", "é", "a0"].map(String::from).to_vec();
-        let mut taken = Vec::new();
-        let outcomes = in_id_order(
-            &items,
-            |i| i,
-            |i| {
-                taken.push(i.clone());
-                Ok(format!("{i}!"))
-            },
-        )
-        .unwrap();
-        assert_eq!(taken, ["B", "a", "a0", "b", "é"]);
-        assert_eq!(outcomes, ["b!", "B!", "a!", "é!", "a0!"]);
     }
 }

@@ -1,6 +1,7 @@
-//! The sled implementation of `ApprovalStore`: one multi-tree transaction per state change
-//! (record, its indexes and its audit entry), then a flush before answering. State changes go
-//! through the batched commit, so concurrent ones share one sled transaction and one flush.
+//! The sled backend (`Backend`, and the reads of `ApprovalStore`): one multi-tree transaction
+//! per state change (record, its indexes and its audit entry), then a flush before answering.
+//! State changes go through the batched commit, so concurrent ones share one sled transaction
+//! and one flush.
 //!
 //! Everything that knows about sled lives here: the record and key layout (`codec`), the
 //! index reads (`query`), retention's deletes (`retention`), the integrity marker and the
@@ -10,10 +11,9 @@ mod codec;
 mod query;
 mod retention;
 
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{collections::HashMap, path::Path, sync::Arc, time::Duration};
 
 use arbor_shared::{
-    domain::ApprovalRequest,
     sled_backend::commit::{BatchCommit, BatchResult, CommitError, FlushError, GroupCommit, TxSet},
     sled_backend::integrity::{self, Integrity},
     time::now_ms,
@@ -25,13 +25,14 @@ use sled::{
 
 use self::retention::CURSOR_AT_KEY;
 use super::{
-    ApprovalStore, Compacted, Consumed, DeliveryOutcome, Put, Resolved,
-    rules::{self, Records},
+    ApprovalStore, Compacted,
+    backend::{Backend, Records},
+    rules,
 };
 use crate::{
     error::{Error, Result},
     lifecycle::ApprovalState,
-    model::{Approval, AuditEntry, AuditQuery, Filter, NewDecision, Page},
+    model::{Approval, AuditEntry, AuditQuery, Filter, Page},
 };
 
 impl From<sled::Error> for Error {
@@ -124,7 +125,7 @@ impl std::fmt::Debug for SledStore {
 }
 
 /// The transactional view of every tree a state change touches.
-struct Tx<'a> {
+pub struct Tx<'a> {
     approvals: &'a TransactionalTree,
     by_created: &'a TransactionalTree,
     by_run: &'a TransactionalTree,
@@ -216,6 +217,23 @@ impl Records for Tx<'_> {
         self.audit_by_run
             .insert(codec::owned_key(&entry.run_id, &key), &[][..])?;
         Ok(entry)
+    }
+
+    fn put_trace(&self, request_id: &str, traceparent: &str) -> TxResult<()> {
+        self.meta
+            .insert(trace_key(request_id), traceparent.as_bytes())?;
+        Ok(())
+    }
+
+    fn lock_ahead_traced(&self, ids: &[&str]) -> TxResult<HashMap<String, String>> {
+        let mut traces = HashMap::new();
+        for id in ids {
+            let stored = self.meta.get(trace_key(id))?;
+            if let Some(t) = stored.and_then(|v| String::from_utf8(v.to_vec()).ok()) {
+                traces.insert(id.to_string(), t);
+            }
+        }
+        Ok(traces)
     }
 }
 
@@ -311,23 +329,6 @@ impl SledStore {
         })
     }
 
-    /// Runs `f` in one transaction with whatever other changes are queued, then waits until
-    /// that transaction is durable. `f` may run more than once; it must have no side effects.
-    async fn commit<T: Send + 'static>(
-        &self,
-        f: impl Fn(&Tx<'_>) -> TxResult<T> + Send + 'static,
-    ) -> Result<T> {
-        self.batches.commit(f).await.map_err(CommitError::flatten)
-    }
-
-    /// Like `commit`, without waiting for the flush: durable at the next one.
-    async fn apply<T: Send + 'static>(
-        &self,
-        f: impl Fn(&Tx<'_>) -> TxResult<T> + Send + 'static,
-    ) -> Result<T> {
-        self.batches.apply(f).await.map_err(CommitError::flatten)
-    }
-
     /// Runs `f` as a transaction of its own on the calling thread; durable at the next flush.
     fn commit_lazy<T>(&self, f: impl Fn(&Tx<'_>) -> TxResult<T>) -> Result<T> {
         match self.trees.run(f) {
@@ -402,126 +403,47 @@ fn count_pending_once(trees: &Trees) -> Result<()> {
     Ok(())
 }
 
-impl ApprovalStore for SledStore {
-    async fn put_request(
+impl Backend for SledStore {
+    type Fail = ConflictableTransactionError<Error>;
+    type Tx<'t> = Tx<'t>;
+
+    /// In the batched commit: shares one sled transaction and one flush with whatever other
+    /// changes are queued; a lazy one answers before the flush.
+    async fn transact<T: Send + 'static>(
         &self,
-        request: ApprovalRequest,
-        unknown_kind: Option<i32>,
-    ) -> Result<Put> {
-        self.commit(move |tx| rules::put(tx, &request, unknown_kind))
-            .await
+        durable: bool,
+        body: impl Fn(&Tx<'_>) -> TxResult<T> + Send + 'static,
+    ) -> Result<T> {
+        match durable {
+            true => self.batches.commit(body).await,
+            false => self.batches.apply(body).await,
+        }
+        .map_err(CommitError::flatten)
     }
 
-    async fn put_request_lazy(
-        &self,
-        request: ApprovalRequest,
-        unknown_kind: Option<i32>,
-    ) -> Result<Put> {
-        self.apply(move |tx| rules::put(tx, &request, unknown_kind))
-            .await
+    fn refusal(fail: Self::Fail) -> std::result::Result<Error, Self::Fail> {
+        match fail {
+            ConflictableTransactionError::Abort(e) => Ok(e),
+            other => Err(other),
+        }
     }
 
-    async fn resolve_request(&self, request_id: &str, decision: NewDecision) -> Result<Resolved> {
-        // Generated once per call, outside the closure, so a retried transaction reuses it.
-        let decision_id = uuid::Uuid::now_v7().to_string();
-        let request_id = request_id.to_string();
-        self.commit(move |tx| rules::resolve(tx, &request_id, &decision, &decision_id))
-            .await
-    }
-
-    async fn expire(&self, request_id: &str) -> Result<Approval> {
-        let decision_id = uuid::Uuid::now_v7().to_string();
-        let request_id = request_id.to_string();
-        self.commit(move |tx| rules::expire(tx, &request_id, &decision_id))
-            .await
-    }
-
-    async fn record_delivery(
-        &self,
-        request_id: &str,
-        decision_id: &str,
-        outcome: DeliveryOutcome,
-    ) -> Result<Option<Approval>> {
-        // Bookkeeping only: if a crash loses it, the decision is delivered again, which the
-        // runner answers as a duplicate. No fsync of its own.
-        let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
-        self.apply(move |tx| rules::record_delivery(tx, &request_id, &decision_id, &outcome))
-            .await
-    }
-
-    async fn ack_result(&self, request_id: &str, decision_id: &str) -> Result<Approval> {
-        let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
-        self.commit(move |tx| rules::ack(tx, &request_id, &decision_id))
-            .await
-    }
-
-    async fn prune_result(&self, request_id: &str) -> Result<Approval> {
-        let request_id = request_id.to_string();
-        self.commit(move |tx| rules::prune(tx, &request_id)).await
-    }
-
-    /// Each in a transaction of its own; the group commit makes them share a flush.
-    async fn ack_and_prune_all(
-        &self,
-        consumed: Vec<Consumed>,
-    ) -> Result<Vec<Result<(Approval, Approval)>>> {
-        Ok(
-            futures_util::future::join_all(consumed.into_iter().map(|c| {
-                self.commit(move |tx| {
-                    rules::ack_and_prune(tx, &c.request_id, &c.decision_id, c.delivered)
-                })
-            }))
-            .await,
-        )
-    }
-
-    async fn cancel(&self, request_id: &str, actor: &str, reason: &str) -> Result<Approval> {
-        let (request_id, actor, reason) = (
-            request_id.to_string(),
-            actor.to_string(),
-            reason.to_string(),
-        );
-        self.commit(move |tx| {
-            let a = rules::load(tx, &request_id)?;
-            rules::cancel(tx, &a, &actor, &reason)
-        })
-        .await
-    }
-
-    async fn cancel_run(&self, run_id: &str, actor: &str, reason: &str) -> Result<Vec<Approval>> {
+    /// Every run's end comes here; most of its approvals are long final, and a commit for
+    /// nothing would cost a flush.
+    fn cancellable_ids(&self, run_id: &str) -> Result<Option<Vec<String>>> {
         let mut ids = Vec::new();
         for item in self.trees.by_run.scan_prefix(codec::owner_prefix(run_id)) {
             let (key, _) = item?;
             let id = String::from_utf8_lossy(&key[run_id.len() + 1..]).into_owned();
-            // Every run's end comes here; most of its approvals are long final, and a commit
-            // for nothing would cost a flush. The transaction checks the state again.
-            let open = self.get(&id)?.is_some_and(|a| rules::cancellable(&a));
-            if open {
+            if self.get(&id)?.is_some_and(|a| rules::cancellable(&a)) {
                 ids.push(id);
             }
         }
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (actor, reason) = (actor.to_string(), reason.to_string());
-        self.commit(move |tx| {
-            let mut changed = Vec::new();
-            for id in &ids {
-                let a = rules::load(tx, id)?;
-                if rules::cancellable(&a) {
-                    changed.push(rules::cancel(tx, &a, &actor, &reason)?);
-                }
-            }
-            Ok(changed)
-        })
-        .await
+        Ok((!ids.is_empty()).then_some(ids))
     }
+}
 
-    async fn append_audit(&self, entry: AuditEntry) -> Result<AuditEntry> {
-        self.commit(move |tx| Records::audit(tx, entry.clone()))
-            .await
-    }
-
+impl ApprovalStore for SledStore {
     fn get(&self, request_id: &str) -> Result<Option<Approval>> {
         self.trees
             .approvals

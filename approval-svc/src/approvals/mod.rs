@@ -3,31 +3,26 @@
 //! made a change durable this publishes it to watchers and wakes the task that acts next, so a
 //! policy decision travels exactly the same path as a person's.
 
-use std::{
-    collections::HashMap,
-    panic::AssertUnwindSafe,
-    sync::{Arc, Mutex, PoisonError},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use arbor_shared::{auth::Principal, domain::ApprovalRequest};
-use futures_util::FutureExt;
-use tokio::{
-    sync::{Notify, broadcast, oneshot, watch},
-    time::Instant,
-};
+use tokio::sync::{Notify, broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+mod delivery;
+mod queue;
+
+use self::queue::Queue;
 use crate::{
     error::{Error, Result},
     leader::Replica,
     lifecycle::ApprovalState,
     metrics::Metrics,
     model::{Approval, NewDecision},
+    outbox::{Attempt, DeliveryWake, Marks},
     policy::{Policy, Subject},
-    runner::delivery::DeliveryWake,
-    store::{ApprovalStore, Consumed, DeliveryOutcome, Put, Resolved},
+    store::{ApprovalStore, Put, Resolved},
 };
 
 /// How many changes a watcher may fall behind before it is ended with RESOURCE_EXHAUSTED.
@@ -55,46 +50,6 @@ pub struct Approvals<S> {
     marks: Arc<Marks>,
     /// This replica's name and whether it leads.
     replica: Arc<Replica>,
-}
-
-/// Deliveries the runner accepted whose record waits for the decision's consumption, by
-/// request id.
-#[derive(Default)]
-struct Marks {
-    waiting: Mutex<HashMap<String, Mark>>,
-    added: Notify,
-}
-
-struct Mark {
-    decision_id: String,
-    run_id: String,
-    at: Instant,
-}
-
-impl Marks {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Mark>> {
-        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Whether the acceptance of `decision_id` of `request_id` waits to be recorded.
-    fn holds(&self, request_id: &str, decision_id: &str) -> bool {
-        held(&self.lock(), request_id, decision_id)
-    }
-
-    /// Forgets the mark of `decision_id` of `request_id`: it is recorded.
-    fn forget(&self, request_id: &str, decision_id: &str) {
-        let mut waiting = self.lock();
-        if held(&waiting, request_id, decision_id) {
-            waiting.remove(request_id);
-        }
-    }
-}
-
-/// Whether `waiting` holds the mark of `decision_id` of `request_id`.
-fn held(waiting: &HashMap<String, Mark>, request_id: &str, decision_id: &str) -> bool {
-    waiting
-        .get(request_id)
-        .is_some_and(|m| m.decision_id == decision_id)
 }
 
 impl<S> Clone for Approvals<S> {
@@ -146,8 +101,18 @@ impl<S: ApprovalStore> Approvals<S> {
         &self.store
     }
 
+    /// The store, for a task that needs no more of the façade (retention).
+    pub fn shared_store(&self) -> Arc<S> {
+        self.store.clone()
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The counters, for the registry that exports them.
+    pub fn shared_metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
     }
 
     /// Every durable change, in the order this process made them durable.
@@ -499,199 +464,6 @@ impl<S: ApprovalStore> Approvals<S> {
         }
         Ok(())
     }
-
-    /// APPROVAL_CONSUMED: ack the result, then prune it. Safe to repeat: a replayed event finds
-    /// the approval already ACKED or PRUNED and finishes whatever is left.
-    pub async fn consumed(&self, request_id: &str, decision_id: &str) -> Result<()> {
-        let Some(a) = self.store.get(request_id)? else {
-            tracing::debug!(
-                request_id,
-                "consumption of an approval this service never saw"
-            );
-            return Ok(());
-        };
-        let holds = a
-            .decision
-            .as_ref()
-            .is_some_and(|d| d.decision_id == decision_id);
-        if !holds {
-            // Someone with the runner's `service` role decided it there directly: the request
-            // is closed, so whatever this service holds for it can never be delivered.
-            tracing::warn!(request_id, decision_id, state = %a.state,
-                "runner consumed a decision this service did not take; approval cancelled");
-            let reason = format!(
-                "the runner consumed decision '{}', which was not taken here",
-                arbor_shared::status::clip(decision_id)
-            );
-            return self.withdraw(request_id, "runner", &reason).await;
-        }
-        if a.state.awaits_delivery() {
-            // The run consumed the decision, so the runner has it: its delivery is recorded
-            // with the consumption, as in `consumed_all`.
-            let consumption = Consumed {
-                delivered: true,
-                ..Consumed::new(request_id, decision_id)
-            };
-            let (acked, pruned) = self.store.ack_and_prune(consumption).await?;
-            self.marks.forget(request_id, decision_id);
-            self.publish(&acked);
-            self.publish(&pruned);
-            return Ok(());
-        }
-        match self.store.prune_result(request_id).await {
-            Ok(pruned) => self.publish(&pruned),
-            Err(Error::InvalidTransition { .. }) => {}
-            Err(e) => return Err(e),
-        }
-        Ok(())
-    }
-
-    /// APPROVAL_CONSUMED for each of `consumed` (request id, decision id), together (in one
-    /// transaction where the store has them); answers which were done. The store does the plain
-    /// ones (the approval holds that decision and awaits its consumption: the common case),
-    /// each with its delivery if that is not recorded yet (the run consumed the decision, so
-    /// the runner has it; see [`accepted`](Self::accepted)); the others, and all of them should
-    /// the batch fail, are left for [`consumed`](Self::consumed), which handles every case.
-    pub async fn consumed_all(&self, consumed: &[(String, String)]) -> Result<Vec<bool>> {
-        let mut done = vec![false; consumed.len()];
-        let batch = consumed
-            .iter()
-            .map(|(request_id, decision_id)| Consumed {
-                delivered: true,
-                ..Consumed::new(request_id, decision_id)
-            })
-            .collect();
-        match self.store.ack_and_prune_all(batch).await {
-            Ok(outcomes) => {
-                for ((done, outcome), (request_id, decision_id)) in
-                    done.iter_mut().zip(outcomes).zip(consumed)
-                {
-                    if let Ok((acked, pruned)) = outcome {
-                        self.marks.forget(request_id, decision_id);
-                        self.publish(&acked);
-                        self.publish(&pruned);
-                        *done = true;
-                    }
-                }
-            }
-            Err(e) => tracing::debug!("consumptions left to one at a time: {e}"),
-        }
-        Ok(done)
-    }
-
-    /// The runner accepted `approval`'s decision `decision_id` (it is durable in the run's
-    /// inbox). That is recorded (its `delivered_at_ms` and DELIVERED audit entry) with the
-    /// decision's consumption, in the same write, or on its own by
-    /// [`record_marks`](Self::record_marks) once it has waited [`MARK_WAIT`], or before the
-    /// approval is cancelled. Delivery does not send it again meanwhile (see
-    /// [`is_accepted`](Self::is_accepted)); should this process stop before it is recorded,
-    /// the decision is sent again and the runner answers it as a duplicate.
-    pub fn accepted(&self, approval: &Approval, decision_id: &str) {
-        let mark = Mark {
-            decision_id: decision_id.to_string(),
-            run_id: approval.request.run_id.clone(),
-            at: Instant::now(),
-        };
-        self.marks.lock().insert(approval.id().to_string(), mark);
-        self.marks.added.notify_one();
-    }
-
-    /// Whether the runner accepted `decision_id` of `request_id` and that waits to be recorded.
-    pub fn is_accepted(&self, request_id: &str, decision_id: &str) -> bool {
-        self.marks.holds(request_id, decision_id)
-    }
-
-    /// Records each acceptance that has waited [`MARK_WAIT`] without its consumption, until
-    /// `stop`; then records every one left.
-    pub async fn record_marks(&self, stop: CancellationToken) {
-        loop {
-            let added = self.marks.added.notified();
-            let oldest = self.marks.lock().values().map(|m| m.at).min();
-            let due = tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = added, if oldest.is_none() => continue,
-                _ = tokio::time::sleep_until(oldest.unwrap_or_else(Instant::now) + MARK_WAIT),
-                    if oldest.is_some() => Instant::now(),
-            };
-            if let Err(e) = self.record_marks_of(|_, m| m.at + MARK_WAIT <= due).await {
-                tracing::warn!(error = %e, "cannot record deliveries; will retry");
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tokio::time::sleep(MARK_WAIT) => {}
-                }
-            }
-        }
-        if let Err(e) = self.record_marks_of(|_, _| true).await {
-            tracing::warn!(error = %e, "deliveries left unrecorded; they will be sent again");
-        }
-    }
-
-    /// Records now the waiting acceptances `which` picks (by request id and mark).
-    async fn record_marks_of(&self, which: impl Fn(&str, &Mark) -> bool) -> Result<()> {
-        let due: Vec<(String, String)> = self
-            .marks
-            .lock()
-            .iter()
-            .filter(|(id, m)| which(id, m))
-            .map(|(id, m)| (id.clone(), m.decision_id.clone()))
-            .collect();
-        let recorded = futures_util::future::join_all(due.iter().map(|(id, d)| async move {
-            self.record_delivery(id, d, DeliveryOutcome::Accepted)
-                .await
-                .map(|()| self.marks.forget(id, d))
-        }))
-        .await;
-        recorded.into_iter().collect()
-    }
-
-    /// Counts a delivery attempt; an accepted one stops further attempts. The attempts that
-    /// finish while others are being recorded are recorded together when those are done (in one
-    /// transaction where the store has them); the writing runs as a task of its own, so it
-    /// finishes even when its caller goes away.
-    pub async fn record_delivery(
-        &self,
-        request_id: &str,
-        decision_id: &str,
-        outcome: DeliveryOutcome,
-    ) -> Result<()> {
-        let store = self.store.clone();
-        let item = (request_id.to_string(), decision_id.to_string(), outcome);
-        let recorded = self
-            .attempts
-            .push(item, move |batch| {
-                let store = store.clone();
-                async move { record_attempts(&*store, batch).await }
-            })
-            .await?;
-        if let Some(a) = recorded {
-            // Without re-waking delivery: a failed attempt is retried on its own backoff.
-            self.tell_watchers(&a);
-        }
-        Ok(())
-    }
-}
-
-/// Records a batch of delivery attempts.
-async fn record_attempts<S: ApprovalStore>(
-    store: &S,
-    attempts: Vec<Attempt>,
-) -> Vec<Result<Option<Approval>>> {
-    match store.record_deliveries(attempts.clone()).await {
-        Ok(recorded) => recorded,
-        // Each alone, so that one which cannot be recorded holds up no other.
-        Err(e) => {
-            tracing::debug!("delivery attempts left to one at a time: {e}");
-            let mut recorded = Vec::with_capacity(attempts.len());
-            for (request_id, decision_id, outcome) in attempts {
-                recorded.push(
-                    store
-                        .record_delivery(&request_id, &decision_id, outcome)
-                        .await,
-                );
-            }
-            recorded
-        }
-    }
 }
 
 /// Runs `work` as a task of its own, in the caller's span, so that it finishes even when the
@@ -708,92 +480,8 @@ async fn to_the_end<T: Send + 'static>(
         })?
 }
 
-/// A delivery attempt to record: request id, decision id, outcome.
-type Attempt = (String, String, DeliveryOutcome);
-
 /// A decision to take: request id, decision, and the span of the caller who asked for it.
 type Decision = (String, NewDecision, tracing::Span);
-
-/// Work that callers wait on and that one task writes, batch after batch: what is queued while
-/// a batch is being written goes in the next one (a group commit), each item answered alone.
-struct Queue<I, O> {
-    waiting: std::sync::Mutex<Waiting<I, O>>,
-}
-
-type Answer<O> = oneshot::Sender<Result<O>>;
-
-struct Waiting<I, O> {
-    items: Vec<(I, Answer<O>)>,
-    /// A task is writing: it takes whatever is queued before it stops.
-    writing: bool,
-}
-
-impl<I, O> Default for Queue<I, O> {
-    fn default() -> Self {
-        Self {
-            waiting: std::sync::Mutex::new(Waiting {
-                items: Vec::new(),
-                writing: false,
-            }),
-        }
-    }
-}
-
-impl<I: Send + 'static, O: Send + 'static> Queue<I, O> {
-    /// Queues `item` and waits for its outcome. When no task is writing, one is started that
-    /// hands batch after batch to `write`, which answers each item's outcome in order; it runs
-    /// on its own (in no caller's span: it writes for them all), so an item is written even
-    /// when its caller goes away. Should `write` panic, its batch is answered with an error
-    /// and the task goes on; only a runtime shutting down ends it before it answers.
-    async fn push<W, F>(self: &Arc<Self>, item: I, write: W) -> Result<O>
-    where
-        W: Fn(Vec<I>) -> F + Send + 'static,
-        F: std::future::Future<Output = Vec<Result<O>>> + Send + 'static,
-    {
-        let (done, answer) = oneshot::channel();
-        let first = {
-            let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-            waiting.items.push((item, done));
-            !std::mem::replace(&mut waiting.writing, true)
-        };
-        if first {
-            let queue = self.clone();
-            tokio::spawn(async move { queue.write_all(write).await });
-        }
-        answer.await.map_err(|_| Error::ShuttingDown)?
-    }
-
-    async fn write_all<W, F>(&self, write: W)
-    where
-        W: Fn(Vec<I>) -> F,
-        F: std::future::Future<Output = Vec<Result<O>>>,
-    {
-        loop {
-            let batch = {
-                let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-                if waiting.items.is_empty() {
-                    waiting.writing = false;
-                    return;
-                }
-                std::mem::take(&mut waiting.items)
-            };
-            let (items, answers): (Vec<I>, Vec<Answer<O>>) = batch.into_iter().unzip();
-            let written = AssertUnwindSafe(write(items)).catch_unwind().await;
-            match written {
-                Ok(outcomes) => {
-                    for (answer, outcome) in answers.into_iter().zip(outcomes) {
-                        let _ = answer.send(outcome);
-                    }
-                }
-                Err(_) => {
-                    for answer in answers {
-                        let _ = answer.send(Err(Error::Storage("the write panicked".into())));
-                    }
-                }
-            }
-        }
-    }
-}
 
 /// The log span of one approval about to be decided: [`decide`](Approvals::decide) fills in
 /// the trace id, from the trace it reads with the decision, before it logs anything in it.

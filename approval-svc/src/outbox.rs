@@ -1,12 +1,19 @@
-//! How delivery learns what to deliver: approvals named or handed over after a change, "look
-//! at everything", and "the runner is back" from the event subscription.
+//! The one owner of delivery state, shared by the façade (`approvals`) and delivery
+//! (`runner::delivery`): how delivery learns what to deliver (approvals named or handed over
+//! after a change, "look at everything", and "the runner is back" from the event subscription),
+//! and the runner's acceptances of decisions waiting to be recorded ([`Marks`]).
 
-use std::sync::{
-    Mutex, PoisonError,
-    atomic::{AtomicBool, Ordering},
+use std::{
+    collections::HashMap,
+    sync::{
+        Mutex, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
-use crate::model::Approval;
+use tokio::{sync::Notify, time::Instant};
+
+use crate::{model::Approval, store::DeliveryOutcome};
 
 /// Approvals named to delivery and not taken yet beyond which it is told to look at everything
 /// instead: nobody takes them while another replica leads.
@@ -114,6 +121,51 @@ impl Due {
         }
     }
 }
+
+/// Deliveries the runner accepted whose record waits for the decision's consumption, by
+/// request id.
+#[derive(Default)]
+pub struct Marks {
+    waiting: Mutex<HashMap<String, Mark>>,
+    /// Woken when a mark is added.
+    pub added: Notify,
+}
+
+pub struct Mark {
+    pub decision_id: String,
+    pub run_id: String,
+    /// When the runner accepted it.
+    pub at: Instant,
+}
+
+impl Marks {
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Mark>> {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the acceptance of `decision_id` of `request_id` waits to be recorded.
+    pub fn holds(&self, request_id: &str, decision_id: &str) -> bool {
+        held(&self.lock(), request_id, decision_id)
+    }
+
+    /// Forgets the mark of `decision_id` of `request_id`: it is recorded.
+    pub fn forget(&self, request_id: &str, decision_id: &str) {
+        let mut waiting = self.lock();
+        if held(&waiting, request_id, decision_id) {
+            waiting.remove(request_id);
+        }
+    }
+}
+
+/// Whether `waiting` holds the mark of `decision_id` of `request_id`.
+fn held(waiting: &HashMap<String, Mark>, request_id: &str, decision_id: &str) -> bool {
+    waiting
+        .get(request_id)
+        .is_some_and(|m| m.decision_id == decision_id)
+}
+
+/// A delivery attempt to record: request id, decision id, outcome.
+pub type Attempt = (String, String, DeliveryOutcome);
 
 #[cfg(test)]
 pub(crate) mod tests {
