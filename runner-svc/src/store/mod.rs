@@ -197,6 +197,24 @@ pub trait Txn {
     fn prefetch(&self, _keys: &[(T, &[u8])]) -> Result<(), Fault> {
         Ok(())
     }
+    /// Declares what this body's writes wake once the transaction commits: the body says it
+    /// where it makes the change (appends events, queues work, changes tasks), and the backend
+    /// carries it out; no backend guesses it from what was written. An aborted body's
+    /// declarations go with its writes.
+    fn wake(&self, wake: Wake);
+}
+
+/// What a committed transaction wakes in the processes that wait on the store (see
+/// [`Txn::wake`]). In this process the callers wake their own waiters; a backend shared with
+/// other processes tells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// Events were appended, the last of them with this seq.
+    Events(u64),
+    /// A job was queued (or queued again).
+    Work,
+    /// A task was queued or a task's lease ended or moved: a task stream may have work.
+    Tasks,
 }
 
 /// What a transaction body is given.

@@ -67,7 +67,7 @@ use arbor_shared::postgres::{
 
 use super::{
     Abort, Backend, Body, Change, Commit, Entries, Failed, Fault, InOrder, ManyAndPrefix, Pending,
-    Reads, Stats, Store, StoreError, T, TABLES, Txn, Value,
+    Reads, Stats, Store, StoreError, T, TABLES, Txn, Value, Wake,
 };
 
 /// The runner's schema, oldest migration first. Never edit a released migration.
@@ -641,6 +641,8 @@ struct PgTx<'c> {
     rt: Option<&'c tokio::runtime::Runtime>,
     /// Every write so far, in order.
     log: RefCell<Vec<(T, Value, Write)>>,
+    /// What the bodies so far declared they wake (see [`Txn::wake`]), in order.
+    wakes: RefCell<Vec<Wake>>,
     /// What the writes so far leave of each key.
     writes: RefCell<BTreeMap<(usize, Value), Write>>,
     /// Every row read so far (`None`: absent). Every transaction here reads one snapshot
@@ -676,6 +678,7 @@ impl<'c> PgTx<'c> {
             client,
             rt,
             log: RefCell::default(),
+            wakes: RefCell::default(),
             writes: RefCell::default(),
             read: RefCell::default(),
             ahead: RefCell::new(setup.ahead.to_vec()),
@@ -718,14 +721,16 @@ impl<'c> PgTx<'c> {
         Ok(self.begin.before(self.client).await?)
     }
 
-    fn mark(&self) -> usize {
-        self.log.borrow().len()
+    /// How many writes and wakes the bodies so far declared.
+    fn mark(&self) -> (usize, usize) {
+        (self.log.borrow().len(), self.wakes.borrow().len())
     }
 
-    /// Drops every write after `mark` (an aborted body's).
-    fn undo_to(&self, mark: usize) {
+    /// Drops every write and wake after `mark` (an aborted body's).
+    fn undo_to(&self, (writes, wakes): (usize, usize)) {
+        self.wakes.borrow_mut().truncate(wakes);
         let mut log = self.log.borrow_mut();
-        log.truncate(mark);
+        log.truncate(writes);
         let mut writes = self.writes.borrow_mut();
         writes.clear();
         for (t, k, w) in log.iter() {
@@ -763,15 +768,7 @@ impl<'c> PgTx<'c> {
         let (mut put_t, mut put_k, mut put_v) = (Vec::new(), Vec::new(), Vec::new());
         let (mut add_t, mut add_k, mut add_d) = (Vec::new(), Vec::new(), Vec::new());
         let mut deleted: Vec<(i16, Value)> = Vec::new();
-        // Jobs queued (or re-queued) and whether a task worker's stream may have work.
-        let (mut events, mut queued, mut task_work) = (false, 0, false);
-        // The last event appended (0: none).
-        let mut appended = 0;
         for ((t, k), w) in writes {
-            if t == T::Events as usize {
-                events = true;
-                appended = appended.max(super::codec::read_u64(&k));
-            }
             let v = match w {
                 Write::Set(v) => v,
                 Write::Add(d) => {
@@ -783,17 +780,21 @@ impl<'c> PgTx<'c> {
             };
             match v {
                 Some(v) => {
-                    queued += usize::from(t == T::Queue as usize);
-                    task_work |= t == T::TaskQueue as usize;
                     put_t.push(t as i16);
                     put_k.push(k);
                     put_v.push(v);
                 }
-                None => {
-                    // A lease that ended frees a slot of a task stream, maybe on another replica.
-                    task_work |= t == T::TaskLeases as usize;
-                    deleted.push((t as i16, k));
-                }
+                None => deleted.push((t as i16, k)),
+            }
+        }
+        // What the bodies declared they wake: the last event appended, jobs queued
+        // (or re-queued), and whether a task worker's stream may have work.
+        let (mut appended, mut queued, mut task_work) = (None, 0, false);
+        for wake in std::mem::take(&mut *self.wakes.borrow_mut()) {
+            match wake {
+                Wake::Events(seq) => appended = appended.max(Some(seq)),
+                Wake::Work => queued += 1,
+                Wake::Tasks => task_work = true,
             }
         }
         let work = task_work || (queued > 0 && !self.origin.takes(queued));
@@ -815,7 +816,7 @@ impl<'c> PgTx<'c> {
         // streams to read up to seqs nobody committed, where they would find nothing and wait
         // for the log's head to move again.
         let mut notify = String::new();
-        if events {
+        if let Some(appended) = appended {
             let (name, log) = (&self.origin.name, self.origin.log);
             match self.durable {
                 true => notify.push_str(&format!(
@@ -994,6 +995,10 @@ impl Txn for PgTx<'_> {
             }
         }
         Ok(out)
+    }
+
+    fn wake(&self, wake: Wake) {
+        self.wakes.borrow_mut().push(wake);
     }
 
     fn prefetch(&self, keys: &[(T, &[u8])]) -> Result<(), Fault> {

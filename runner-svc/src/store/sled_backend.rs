@@ -24,7 +24,7 @@ use sled::{
 
 use super::{
     Abort, Backend, Body, Commit, Entries, FIRST_SEQ, Failed, Fault, InOrder, NEXT_SEQ, Pending,
-    Reads, Stats, Store, StoreError, T, TABLE_NAMES, Txn, Value, codec,
+    Reads, Stats, Store, StoreError, T, TABLE_NAMES, Txn, Value, Wake, codec,
 };
 
 /// Opening the database failed.
@@ -90,6 +90,9 @@ impl Txn for SledTx<'_> {
         }
         Ok(out)
     }
+
+    /// Nobody else opens an embedded store: this process's callers wake its own waiters.
+    fn wake(&self, _wake: Wake) {}
 }
 
 /// An erased body's outcome as sled's transaction wants it.
