@@ -80,8 +80,8 @@ use self::{
     wake::Origin,
 };
 use super::{
-    Backend, Body, Change, Commit, Entries, Failed, Fault, InOrder, ManyAndPrefix, Pending, Reads,
-    Stats, Store, StoreError, T, Value,
+    Backend, Body, Change, Commit, Entries, Failed, Fault, InOrder, ManyAndPrefix, OpenError,
+    Pending, Reads, Stats, Store, StoreError, T, Value,
 };
 
 impl From<DbError> for StoreError {
@@ -111,6 +111,21 @@ impl Store {
     /// schema newer than this binary's at once.
     pub async fn open_postgres(url: &str) -> Result<Self, DbError> {
         Self::open_postgres_with(url, Patience::Reachable(OPEN_PATIENCE)).await
+    }
+
+    /// [`open_postgres`](Self::open_postgres) as [`store::open`](super::open) does: waiting for
+    /// an unreachable database for as long as it takes when `wait_always` says so.
+    pub(super) async fn open_postgres_waiting(
+        url: &str,
+        wait_always: bool,
+    ) -> Result<Self, OpenError> {
+        let patience = match wait_always {
+            true => Patience::Always,
+            false => Patience::Reachable(OPEN_PATIENCE),
+        };
+        Self::open_postgres_with(url, patience)
+            .await
+            .map_err(|e| OpenError::new(format!("cannot open the runner's PostgreSQL store: {e}")))
     }
 
     /// [`open_postgres`](Self::open_postgres), waiting for the database as `patience` says.
@@ -404,9 +419,10 @@ impl Backend for PgBackend {
         size().map_or(0, |s| s.max(0) as u64)
     }
 
-    /// PostgreSQL checks its own pages (and checksums, where the cluster enables them).
+    /// PostgreSQL checks its own pages (and checksums, where the cluster enables them); what
+    /// is left is the tables' cross-references (see `verify`).
     fn verify(&self) -> Result<(), StoreError> {
-        Ok(())
+        super::verify::references(self, &|_| {})?.map_err(StoreError::Failed)
     }
 
     /// Flushes: durable batches (each waited for its WAL flush); batches and bodies: both
