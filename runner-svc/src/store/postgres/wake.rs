@@ -121,3 +121,50 @@ pub(super) fn listen(
         })
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn origin(idle: Option<usize>) -> Origin {
+        let origin = Origin {
+            name: "ab".into(),
+            log: 7,
+            idle: OnceLock::new(),
+        };
+        if let Some(idle) = idle {
+            let _ = origin.idle.set(Arc::new(AtomicUsize::new(idle)));
+        }
+        origin
+    }
+
+    /// What is notified follows what the bodies declared, and nothing else.
+    #[test]
+    fn notifications_follow_the_declared_wakes() {
+        let none = origin(None);
+        assert_eq!(after_commit(&[], &none, true), "");
+        assert_eq!(
+            after_commit(&[Wake::Events(4), Wake::Events(9)], &none, true),
+            ";NOTIFY arbor_runner_events, 'ab 7 9'"
+        );
+        assert_eq!(
+            after_commit(&[Wake::Events(4)], &none, false),
+            ";NOTIFY arbor_runner_events, 'ab'"
+        );
+        assert_eq!(
+            after_commit(&[Wake::Work], &none, true),
+            ";NOTIFY arbor_runner_work, 'ab'"
+        );
+        // Jobs this process has idle workers for are its own; task changes are told anyway.
+        let idle = origin(Some(2));
+        assert_eq!(after_commit(&[Wake::Work, Wake::Work], &idle, true), "");
+        assert_eq!(
+            after_commit(&[Wake::Work; 3], &idle, true),
+            ";NOTIFY arbor_runner_work, 'ab'"
+        );
+        assert_eq!(
+            after_commit(&[Wake::Tasks], &idle, true),
+            ";NOTIFY arbor_runner_work, 'ab'"
+        );
+    }
+}
