@@ -85,7 +85,18 @@ struct Bench {
 impl Bench {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let store = arbor_runner_svc::store::Store::open(dir.path(), 1 << 20).unwrap();
+        let config = arbor_runner_svc::store::OpenConfig {
+            url: None,
+            data_dir: dir.path().to_path_buf(),
+            cache_bytes: 1 << 20,
+            lock_wait: Duration::ZERO,
+            wait_always: false,
+        };
+        let store = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(arbor_runner_svc::store::open(&config))
+            .unwrap();
         let ledger = LedgerTool::new(store).unwrap();
         Self {
             tools: ToolRegistry::with_builtins(ledger, GuardConfig::default()),

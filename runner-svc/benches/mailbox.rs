@@ -19,7 +19,7 @@ use std::{
 
 use arbor_runner_svc::{
     mailbox::{EnqueueRequest, Mailbox, MailboxConfig, SystemClock},
-    store::Store,
+    store::{self, Store},
 };
 use arbor_shared::procstat::cpu_seconds;
 use tokio::sync::Notify;
@@ -82,7 +82,15 @@ fn written_bytes(dir: &std::path::Path) -> u64 {
 
 async fn cycles(workers: usize, producers: usize, window: usize) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), 64 << 20).unwrap();
+    let store = store::open(&store::OpenConfig {
+        url: None,
+        data_dir: dir.path().to_path_buf(),
+        cache_bytes: 64 << 20,
+        lock_wait: Duration::ZERO,
+        wait_always: false,
+    })
+    .await
+    .unwrap();
     let (mailbox, _) = Mailbox::open(
         store.clone(),
         Arc::new(SystemClock::default()),

@@ -35,7 +35,6 @@ use crate::{
     engine::{GuardConfig, ToolRegistry},
     mailbox::{MailboxConfig, StoreClock},
     runs::{Runner, RunnerOptions},
-    store::Store,
 };
 
 /// Everything `serve` needs.
@@ -121,10 +120,14 @@ pub enum ServeError {
 /// Opens the runner's database and core without serving (also used by tests and tools that
 /// inspect a stopped runner's data).
 pub async fn open_runner(cfg: &ServeConfig) -> Result<Arc<Runner>, ServeError> {
-    let store = match &cfg.store_url {
-        Some(url) => Store::open_postgres_with(url, store_patience(cfg.store_wait_always)).await?,
-        None => Store::open_waiting(&cfg.data_dir, cfg.cache_bytes, LOCK_WAIT).await?,
-    };
+    let store = store::open(&store::OpenConfig {
+        url: cfg.store_url.clone(),
+        data_dir: cfg.data_dir.clone(),
+        cache_bytes: cfg.cache_bytes,
+        lock_wait: LOCK_WAIT,
+        wait_always: cfg.store_wait_always,
+    })
+    .await?;
     let ledger = engine::LedgerTool::new(store.clone()).map_err(error::RunnerError::from)?;
     let mut tools = ToolRegistry::with_builtins(ledger, cfg.guards.clone());
     for name in &cfg.task_types {
@@ -141,15 +144,6 @@ pub async fn open_runner(cfg: &ServeConfig) -> Result<Arc<Runner>, ServeError> {
     };
     let clock = Arc::new(StoreClock::new(store.clone()));
     Ok(Runner::open(store, clock, tools, opts).await?)
-}
-
-/// How long start-up waits for the database: up to 30 s for a server that cannot be reached,
-/// or, with `always`, whatever the error for as long as it takes.
-fn store_patience(always: bool) -> arbor_shared::postgres::Patience {
-    match always {
-        true => arbor_shared::postgres::Patience::Always,
-        false => arbor_shared::postgres::Patience::Reachable(store::POSTGRES_OPEN_PATIENCE),
-    }
 }
 
 /// The store the runner keeps its state in, for the log: the data dir of the embedded store, or

@@ -17,7 +17,7 @@ use arbor_shared::{
 };
 use tokio::sync::watch;
 
-use crate::store::{FIRST_SEQ, NEXT_SEQ, Store, StoreError, T, Tx, TxResult, abort, codec};
+use crate::store::{FIRST_SEQ, NEXT_SEQ, Store, StoreError, T, Tx, TxResult, Wake, abort, codec};
 
 /// The last seq ever assigned (0: none yet).
 pub(crate) fn last_seq_in(store: &Store) -> Result<u64, StoreError> {
@@ -148,6 +148,7 @@ pub fn append<E: From<codec::Corrupt>>(
         next += 1;
     }
     meta.insert(NEXT_SEQ, codec::u64_key(next))?;
+    tx.wake(Wake::Events(next - 1));
     Ok(out)
 }
 

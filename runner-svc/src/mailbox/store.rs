@@ -225,6 +225,7 @@ pub mod tx {
         counts::moved(tx, None, Some(Counted::Job(job.status)))?;
         tx.tree(T::Queue)
             .insert(queue_key(&job), queue_value(&job))?;
+        tx.wake(crate::store::Wake::Work);
         tx.tree(T::MailboxJobs)
             .insert(mailbox_job_key(&job), job.job_id.as_bytes())?;
         if !job.dedupe_key.is_empty() {
@@ -413,6 +414,7 @@ pub mod tx {
             job.available_at_ms = now_ms + backoff.as_millis() as u64;
             tx.tree(T::Queue)
                 .insert(queue_key(&job), queue_value(&job))?;
+            tx.wake(crate::store::Wake::Work);
             if !job.dedupe_key.is_empty()
                 && tx.tree(T::Dedupe).get(job.dedupe_key.as_bytes())?.is_none()
             {
@@ -552,6 +554,7 @@ pub mod tx {
         job.retry_cause = None;
         tx.tree(T::Queue)
             .insert(queue_key(&job), queue_value(&job))?;
+        tx.wake(crate::store::Wake::Work);
         put_job(tx, &job)?;
         Ok(job)
     }

@@ -440,6 +440,7 @@ impl Runner {
                         }) {
                             tx.tree(T::TaskLeases)
                                 .remove(tasks::lease_key(*until, id))?;
+                            tx.wake(crate::store::Wake::Tasks);
                         }
                         continue;
                     }

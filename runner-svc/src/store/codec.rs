@@ -31,6 +31,12 @@ pub fn pair_key(a: &str, b: &str) -> Vec<u8> {
     k
 }
 
+/// The two parts of a [`pair_key`] (`None`: not one).
+pub fn split_pair(key: &[u8]) -> Option<(&[u8], &[u8])> {
+    let at = key.iter().position(|b| *b == 0)?;
+    Some((&key[..at], &key[at + 1..]))
+}
+
 /// `a\0` — the prefix of every `pair_key(a, _)`.
 pub fn prefix(a: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(a.len() + 1);

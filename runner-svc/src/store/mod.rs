@@ -10,23 +10,25 @@
 //!
 //! Durability: [`Store::commit`] answers once its transaction is on the device; [`Store::apply`]
 //! and [`Store::transact`] once it is committed, and [`Store::durable`] waits for everything
-//! committed before it. The embedded backend is sled ([`open`](Store::open)).
+//! committed before it.
+//!
+//! [`open`] chooses the backend from configuration: the embedded one (`sled/`, a database
+//! directory of this process's own) or PostgreSQL (`postgres/`, shared by replicas). Above
+//! the seam nothing names an engine: records are encoded in [`codec`], transaction bodies use
+//! the helpers of `body.rs`, and [`Store`] (`handle.rs`) runs them; [`verify`](Store::verify)
+//! checks the tables' cross-references through the seam on every backend (`verify.rs`).
 
+mod body;
 pub mod codec;
-mod postgres;
-mod sled_backend;
+mod handle;
+pub mod postgres;
+mod sled;
+mod verify;
 
-use std::{
-    future::Future,
-    pin::Pin,
-    sync::{Arc, Mutex},
-};
+use std::{future::Future, path::PathBuf, pin::Pin, sync::Arc, time::Duration};
 
-pub use postgres::{
-    COUNTER_ROWS, DELETE_KEYS, LAST_IN_RANGE, LOCK_FIRST, OPEN_PATIENCE as POSTGRES_OPEN_PATIENCE,
-    SCAN_RANGE, SESSION as POSTGRES_SESSION,
-};
-pub use sled_backend::OpenError;
+pub use body::{FIRST_SEQ, NEXT_SEQ, TxTable, abort, finished_key, lift, read_counter};
+pub use handle::{Store, Table};
 
 /// The runner's tables, in the fixed order transactions see them. Keys and values are bytes;
 /// what each holds is written next to it.
@@ -197,47 +199,28 @@ pub trait Txn {
     fn prefetch(&self, _keys: &[(T, &[u8])]) -> Result<(), Fault> {
         Ok(())
     }
+    /// Declares what this body's writes wake once the transaction commits: the body says it
+    /// where it makes the change (appends events, queues work, changes tasks), and the backend
+    /// carries it out; no backend guesses it from what was written. An aborted body's
+    /// declarations go with its writes.
+    fn wake(&self, wake: Wake);
+}
+
+/// What a committed transaction wakes in the processes that wait on the store (see
+/// [`Txn::wake`]). In this process the callers wake their own waiters; a backend shared with
+/// other processes tells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// Events were appended, the last of them with this seq.
+    Events(u64),
+    /// A job was queued (or queued again).
+    Work,
+    /// A task was queued or a task's lease ended or moved: a task stream may have work.
+    Tasks,
 }
 
 /// What a transaction body is given.
 pub type Tx<'a> = dyn Txn + 'a;
-
-impl<'a> dyn Txn + 'a {
-    /// One table of the transaction.
-    pub fn tree(&self, t: T) -> TxTable<'_, 'a> {
-        TxTable { tx: self, t }
-    }
-}
-
-/// One table inside a transaction.
-pub struct TxTable<'t, 'a> {
-    tx: &'t (dyn Txn + 'a),
-    t: T,
-}
-
-impl TxTable<'_, '_> {
-    pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Value>, Fault> {
-        self.tx.get(self.t, key.as_ref())
-    }
-
-    pub fn insert(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<(), Fault> {
-        self.tx.put(self.t, key.as_ref(), value.as_ref())
-    }
-
-    pub fn remove(&self, key: impl AsRef<[u8]>) -> Result<(), Fault> {
-        self.tx.delete(self.t, key.as_ref())
-    }
-
-    /// See [`Txn::add`].
-    pub fn add(&self, key: impl AsRef<[u8]>, delta: i64) -> Result<(), Fault> {
-        self.tx.add(self.t, key.as_ref(), delta)
-    }
-
-    /// See [`Txn::lock_first`].
-    pub fn lock_first(&self, keys: &[Value], limit: usize) -> Result<Vec<(Value, Value)>, Fault> {
-        self.tx.lock_first(self.t, keys, limit)
-    }
-}
 
 /// A failed transaction: the body aborted with a domain error, or storage failed.
 #[derive(Debug, thiserror::Error)]
@@ -258,10 +241,6 @@ pub enum Failed {
 
 /// A transaction body with its result erased (the result goes to a slot the caller holds).
 pub type Body<'a> = dyn Fn(&Tx<'_>) -> TxResult<(), ()> + Send + 'a;
-
-/// What runs once a batched body has committed, before its caller is answered (see
-/// [`Backend::commit`]).
-pub use arbor_shared::sled_backend::commit::InOrder;
 
 /// How a batched commit runs (see [`Backend::commit`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -439,372 +418,44 @@ pub struct Stats {
     pub conflicts: u64,
 }
 
-/// Handle to the runner's storage. Cheap to clone.
-#[derive(Clone)]
-pub struct Store(Arc<dyn Backend>);
+/// What runs once a batched body has committed, before its caller is answered (see
+/// [`Backend::commit`]).
+pub type InOrder = Box<dyn FnOnce() + Send>;
 
-/// One table, read outside any transaction.
-pub struct Table<'s> {
-    backend: &'s dyn Backend,
-    t: T,
-}
+/// Opening the store failed; the text says what and where (a damaged or locked data dir, a
+/// database that refused or could not be reached in time).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct OpenError(String);
 
-impl Table<'_> {
-    pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Value>, StoreError> {
-        self.backend.get(self.t, key.as_ref())
-    }
-
-    /// See [`Backend::counter`].
-    pub fn counter(&self, key: impl AsRef<[u8]>) -> Result<i64, StoreError> {
-        self.backend.counter(self.t, key.as_ref())
-    }
-
-    pub fn contains_key(&self, key: impl AsRef<[u8]>) -> Result<bool, StoreError> {
-        Ok(self.get(key)?.is_some())
-    }
-
-    pub fn iter(&self) -> Entries<'static> {
-        self.backend.scan(self.t, &[], &[])
-    }
-
-    /// Every entry, for a caller that takes them all (see [`Backend::scan_wanting`]).
-    pub fn all(&self) -> Entries<'static> {
-        self.backend.scan_wanting(self.t, &[], &[], usize::MAX)
-    }
-
-    pub fn scan_prefix(&self, prefix: impl AsRef<[u8]>) -> Entries<'static> {
-        self.backend.scan(self.t, prefix.as_ref(), &[])
-    }
-
-    /// Entries from `from` on.
-    pub fn range_from(&self, from: impl AsRef<[u8]>) -> Entries<'static> {
-        self.backend.scan(self.t, &[], from.as_ref())
-    }
-
-    /// Entries from `from` on, for a caller that will take about `wanted` of them (see
-    /// [`Backend::scan_wanting`]).
-    pub fn range_from_wanting(&self, from: impl AsRef<[u8]>, wanted: usize) -> Entries<'static> {
-        self.backend
-            .scan_wanting(self.t, &[], from.as_ref(), wanted)
-    }
-
-    /// Entries with keys above `key` (every entry when `key` is empty).
-    pub fn after(&self, key: impl AsRef<[u8]>) -> Entries<'static> {
-        let key = key.as_ref();
-        match key.is_empty() {
-            true => self.iter(),
-            // The least key above `key` is `key` followed by a zero byte.
-            false => self.range_from([key, &[0]].concat()),
-        }
-    }
-
-    /// See [`Backend::insert_new`].
-    pub fn insert_new(
-        &self,
-        key: impl AsRef<[u8]>,
-        value: impl AsRef<[u8]>,
-    ) -> Result<Option<Value>, StoreError> {
-        self.backend
-            .insert_new(self.t, key.as_ref(), value.as_ref())
-    }
-
-    pub fn last(&self) -> Result<Option<(Value, Value)>, StoreError> {
-        self.backend.last(self.t, &[])
-    }
-
-    /// The entry with the highest key that starts with `prefix`.
-    pub fn last_with_prefix(
-        &self,
-        prefix: impl AsRef<[u8]>,
-    ) -> Result<Option<(Value, Value)>, StoreError> {
-        self.backend.last(self.t, prefix.as_ref())
+impl OpenError {
+    pub(crate) fn new(message: impl std::fmt::Display) -> Self {
+        Self(message.to_string())
     }
 }
 
-/// Where a body's typed result waits while the backend runs the erased body.
-type Slot<R, E> = Arc<Mutex<Option<Result<R, E>>>>;
-
-/// What runs on a committed body's result, in commit order (see [`Store::commit_in_order`]).
-type Then<R> = Box<dyn FnOnce(&mut R) + Send>;
-
-fn erase<R, E>(
-    body: impl Fn(&Tx<'_>) -> TxResult<R, E>,
-    slot: Slot<R, E>,
-) -> impl Fn(&Tx<'_>) -> TxResult<(), ()> {
-    move |tx| {
-        let (kept, verdict) = match body(tx) {
-            Ok(r) => (Some(Ok(r)), Ok(())),
-            Err(Abort::Domain(e)) => (Some(Err(e)), Err(Abort::Domain(()))),
-            Err(Abort::Conflict) => (None, Err(Abort::Conflict)),
-            Err(Abort::Storage(s)) => (None, Err(Abort::Storage(s))),
-        };
-        if let Ok(mut slot) = slot.lock() {
-            *slot = kept;
-        }
-        verdict
-    }
+/// Where the runner keeps its state, as configured.
+#[derive(Debug, Clone)]
+pub struct OpenConfig {
+    /// A PostgreSQL URL: the store replicas share. `None`: the embedded store in `data_dir`.
+    pub url: Option<String>,
+    /// The embedded store's database directory.
+    pub data_dir: PathBuf,
+    /// Bounds the embedded store's page cache, which keeps parked runs cheap in memory.
+    pub cache_bytes: u64,
+    /// How long to wait for a data dir whose lock another process (a previous one still
+    /// flushing) holds.
+    pub lock_wait: Duration,
+    /// Whether to wait for an unreachable database server for as long as it takes, instead
+    /// of [`postgres::OPEN_PATIENCE`]; a wrong login, a missing database and a newer schema are
+    /// refused at once either way.
+    pub wait_always: bool,
 }
 
-fn take<R, E>(ran: Result<(), Failed>, slot: &Slot<R, E>) -> Result<R, TxError<E>> {
-    let last = slot.lock().ok().and_then(|mut s| s.take());
-    match (ran, last) {
-        (Ok(()), Some(Ok(r))) => Ok(r),
-        (Err(Failed::Aborted), Some(Err(e))) => Err(TxError::Abort(e)),
-        (Err(Failed::Storage(e)), _) => Err(TxError::Storage(e)),
-        _ => Err(TxError::Storage(StoreError::Failed(
-            "a transaction ended without its body's result".into(),
-        ))),
+/// Opens (or creates) the store `config` names: the one opener of the runner's state.
+pub async fn open(config: &OpenConfig) -> Result<Store, OpenError> {
+    match &config.url {
+        Some(url) => Store::open_postgres_waiting(url, config.wait_always).await,
+        None => Store::open_waiting(&config.data_dir, config.cache_bytes, config.lock_wait).await,
     }
-}
-
-impl Store {
-    pub fn new(backend: Arc<dyn Backend>) -> Self {
-        Self(backend)
-    }
-
-    /// See [`Backend::get_many`].
-    pub fn get_many(&self, keys: &[(T, &[u8])]) -> Result<Vec<Option<Value>>, StoreError> {
-        self.0.get_many(keys)
-    }
-
-    /// See [`Backend::get_many_and_prefix`].
-    pub fn get_many_and_prefix(
-        &self,
-        keys: &[(T, &[u8])],
-        t: T,
-        prefix: &[u8],
-    ) -> Result<ManyAndPrefix, StoreError> {
-        self.0.get_many_and_prefix(keys, t, prefix)
-    }
-
-    /// One table, for reads outside a transaction.
-    pub fn tree(&self, t: T) -> Table<'_> {
-        Table {
-            backend: &*self.0,
-            t,
-        }
-    }
-
-    /// Runs `body` as one serialisable transaction over every table, on the calling thread and
-    /// outside the batched commit. It returns once committed, before it is on disk: await
-    /// [`durable`](Self::durable) for that. The body may run more than once, so it must be free
-    /// of side effects.
-    pub fn transact<R, E>(
-        &self,
-        body: impl Fn(&Tx<'_>) -> TxResult<R, E> + Send,
-    ) -> Result<R, TxError<E>>
-    where
-        R: Send,
-        E: Send,
-    {
-        let slot: Slot<R, E> = Arc::default();
-        let ran = self.0.transact(&erase(body, slot.clone()));
-        take(ran, &slot)
-    }
-
-    /// Runs `body` in one transaction with whatever other commits are queued and resolves once
-    /// that transaction is durable: the way every write that answers an RPC commits. The body
-    /// may run more than once, so it must be free of side effects outside the transaction.
-    pub async fn commit<R, E, F>(&self, body: F) -> Result<R, TxError<E>>
-    where
-        R: Send + 'static,
-        E: Send + 'static,
-        F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
-    {
-        self.commit_reading(Vec::new(), body).await
-    }
-
-    /// [`commit`](Self::commit) of a body that reads `reads`: on a store whose reads are round
-    /// trips, the rows every body of the batch names this way are fetched together, with the
-    /// batch's first read, instead of one round trip per body. The body still sees the writes
-    /// of the bodies before it in its batch, as with any read.
-    pub async fn commit_reading<R, E, F>(&self, reads: Reads, body: F) -> Result<R, TxError<E>>
-    where
-        R: Send + 'static,
-        E: Send + 'static,
-        F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
-    {
-        self.commit_as(reads, Commit::Durable, body).await
-    }
-
-    /// [`commit`](Self::commit) that resolves as soon as the transaction has committed, without
-    /// waiting for it to be durable: for writes a crash may lose (a claim, which start-up undoes
-    /// anyway).
-    pub async fn apply<R, E, F>(&self, body: F) -> Result<R, TxError<E>>
-    where
-        R: Send + 'static,
-        E: Send + 'static,
-        F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
-    {
-        self.commit_as(Vec::new(), Commit::Unflushed, body).await
-    }
-
-    /// [`commit_reading`](Self::commit_reading) run as `how` says.
-    pub async fn commit_as<R, E, F>(
-        &self,
-        reads: Reads,
-        how: Commit,
-        body: F,
-    ) -> Result<R, TxError<E>>
-    where
-        R: Send + 'static,
-        E: Send + 'static,
-        F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
-    {
-        self.commit_then(reads, how, body, None).await
-    }
-
-    /// [`commit_as`](Self::commit_as) that also runs `in_order` on the body's result (which
-    /// it may take parts of) once it has committed, before the caller is answered: the
-    /// `in_order` of successive durable commits run in the order their writes were committed,
-    /// not in the order their callers happen to wake (see [`Backend::commit`]). It runs on the
-    /// store's commit thread: it must be quick and must not wait for the store.
-    pub async fn commit_in_order<R, E, F>(
-        &self,
-        reads: Reads,
-        how: Commit,
-        body: F,
-        in_order: impl FnOnce(&mut R) + Send + 'static,
-    ) -> Result<R, TxError<E>>
-    where
-        R: Send + 'static,
-        E: Send + 'static,
-        F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
-    {
-        self.commit_then(reads, how, body, Some(Box::new(in_order)))
-            .await
-    }
-
-    async fn commit_then<R, E, F>(
-        &self,
-        reads: Reads,
-        how: Commit,
-        body: F,
-        in_order: Option<Then<R>>,
-    ) -> Result<R, TxError<E>>
-    where
-        R: Send + 'static,
-        E: Send + 'static,
-        F: Fn(&Tx<'_>) -> TxResult<R, E> + Send + 'static,
-    {
-        let slot: Slot<R, E> = Arc::default();
-        let in_order = in_order.map(|then| {
-            let committed = slot.clone();
-            Box::new(move || {
-                if let Ok(mut slot) = committed.lock()
-                    && let Some(Ok(r)) = slot.as_mut()
-                {
-                    then(r);
-                }
-            }) as InOrder
-        });
-        let body = Box::new(erase(body, slot.clone()));
-        let ran = self.0.commit(reads, body, how, in_order).await;
-        take(ran, &slot)
-    }
-
-    /// Waits until everything committed so far is durable (one flush shared with every other
-    /// waiter).
-    pub async fn durable(&self) -> Result<(), StoreError> {
-        self.0.durable().await
-    }
-
-    /// Records the progress the database reached (the last event seq ever assigned) once
-    /// everything before it is durable, so losing it later is detected at start-up.
-    pub async fn record_progress(&self, progress: u64) -> Result<(), StoreError> {
-        self.0.record_progress(progress).await
-    }
-
-    /// A fresh unique, increasing id (survives restarts).
-    pub fn next_id(&self) -> Result<u64, StoreError> {
-        self.0.next_id()
-    }
-
-    /// Bytes the database occupies on disk.
-    pub fn size_on_disk(&self) -> u64 {
-        self.0.size_on_disk()
-    }
-
-    /// See [`Backend::verify`]. Blocking: call it off the async runtime's threads.
-    pub fn verify(&self) -> Result<(), StoreError> {
-        self.0.verify()
-    }
-
-    /// Counters of the commit path.
-    pub fn stats(&self) -> Stats {
-        self.0.stats()
-    }
-
-    /// Flushes issued so far to make commits durable.
-    pub fn flush_count(&self) -> u64 {
-        self.stats().flushes
-    }
-
-    /// See [`Backend::shared`].
-    pub fn shared(&self) -> bool {
-        self.0.shared()
-    }
-
-    /// See [`Backend::now_ms`].
-    pub fn now_ms(&self) -> u64 {
-        self.0.now_ms()
-    }
-
-    /// See [`Backend::reachable`].
-    pub fn reachable(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
-        self.0.reachable()
-    }
-
-    /// See [`Backend::hot_keys`].
-    pub fn hot_keys(&self, keys: Vec<(T, Value)>) {
-        self.0.hot_keys(keys)
-    }
-
-    /// See [`Backend::subscribe`].
-    pub fn subscribe(&self, wake: impl Fn(Change) + Send + Sync + 'static) {
-        self.0.subscribe(Arc::new(wake))
-    }
-
-    /// See [`Backend::idle_workers`].
-    pub fn idle_workers(&self, idle: Arc<std::sync::atomic::AtomicUsize>) {
-        self.0.idle_workers(idle)
-    }
-
-    /// See [`Backend::announce_work`].
-    pub fn announce_work(&self) {
-        self.0.announce_work()
-    }
-}
-
-/// A counter's stored value: a big-endian `i64` (anything else reads as 0).
-pub fn read_counter(v: &[u8]) -> i64 {
-    <[u8; 8]>::try_from(v).map_or(0, i64::from_be_bytes)
-}
-
-/// Key of a finished-index entry.
-pub fn finished_key(kind: u8, at_ms: u64, id: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(9 + id.len());
-    k.push(kind);
-    k.extend_from_slice(&at_ms.to_be_bytes());
-    k.extend_from_slice(id.as_bytes());
-    k
-}
-
-/// `meta` key of the next event seq to assign (the event log's counter).
-pub const NEXT_SEQ: &[u8] = b"next_seq";
-/// `meta` key of the oldest event seq still retained (absent: 1).
-pub const FIRST_SEQ: &[u8] = b"first_seq";
-
-/// Converts a transaction body's abort error into another error type.
-pub fn lift<R, E1, E2: From<E1>>(r: TxResult<R, E1>) -> TxResult<R, E2> {
-    r.map_err(|e| match e {
-        Abort::Domain(e) => Abort::Domain(e.into()),
-        Abort::Conflict => Abort::Conflict,
-        Abort::Storage(e) => Abort::Storage(e),
-    })
-}
-
-/// Aborts the transaction with `e`.
-pub fn abort<R, E>(e: impl Into<E>) -> TxResult<R, E> {
-    Err(Abort::Domain(e.into()))
 }

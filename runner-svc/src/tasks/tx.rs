@@ -8,7 +8,7 @@ use crate::{
     engine::TaskOrder,
     error::RunnerError,
     runs::RunRecord,
-    store::{T, Tx, TxResult, abort, codec, finished_key},
+    store::{T, Tx, TxResult, Wake, abort, codec, finished_key},
 };
 
 pub fn get(tx: &Tx<'_>, task_id: &str) -> TxResult<Option<Task>, RunnerError> {
@@ -39,9 +39,12 @@ fn unindex(tx: &Tx<'_>, task: &Task) -> TxResult<(), RunnerError> {
             task.order,
             &task.task_id,
         ))?,
-        TaskState::Leased => tx
-            .tree(T::TaskLeases)
-            .remove(lease_key(task.lease_until_ms, &task.task_id))?,
+        TaskState::Leased => {
+            tx.tree(T::TaskLeases)
+                .remove(lease_key(task.lease_until_ms, &task.task_id))?;
+            // A lease that ended or moved frees a slot of a task stream, maybe elsewhere.
+            tx.wake(Wake::Tasks);
+        }
         _ => {}
     }
     Ok(())
@@ -52,6 +55,7 @@ fn enqueue(tx: &Tx<'_>, task: &Task) -> TxResult<(), RunnerError> {
         queue_key(task.available_at_ms, task.order, &task.task_id),
         task.task_type.as_bytes(),
     )?;
+    tx.wake(Wake::Tasks);
     Ok(())
 }
 

@@ -11,7 +11,11 @@
 use crate::common;
 
 use arbor_runner_svc::store::{
-    COUNTER_ROWS, DELETE_KEYS, LAST_IN_RANGE, LOCK_FIRST, POSTGRES_SESSION, SCAN_RANGE, T,
+    T,
+    postgres::{
+        COUNTER_ROWS, DELETE_KEYS, LAST_IN_RANGE, LOCK_FIRST, SCAN_RANGE,
+        SESSION as POSTGRES_SESSION,
+    },
 };
 use arbor_testkit::PgCluster;
 

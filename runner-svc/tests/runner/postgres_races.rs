@@ -25,7 +25,7 @@ use std::{
 
 use arbor_runner_svc::{
     mailbox::{EnqueueRequest, Mailbox, MailboxConfig, MailboxStore, SystemClock, tx as mtx},
-    store::{Abort, Change, Store, T, TxError},
+    store::{Abort, Change, Store, T, TxError, Wake},
 };
 use arbor_shared::domain::JobStatus;
 
@@ -236,6 +236,7 @@ impl Ears {
         let n = self.marks;
         here.transact(|t| {
             t.tree(T::Events).insert(n.to_be_bytes(), b"mark")?;
+            t.wake(Wake::Events(n));
             Ok::<_, arbor_runner_svc::store::Abort<()>>(())
         })
         .unwrap();
@@ -410,6 +411,7 @@ async fn a_notification_of_events_names_its_log() {
     let append = |n: u64| {
         writer.commit(move |t| {
             t.tree(T::Events).insert(n.to_be_bytes(), b"mark")?;
+            t.wake(Wake::Events(n));
             Ok::<_, arbor_runner_svc::store::Abort<()>>(())
         })
     };
@@ -474,6 +476,7 @@ fn a_batch_that_rolls_back_tells_no_replica_its_events_are_durable() {
                 t.tree(T::Ledger).get(b"row")?;
                 t.tree(T::Events)
                     .insert(seq.to_be_bytes(), b"rolled back")?;
+                t.wake(Wake::Events(seq));
                 if !in_body.here() {
                     return Err(Abort::Domain(()));
                 }

@@ -35,3 +35,5 @@ mod store_races;
 mod stream_reads;
 #[path = "../runner/tasks.rs"]
 mod tasks;
+#[path = "../runner/verify.rs"]
+mod verify;

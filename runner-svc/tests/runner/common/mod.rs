@@ -98,40 +98,53 @@ pub fn store_url(dir: &std::path::Path) -> Option<String> {
 /// The store under test, on a new or existing database in `dir` (sled, the embedded backend,
 /// or PostgreSQL in `runner_postgres`).
 pub fn open_store(dir: &std::path::Path) -> arbor_runner_svc::store::Store {
-    match store_url(dir) {
-        Some(url) => open_postgres(&url),
-        None => arbor_runner_svc::store::Store::open(dir, 16 << 20).unwrap(),
+    open_blocking(store_config(dir, store_url(dir), Duration::ZERO))
+}
+
+/// What the runner's opener (`store::open`) is given for the store standing for `dir`: the
+/// database `url` when given, else the embedded store in `dir`.
+fn store_config(
+    dir: &std::path::Path,
+    url: Option<String>,
+    lock_wait: Duration,
+) -> arbor_runner_svc::store::OpenConfig {
+    arbor_runner_svc::store::OpenConfig {
+        url,
+        data_dir: dir.to_path_buf(),
+        cache_bytes: 16 << 20,
+        lock_wait,
+        wait_always: false,
     }
 }
 
-/// A store on the PostgreSQL database `url`, opened from any thread: opening waits on the
-/// network, so it runs off the caller's runtime, on one of its own.
-pub fn open_postgres(url: &str) -> arbor_runner_svc::store::Store {
-    let url = url.to_string();
+/// Opens the store `config` names from any thread: opening may wait on the network, so it
+/// runs off the caller's runtime, on one of its own.
+fn open_blocking(config: arbor_runner_svc::store::OpenConfig) -> arbor_runner_svc::store::Store {
     std::thread::spawn(move || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap()
-            .block_on(arbor_runner_svc::store::Store::open_postgres(&url))
+            .block_on(arbor_runner_svc::store::open(&config))
             .unwrap()
     })
     .join()
     .unwrap()
 }
 
+/// A store on the PostgreSQL database `url`, opened from any thread.
+pub fn open_postgres(url: &str) -> arbor_runner_svc::store::Store {
+    open_blocking(store_config(
+        std::path::Path::new(""),
+        Some(url.to_string()),
+        Duration::ZERO,
+    ))
+}
+
 /// [`open_store`] on a database whose previous handle is still letting go of it.
 pub async fn reopen_store(dir: &std::path::Path) -> arbor_runner_svc::store::Store {
-    match store_url(dir) {
-        Some(url) => arbor_runner_svc::store::Store::open_postgres(&url)
-            .await
-            .unwrap(),
-        None => {
-            arbor_runner_svc::store::Store::open_waiting(dir, 16 << 20, Duration::from_secs(10))
-                .await
-                .unwrap()
-        }
-    }
+    let config = store_config(dir, store_url(dir), Duration::from_secs(10));
+    arbor_runner_svc::store::open(&config).await.unwrap()
 }
 
 /// A runner on a new database in `dir`, with the built-in tools plus what `register` adds, and

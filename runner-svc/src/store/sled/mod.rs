@@ -10,121 +10,41 @@
 
 use std::{path::Path, sync::Arc};
 
+mod tx;
+
+use ::sled::{
+    Transactional,
+    transaction::{TransactionError, TransactionalTree},
+};
 use arbor_shared::sled_backend::{
-    commit::{BatchCommit, BatchResult, CommitError, GroupCommit, TxSet},
+    commit::{BatchCommit, CommitError, GroupCommit},
     integrity::{self, Integrity, IntegrityError},
 };
-use sled::{
-    Transactional,
-    transaction::{
-        ConflictableTransactionError, TransactionError, TransactionalTree,
-        UnabortableTransactionError,
-    },
-};
 
+use self::tx::{AllTrees, SledTx, to_sled};
 use super::{
-    Abort, Backend, Body, Commit, Entries, FIRST_SEQ, Failed, Fault, InOrder, NEXT_SEQ, Pending,
-    Reads, Stats, Store, StoreError, T, TABLE_NAMES, Txn, Value, codec,
+    Backend, Body, Commit, Entries, Failed, InOrder, NEXT_SEQ, OpenError, Pending, Reads, Stats,
+    Store, StoreError, T, TABLE_NAMES, Value, codec, verify,
 };
 
-/// Opening the database failed.
+/// Opening the database failed: sled refused it, or it is damaged.
 #[derive(Debug, thiserror::Error)]
-pub enum OpenError {
+enum SledOpenError {
     #[error("cannot open the runner database at {path}: {source}")]
-    Open { path: String, source: sled::Error },
+    Open { path: String, source: ::sled::Error },
     #[error(transparent)]
     Damaged(#[from] IntegrityError),
 }
 
-fn storage(e: sled::Error) -> StoreError {
+fn storage(e: ::sled::Error) -> StoreError {
     StoreError::Failed(e.to_string())
-}
-
-/// The runner's trees inside one sled transaction.
-struct SledTx<'a> {
-    trees: &'a [TransactionalTree],
-}
-
-fn fault(e: UnabortableTransactionError) -> Fault {
-    match e {
-        UnabortableTransactionError::Conflict => Fault::Conflict,
-        UnabortableTransactionError::Storage(e) => Fault::Storage(storage(e)),
-    }
-}
-
-impl Txn for SledTx<'_> {
-    fn get(&self, t: T, key: &[u8]) -> Result<Option<Value>, Fault> {
-        self.trees[t as usize]
-            .get(key)
-            .map(|v| v.map(|v| v.to_vec()))
-            .map_err(fault)
-    }
-
-    fn put(&self, t: T, key: &[u8], value: &[u8]) -> Result<(), Fault> {
-        self.trees[t as usize]
-            .insert(key, value)
-            .map(drop)
-            .map_err(fault)
-    }
-
-    fn delete(&self, t: T, key: &[u8]) -> Result<(), Fault> {
-        self.trees[t as usize].remove(key).map(drop).map_err(fault)
-    }
-
-    fn add(&self, t: T, key: &[u8], delta: i64) -> Result<(), Fault> {
-        let now = self.get(t, key)?.map_or(0, |v| super::read_counter(&v));
-        self.put(t, key, &(now + delta).to_be_bytes())
-    }
-
-    /// sled transactions conflict instead of locking (and run one at a time): the first keys
-    /// the transaction sees.
-    fn lock_first(&self, t: T, keys: &[Value], limit: usize) -> Result<Vec<(Value, Value)>, Fault> {
-        let mut out = Vec::new();
-        for key in keys {
-            if out.len() >= limit {
-                break;
-            }
-            if let Some(value) = self.get(t, key)? {
-                out.push((key.clone(), value));
-            }
-        }
-        Ok(out)
-    }
-}
-
-/// An erased body's outcome as sled's transaction wants it.
-fn to_sled<E>(r: Result<(), Abort<E>>) -> Result<(), ConflictableTransactionError<E>> {
-    r.map_err(|e| match e {
-        Abort::Domain(e) => ConflictableTransactionError::Abort(e),
-        Abort::Conflict => ConflictableTransactionError::Conflict,
-        Abort::Storage(e) => ConflictableTransactionError::Storage(sled::Error::Io(
-            std::io::Error::other(e.to_string()),
-        )),
-    })
-}
-
-/// Every runner tree, in the order of [`T`].
-#[derive(Clone)]
-struct AllTrees {
-    trees: Vec<sled::Tree>,
-}
-
-impl TxSet for AllTrees {
-    type Tx<'a> = SledTx<'a>;
-
-    fn transaction(
-        &self,
-        body: &dyn Fn(&SledTx<'_>) -> BatchResult,
-    ) -> Result<(), TransactionError<usize>> {
-        self.trees[..].transaction(|trees: &Vec<TransactionalTree>| body(&SledTx { trees }))
-    }
 }
 
 /// The sled backend of one database directory.
 struct SledBackend {
     dir: std::path::PathBuf,
-    db: sled::Db,
-    trees: Vec<sled::Tree>,
+    db: ::sled::Db,
+    trees: Vec<::sled::Tree>,
     gc: GroupCommit,
     batches: BatchCommit<AllTrees>,
     integrity: Arc<Integrity>,
@@ -139,7 +59,7 @@ const PROGRESS: &str = "event seq";
 const GC_INTERVAL_MS: u64 = 500;
 
 /// The last event seq ever assigned, from the `meta` tree.
-fn last_seq(meta: &sled::Tree) -> Result<u64, sled::Error> {
+fn last_seq(meta: &::sled::Tree) -> Result<u64, ::sled::Error> {
     Ok(meta
         .get(NEXT_SEQ)?
         .map_or(0, |b| codec::read_u64(&b).saturating_sub(1)))
@@ -149,7 +69,11 @@ impl Store {
     /// Opens (or creates) the sled database in `dir`. `cache_bytes` bounds sled's page cache,
     /// which is what keeps parked runs cheap in memory.
     pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self, OpenError> {
-        let err = |source| OpenError::Open {
+        Self::open_sled(dir, cache_bytes).map_err(OpenError::new)
+    }
+
+    fn open_sled(dir: &Path, cache_bytes: u64) -> Result<Self, SledOpenError> {
+        let err = |source| SledOpenError::Open {
             path: dir.display().to_string(),
             source,
         };
@@ -197,8 +121,8 @@ impl Store {
         let deadline = tokio::time::Instant::now() + wait;
         let mut told = false;
         loop {
-            match Self::open(dir, cache_bytes) {
-                Err(OpenError::Open { source, .. })
+            match Self::open_sled(dir, cache_bytes) {
+                Err(SledOpenError::Open { source, .. })
                     if source.to_string().contains("could not acquire lock")
                         && tokio::time::Instant::now() < deadline =>
                 {
@@ -208,7 +132,7 @@ impl Store {
                     }
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
-                other => return other,
+                other => return other.map_err(OpenError::new),
             }
         }
     }
@@ -315,10 +239,22 @@ impl Backend for SledBackend {
         self.db.size_on_disk().unwrap_or(0)
     }
 
+    /// Every value readable (sled reads blob files and cold pages lazily), then the tables'
+    /// cross-references (see `verify`): index entries are small and stay in the log while big
+    /// records (checkpoints) may live in blob files, and sled drops a record whose blob file is
+    /// gone without an error: an index entry without its record is how such a loss shows. Both
+    /// run guarded, since sled panics on some damage instead of failing the read.
     fn verify(&self) -> Result<(), StoreError> {
         integrity::verify_readable(&self.dir, &self.db)
             .and_then(|()| {
-                integrity::guarded(&self.dir, |place| check_references(&self.trees, place))
+                integrity::guarded(&self.dir, |place| {
+                    let at = |name: &str| {
+                        if let Ok(mut p) = place.lock() {
+                            *p = name.to_string();
+                        }
+                    };
+                    verify::references(self, &at).unwrap_or_else(|e| Err(e.to_string()))
+                })
             })
             .map_err(|e| StoreError::Failed(e.to_string()))
     }
@@ -333,83 +269,4 @@ impl Backend for SledBackend {
             conflicts: 0,
         }
     }
-}
-
-/// Every index entry must name a record that exists. Index entries are small and stay in the
-/// log while big records (checkpoints) may live in blob files, and sled drops a record whose blob
-/// file is gone without an error: an index entry without its record is how such a loss shows.
-fn check_references(trees: &[sled::Tree], place: &std::sync::Mutex<String>) -> Result<(), String> {
-    let tree = |t: T| &trees[t as usize];
-    let at = |name: &str| {
-        if let Ok(mut p) = place.lock() {
-            *p = name.to_string();
-        }
-    };
-    let read = |e: sled::Error| e.to_string();
-    at("runs");
-    for key in tree(T::Runs).iter().keys() {
-        let run_id = key.map_err(read)?;
-        if !tree(T::Checkpoints).contains_key(&run_id).map_err(read)? {
-            return Err(format!(
-                "run '{}' has lost its checkpoint",
-                String::from_utf8_lossy(&run_id)
-            ));
-        }
-    }
-    at("thread_runs");
-    for key in tree(T::ThreadRuns).iter().keys() {
-        let key = key.map_err(read)?;
-        let run_id = key.split(|b| *b == 0).nth(1).unwrap_or_default();
-        if !tree(T::Runs).contains_key(run_id).map_err(read)? {
-            return Err(format!(
-                "thread index names run '{}', which is gone",
-                String::from_utf8_lossy(run_id)
-            ));
-        }
-    }
-    // The event log is gap-free between its first retained seq and the last one assigned
-    // (appends and retention each move the bounds in the same transaction as the events), so a
-    // missing or extra seq means pages of the log were lost.
-    at("events");
-    let meta = tree(T::Meta);
-    let first = meta
-        .get(FIRST_SEQ)
-        .map_err(read)?
-        .map_or(1, |b| codec::read_u64(&b));
-    let last = last_seq(meta).map_err(read)?;
-    // The service may be appending while this runs (the check runs once it serves): events past
-    // the `last` read above are newer than the check and are left alone. Nothing deletes
-    // records meanwhile (retention starts after the check), so every other cross-check holds
-    // under concurrent writes too.
-    let mut expected = first;
-    for key in tree(T::Events).iter().keys() {
-        let seq = codec::read_u64(&key.map_err(read)?);
-        if seq > last {
-            break;
-        }
-        if seq != expected {
-            return Err(format!(
-                "the event log has lost events: seq {expected} is missing (next found: {seq})"
-            ));
-        }
-        expected += 1;
-    }
-    if last >= first && expected != last + 1 {
-        return Err(format!(
-            "the event log has lost events: it ends at seq {}, but seq {last} was assigned",
-            expected - 1
-        ));
-    }
-    at("queue");
-    for key in tree(T::Queue).iter().keys() {
-        let key = key.map_err(read)?;
-        let job_id = key.get(12..).unwrap_or_default();
-        if !tree(T::Jobs).contains_key(job_id).map_err(read)? {
-            return Err(format!(
-                "queue names job '{}', which is gone",
-                String::from_utf8_lossy(job_id)
-            ));
-        }
-    }
-    Ok(())
 }

@@ -6,9 +6,14 @@
 //! The connections' I/O runs on the pool's own small runtime, so a query can also be waited for
 //! from synchronous code on any thread ([`Database::block`]): the stores' read paths are
 //! synchronous, as the embedded store's are.
+//!
+//! Errors and their classes are in `error.rs`; a thread's own connection, the deferred `BEGIN`
+//! and prepared statements in `conn.rs`.
+
+mod conn;
+mod error;
 
 use std::{
-    cell::Cell,
     future::Future,
     sync::{
         Arc,
@@ -18,9 +23,14 @@ use std::{
 };
 
 pub use deadpool_postgres::{ClientWrapper, Object};
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 pub use tokio_postgres;
-use tokio_postgres::{NoTls, Row, error::SqlState, types::ToSql};
+use tokio_postgres::NoTls;
+
+pub use self::{
+    conn::{Dedicated, LazyBegin, Prepared},
+    error::{DbError, Patience},
+};
 
 /// Connections kept per service process.
 pub const POOL_SIZE: usize = 24;
@@ -42,110 +52,6 @@ impl ServerClock {
     pub fn now_ms(&self) -> u64 {
         let now = crate::time::now_ms() as i64 + self.offset_ms.load(Ordering::Relaxed);
         now.max(0) as u64
-    }
-}
-
-/// What went wrong talking to PostgreSQL.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum DbError {
-    /// The database cannot be reached (down, restarting, network): retry later.
-    #[error("database unavailable: {0}")]
-    Unavailable(String),
-    /// A serialisation failure or deadlock: the transaction may be run again.
-    #[error("transaction conflict: {0}")]
-    Conflict(String),
-    /// The schema in the database was written by a newer release.
-    #[error(
-        "the database's {component} schema is at version {found}, newer than this binary's \
-         {known}: run a release that knows it"
-    )]
-    SchemaTooNew {
-        component: &'static str,
-        found: i32,
-        known: i32,
-    },
-    /// The server refused this service's login or database for good (a wrong password, a
-    /// missing role or database): waiting will not change it, a person has to.
-    #[error("{0}")]
-    Misconfigured(String),
-    #[error("database error: {0}")]
-    Failed(String),
-}
-
-/// How long [`Database::open`] waits for a database it cannot open.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Patience {
-    /// Waits this long for a server that cannot be reached (refused connections, timeouts, a
-    /// server starting or shutting down); fails at once when the server refuses the login or
-    /// the database, or holds a newer schema.
-    Reachable(Duration),
-    /// Waits for as long as it takes, whatever the error: for deployments that start the
-    /// services before their database, role or password is in place.
-    Always,
-}
-
-impl DbError {
-    pub fn is_conflict(&self) -> bool {
-        matches!(self, Self::Conflict(_))
-    }
-}
-
-impl From<tokio_postgres::Error> for DbError {
-    fn from(e: tokio_postgres::Error) -> Self {
-        let text = match e.as_db_error() {
-            Some(db) => format!("{}: {}", db.code().code(), db.message()),
-            None => e.to_string(),
-        };
-        match e.code() {
-            Some(c) if misconfigured_state(c) => Self::Misconfigured(misconfigured(c, &text)),
-            Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE => Self::Conflict(text),
-            Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED => Self::Conflict(text),
-            Some(c) if *c == SqlState::UNIQUE_VIOLATION => Self::Conflict(text),
-            Some(c) if unreachable_state(c) => Self::Unavailable(text),
-            Some(_) => Self::Failed(text),
-            // No SQLSTATE: the connection itself failed or closed.
-            None => Self::Unavailable(text),
-        }
-    }
-}
-
-/// SQLSTATEs of a login the server refuses for good: a wrong password (28P01), a role that does
-/// not exist or may not log in, or no `pg_hba.conf` entry for it (28000), a database that does
-/// not exist (3D000).
-fn misconfigured_state(c: &SqlState) -> bool {
-    *c == SqlState::INVALID_PASSWORD
-        || *c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
-        || *c == SqlState::INVALID_CATALOG_NAME
-}
-
-/// What a person reads of a refused login: what PostgreSQL said, and what to look at.
-fn misconfigured(c: &SqlState, said: &str) -> String {
-    let what = match *c == SqlState::INVALID_CATALOG_NAME {
-        true => "the database in the store URL does not exist",
-        false => "PostgreSQL refused the login of the store URL (check its user and password)",
-    };
-    format!("{what}: {said}")
-}
-
-/// SQLSTATEs that mean the server is going away or not taking connections.
-fn unreachable_state(c: &SqlState) -> bool {
-    c.code().starts_with("08")
-        || *c == SqlState::ADMIN_SHUTDOWN
-        || *c == SqlState::CRASH_SHUTDOWN
-        || *c == SqlState::CANNOT_CONNECT_NOW
-        || *c == SqlState::TOO_MANY_CONNECTIONS
-        || *c == SqlState::READ_ONLY_SQL_TRANSACTION
-}
-
-impl From<PoolError> for DbError {
-    fn from(e: PoolError) -> Self {
-        match e {
-            PoolError::Backend(e) => match DbError::from(e) {
-                DbError::Failed(t) => DbError::Unavailable(t),
-                other => other,
-            },
-            other => Self::Unavailable(other.to_string()),
-        }
     }
 }
 
@@ -455,150 +361,6 @@ impl Database {
             }
         });
         Ok(())
-    }
-}
-
-/// A connection of one thread's own, outside the pool, whose I/O runs on that thread while it
-/// waits on the runtime [`Dedicated::connection`] returns: a round trip is the thread's own
-/// write and read, without the hand-over to the pool's runtime and back that a pooled
-/// connection costs. Made on first use, and again after [`Dedicated::reset`].
-pub struct Dedicated {
-    config: tokio_postgres::Config,
-    rt: tokio::runtime::Runtime,
-    client: Option<ClientWrapper>,
-}
-
-impl Dedicated {
-    /// The connection (connecting first when there is none, or it has closed) and the runtime
-    /// to wait on it with.
-    pub fn connection(&mut self) -> Result<(&ClientWrapper, &tokio::runtime::Runtime), DbError> {
-        let client = match self.client.take().filter(|c| !c.is_closed()) {
-            Some(client) => client,
-            None => {
-                let (client, connection) = self.rt.block_on(self.config.connect(NoTls))?;
-                let driver = self.rt.spawn(async move {
-                    if let Err(e) = connection.await {
-                        tracing::debug!(error = %e, "dedicated connection closed");
-                    }
-                });
-                ClientWrapper::new(client, driver)
-            }
-        };
-        Ok((self.client.insert(client), &self.rt))
-    }
-
-    /// Drops the connection (after a failure that may have left it unusable).
-    pub fn reset(&mut self) {
-        self.client = None;
-    }
-}
-
-/// A transaction's `BEGIN`, sent with its first statement in the same round trip instead of in
-/// a round trip of its own.
-pub struct LazyBegin {
-    sql: &'static str,
-    sent: Cell<bool>,
-}
-
-impl LazyBegin {
-    /// `sql` is the `BEGIN` statement (with its isolation level).
-    pub const fn new(sql: &'static str) -> Self {
-        Self {
-            sql,
-            sent: Cell::new(false),
-        }
-    }
-
-    /// A transaction whose `BEGIN` was sent already.
-    pub const fn begun(sql: &'static str) -> Self {
-        Self {
-            sql,
-            sent: Cell::new(true),
-        }
-    }
-
-    /// Sends `BEGIN` unless it was sent. Join it ahead of the statement it precedes: a join
-    /// polls its futures in order, and each sends its request on its first poll.
-    pub async fn before(&self, client: &ClientWrapper) -> Result<(), tokio_postgres::Error> {
-        if !self.sent.replace(true) {
-            client.batch_execute(self.sql).await?;
-        }
-        Ok(())
-    }
-
-    /// Whether the transaction was begun and not ended.
-    pub fn open(&self) -> bool {
-        self.sent.get()
-    }
-
-    /// Marks the transaction ended; answers whether it was open (so whether a `COMMIT` or
-    /// `ROLLBACK` is due).
-    pub fn end(&self) -> bool {
-        self.sent.replace(false)
-    }
-}
-
-/// The statements of a connection's queries, parsed and planned once per connection (the
-/// pooled connection keeps them): a statement sent as text is parsed again and costs a round
-/// trip of its own before it runs.
-pub trait Prepared {
-    fn prepared_query(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> impl Future<Output = Result<Vec<Row>, tokio_postgres::Error>>;
-    fn prepared_query_opt(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> impl Future<Output = Result<Option<Row>, tokio_postgres::Error>>;
-    fn prepared_query_one(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> impl Future<Output = Result<Row, tokio_postgres::Error>>;
-    fn prepared_execute(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> impl Future<Output = Result<u64, tokio_postgres::Error>>;
-}
-
-impl Prepared for ClientWrapper {
-    async fn prepared_query(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        let statement = self.prepare_cached(sql).await?;
-        self.query(&statement, params).await
-    }
-
-    async fn prepared_query_opt(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Option<Row>, tokio_postgres::Error> {
-        let statement = self.prepare_cached(sql).await?;
-        self.query_opt(&statement, params).await
-    }
-
-    async fn prepared_query_one(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Row, tokio_postgres::Error> {
-        let statement = self.prepare_cached(sql).await?;
-        self.query_one(&statement, params).await
-    }
-
-    async fn prepared_execute(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<u64, tokio_postgres::Error> {
-        let statement = self.prepare_cached(sql).await?;
-        self.execute(&statement, params).await
     }
 }
 
