@@ -6,12 +6,16 @@
 //! restart; lease expiry is judged on the server's monotonic clock only (never a client's clock).
 
 mod backlog;
+mod claim;
 mod clock;
+mod leases;
 pub mod state;
 mod store;
+pub mod tx;
 
 pub use clock::{Clock, ManualClock, StoreClock, SystemClock};
-pub use store::{Leases, Mailbox, tx};
+pub use leases::Leases;
+pub use store::Mailbox;
 
 use std::time::Duration;
 
