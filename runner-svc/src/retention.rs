@@ -28,12 +28,11 @@ pub struct RetentionConfig {
 
 impl Default for RetentionConfig {
     fn default() -> Self {
-        const HOUR: Duration = Duration::from_secs(3600);
         Self {
-            events_acked: HOUR,
-            events_max: 7 * 24 * HOUR,
-            finished: 7 * 24 * HOUR,
-            interval: Duration::from_secs(60),
+            events_acked: crate::defaults::EVENTS_ACKED_RETENTION,
+            events_max: crate::defaults::EVENTS_MAX_RETENTION,
+            finished: crate::defaults::FINISHED_RETENTION,
+            interval: crate::defaults::COMPACT_INTERVAL,
         }
     }
 }

@@ -163,10 +163,10 @@ pub struct MailboxConfig {
 impl Default for MailboxConfig {
     fn default() -> Self {
         Self {
-            lease: Duration::from_secs(30),
-            base_backoff: Duration::from_millis(200),
-            max_backoff: Duration::from_secs(60),
-            default_max_attempts: 5,
+            lease: crate::defaults::LEASE,
+            base_backoff: crate::defaults::BASE_BACKOFF,
+            max_backoff: crate::defaults::MAX_BACKOFF,
+            default_max_attempts: crate::defaults::MAX_ATTEMPTS,
         }
     }
 }
