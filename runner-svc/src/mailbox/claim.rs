@@ -186,7 +186,7 @@ impl Mailbox {
             let mut due: Vec<Due> = Vec::with_capacity(wanted);
             for entry in queue.by_ref() {
                 let (key, value) = entry?;
-                match tx::queued_head(&value) {
+                match crate::store::tables::jobs::queued_head(&value) {
                     Some((available_at, _, _)) if available_at > now => {
                         found.next = Some(found.next.map_or(available_at, |n| n.min(available_at)));
                         continue;
@@ -250,7 +250,7 @@ impl Mailbox {
         let ids = self
             .store
             .tree(T::MailboxJobs)
-            .scan_prefix(codec::prefix(mailbox_id))
+            .scan_prefix(crate::store::tables::jobs::mailbox_jobs(mailbox_id))
             .values()
             .collect::<Result<Vec<_>, _>>()?;
         // The jobs read together: one round trip on a store whose reads are round trips.

@@ -260,7 +260,7 @@ impl MailboxStore for Mailbox {
             for entry in self
                 .store
                 .tree(T::MailboxJobs)
-                .scan_prefix(codec::prefix(&filter.mailbox_id))
+                .scan_prefix(crate::store::tables::jobs::mailbox_jobs(&filter.mailbox_id))
             {
                 let (_, id) = entry?;
                 let id = String::from_utf8_lossy(&id).into_owned();
@@ -285,7 +285,7 @@ impl MailboxStore for Mailbox {
         let now = self.now();
         let mut next: Option<u64> = None;
         for entry in self.store.tree(T::Queue).iter().values() {
-            if let Some((available_at, _, _)) = tx::queued_head(&entry?)
+            if let Some((available_at, _, _)) = crate::store::tables::jobs::queued_head(&entry?)
                 && available_at > now
             {
                 next = Some(next.map_or(available_at, |n| n.min(available_at)));

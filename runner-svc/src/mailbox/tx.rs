@@ -13,48 +13,15 @@ use super::{
 };
 use crate::{
     counts::{self, Counted},
-    store::{Commit, T, Tx, TxResult, abort, codec},
+    store::{
+        Commit, T, Tx, TxResult, abort, codec,
+        tables::{finished, jobs},
+    },
 };
 
+/// The queue key of `job`.
 fn queue_key(job: &Job) -> Vec<u8> {
-    let mut k = Vec::with_capacity(12 + job.job_id.len());
-    k.extend_from_slice(&codec::priority_key(job.priority));
-    k.extend_from_slice(&codec::u64_key(job.order));
-    k.extend_from_slice(job.job_id.as_bytes());
-    k
-}
-
-fn mailbox_job_key(job: &Job) -> Vec<u8> {
-    let mut k = codec::prefix(&job.mailbox_id);
-    k.extend_from_slice(&codec::u64_key(job.order));
-    k
-}
-
-/// A queue entry's value: what the claim scan needs of a queued job (when it becomes
-/// available, its generation and its thread), so choosing candidates reads no job record.
-pub fn queue_value(job: &Job) -> Vec<u8> {
-    let mut v = Vec::with_capacity(16 + job.mailbox_id.len());
-    v.extend_from_slice(&codec::u64_key(job.available_at_ms));
-    v.extend_from_slice(&codec::u64_key(job.generation));
-    v.extend_from_slice(job.mailbox_id.as_bytes());
-    v
-}
-
-/// What a queue entry says of its job (see `queue_value`): when it becomes available, its
-/// generation and its thread; `None` for an empty value.
-pub fn queued_head(value: &[u8]) -> Option<(u64, u64, &[u8])> {
-    let (available, rest) = value.split_first_chunk::<8>()?;
-    let (generation, mailbox) = rest.split_first_chunk::<8>()?;
-    Some((
-        u64::from_be_bytes(*available),
-        u64::from_be_bytes(*generation),
-        mailbox,
-    ))
-}
-
-/// The job id inside a queue key.
-pub fn job_id_of_queue_key(key: &[u8]) -> Option<&str> {
-    key.get(12..).and_then(|b| std::str::from_utf8(b).ok())
+    jobs::queue_key(job.priority, job.order, &job.job_id)
 }
 
 /// A stored job's leading fields, read in place: what a claim needs to see that another
@@ -102,7 +69,7 @@ fn put_job(tx: &Tx<'_>, job: &Job) -> TxResult<(), MailboxError> {
         .insert(job.job_id.as_bytes(), codec::encode(job))?;
     if super::state::is_final(job.status) {
         tx.tree(T::Finished).insert(
-            crate::store::finished_key(b'j', job.updated_at_ms, &job.job_id),
+            finished::key(finished::JOB, job.updated_at_ms, &job.job_id),
             [],
         )?;
     }
@@ -209,9 +176,11 @@ pub fn enqueue(
     put_job(tx, &job)?;
     counts::moved(tx, None, Some(Counted::Job(job.status)))?;
     tx.tree(T::Queue)
-        .insert(queue_key(&job), queue_value(&job))?;
-    tx.tree(T::MailboxJobs)
-        .insert(mailbox_job_key(&job), job.job_id.as_bytes())?;
+        .insert(queue_key(&job), jobs::queue_value(&job))?;
+    tx.tree(T::MailboxJobs).insert(
+        jobs::mailbox_job_key(&job.mailbox_id, job.order),
+        job.job_id.as_bytes(),
+    )?;
     if !job.dedupe_key.is_empty() {
         tx.tree(T::Dedupe)
             .insert(job.dedupe_key.as_bytes(), job.job_id.as_bytes())?;
@@ -302,7 +271,7 @@ pub fn claim_any(
     now_ms: u64,
     lease: Duration,
 ) -> TxResult<Claimed, MailboxError> {
-    let due = |value: &[u8]| queued_head(value).is_some_and(|(at, _, _)| at <= now_ms);
+    let due = |value: &[u8]| jobs::queued_head(value).is_some_and(|(at, _, _)| at <= now_ms);
     let mut rest = candidates;
     let mut busy = Vec::new();
     loop {
@@ -321,7 +290,7 @@ pub fn claim_any(
         rest = &rest[after..];
         for (i, (key, value)) in held.iter().enumerate() {
             let (Some(job_id), Some((_, _, mailbox))) =
-                (job_id_of_queue_key(key), queued_head(value))
+                (jobs::job_id_of_queue_key(key), jobs::queued_head(value))
             else {
                 continue;
             };
@@ -397,7 +366,7 @@ fn fail_attempt(
     if job.status == JobStatus::Queued {
         job.available_at_ms = now_ms + backoff.as_millis() as u64;
         tx.tree(T::Queue)
-            .insert(queue_key(&job), queue_value(&job))?;
+            .insert(queue_key(&job), jobs::queue_value(&job))?;
         if !job.dedupe_key.is_empty()
             && tx.tree(T::Dedupe).get(job.dedupe_key.as_bytes())?.is_none()
         {
@@ -488,8 +457,10 @@ pub fn interrupt(
     now_ms: u64,
 ) -> TxResult<MailboxInterrupt, MailboxError> {
     let new_generation = generation(tx, mailbox_id)? + 1;
-    tx.tree(T::Mailboxes)
-        .insert(mailbox_id.as_bytes(), codec::u64_key(new_generation))?;
+    tx.tree(T::Mailboxes).insert(
+        mailbox_id.as_bytes(),
+        jobs::generation_value(new_generation),
+    )?;
     let superseded = supersede_older(tx, candidates, new_generation, now_ms)?;
     let active_job = match tx.get(T::Active, mailbox_id.as_bytes())? {
         Some(id) => get_job(tx, &String::from_utf8_lossy(&id))?,
@@ -536,7 +507,7 @@ pub fn requeue(tx: &Tx<'_>, job_id: &str, now_ms: u64) -> TxResult<Job, MailboxE
     job.last_error.clear();
     job.retry_cause = None;
     tx.tree(T::Queue)
-        .insert(queue_key(&job), queue_value(&job))?;
+        .insert(queue_key(&job), jobs::queue_value(&job))?;
     put_job(tx, &job)?;
     Ok(job)
 }

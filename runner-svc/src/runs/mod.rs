@@ -34,7 +34,7 @@ use crate::{
     error::RunnerError,
     events::EventLog,
     mailbox::{Claim, Clock, Job, Mailbox, MailboxConfig, MailboxStore, Reaped},
-    store::{Abort, Change, Commit, Reads, Store, T, Tx, TxResult, codec},
+    store::{Abort, Change, Commit, Reads, Store, T, Tx, TxResult, codec, tables},
 };
 
 /// How long `caught_up` waits for a commit in flight to publish its events before it syncs.
@@ -432,9 +432,9 @@ impl Runner {
     pub fn tree_record(&self, id: &str, version: u32) -> Result<TreeRecord, RunnerError> {
         let tree = self.store.tree(T::Trees);
         let found = if version == 0 {
-            tree.last_with_prefix(codec::prefix(id))?
+            tree.last_with_prefix(tables::trees::versions(id))?
         } else {
-            tree.get(records::tree_key(id, version))?
+            tree.get(tables::trees::key(id, version))?
                 .map(|v| (Vec::new(), v))
         };
         match found {

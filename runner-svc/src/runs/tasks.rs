@@ -17,8 +17,8 @@ use crate::{
     engine::Decision,
     error::RunnerError,
     events::{self, NewEvent},
-    store::{T, Tx, TxResult, abort, codec},
-    tasks::{self, Task, TaskEvent, TaskState, split_key, tx as ttx},
+    store::{T, Tx, TxResult, abort, codec, tables},
+    tasks::{self, Task, TaskEvent, TaskState, tx as ttx},
 };
 
 /// How a FailTask call ended.
@@ -129,7 +129,7 @@ impl Runner {
         // future task).
         for entry in self.store.tree(T::TaskQueue).iter() {
             let (key, task_type) = entry?;
-            let Some((at, id)) = split_key(&key, 16) else {
+            let Some((at, id)) = tables::tasks::parse_queue_key(&key) else {
                 continue;
             };
             if at > now {
@@ -406,7 +406,7 @@ impl Runner {
         let mut expired = Vec::new();
         for key in self.store.tree(T::TaskLeases).iter().keys() {
             let key = key?;
-            let Some((until, id)) = split_key(&key, 8) else {
+            let Some((until, id)) = tables::tasks::parse_lease_key(&key) else {
                 continue;
             };
             if until > now {
@@ -439,7 +439,7 @@ impl Runner {
                             t.lease_until_ms != *until || t.state != TaskState::Leased
                         }) {
                             tx.tree(T::TaskLeases)
-                                .remove(tasks::lease_key(*until, id))?;
+                                .remove(tables::tasks::lease_key(*until, id))?;
                         }
                         continue;
                     }
@@ -493,7 +493,7 @@ impl Runner {
     /// When the soonest lease runs out (store clock), if any task is leased.
     pub fn next_lease_expiry(&self) -> Result<Option<u64>, RunnerError> {
         match self.store.tree(T::TaskLeases).iter().keys().next() {
-            Some(key) => Ok(split_key(&key?, 8).map(|(at, _)| at)),
+            Some(key) => Ok(tables::tasks::parse_lease_key(&key?).map(|(at, _)| at)),
             None => Ok(None),
         }
     }

@@ -16,7 +16,7 @@ use crate::{
     error::RunnerError,
     events::{self, NewEvent},
     mailbox::{Claim, EnqueueRequest, MailboxStore, RetryCause, tx as mtx},
-    store::{T, abort, codec, lift},
+    store::{T, abort, codec, lift, tables},
     tasks::tx as ttx,
 };
 
@@ -135,7 +135,7 @@ impl Runner {
         let (read, inbox) = self.store.get_many_and_prefix(
             &[(T::Runs, key), (T::Checkpoints, key)],
             T::Inbox,
-            &codec::prefix(&job.run_id),
+            &tables::runs::inbox(&job.run_id),
         )?;
         let mut read = read.into_iter();
         let (run, ck_bytes) = (read.next().flatten(), read.next().flatten());
@@ -321,7 +321,7 @@ impl Runner {
         let mut reads = vec![
             (T::Jobs, job.job_id.clone().into_bytes()),
             (T::Runs, job.run_id.clone().into_bytes()),
-            (T::Meta, events::trace_key(&job.run_id)),
+            (T::Meta, tables::meta::trace_key(&job.run_id)),
             (T::Active, job.mailbox_id.clone().into_bytes()),
         ];
         if !job.dedupe_key.is_empty() {

@@ -15,6 +15,7 @@
 pub mod codec;
 mod postgres;
 mod sled_backend;
+pub mod tables;
 
 use std::{
     future::Future,

@@ -3,12 +3,18 @@
 
 use serde_json::Value as Json;
 
-use super::{Task, TaskEvent, TaskState, lease_key, queue_key, transition};
+use super::{Task, TaskEvent, TaskState, transition};
 use crate::{
     engine::TaskOrder,
     error::RunnerError,
     runs::RunRecord,
-    store::{T, Tx, TxResult, abort, codec, finished_key},
+    store::{
+        T, Tx, TxResult, abort, codec,
+        tables::{
+            finished,
+            tasks::{lease_key, queue_key},
+        },
+    },
 };
 
 pub fn get(tx: &Tx<'_>, task_id: &str) -> TxResult<Option<Task>, RunnerError> {
@@ -184,7 +190,7 @@ pub fn close(
     task.updated_at_ms = now;
     // Retention deletes ended tasks with finished runs and jobs.
     tx.tree(T::Finished)
-        .insert(finished_key(b't', now, &task.task_id), [])?;
+        .insert(finished::key(finished::TASK, now, &task.task_id), [])?;
     put(tx, &task)?;
     Ok(task)
 }
