@@ -337,7 +337,7 @@ impl Runner {
                 records::inbox_remove(tx, &run.run_id, request_id)?;
             }
             for order in &step.tasks {
-                ttx::queue(tx, order, &run, task_order, now)?;
+                ttx::queue(tx, order, (&run.run_id, &run.thread_id), task_order, now)?;
             }
             let mut events_in = step.events.clone();
             for (request_id, reason) in &step.withdrawn {

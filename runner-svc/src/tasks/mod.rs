@@ -24,7 +24,6 @@
 //! Time: `available_at`, `lease_until` are on the store's clock (the database's on a shared
 //! store), so replicas agree on when a lease ran out.
 
-pub mod release;
 pub mod tx;
 
 use std::sync::atomic::{AtomicU64, Ordering};

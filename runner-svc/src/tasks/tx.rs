@@ -7,7 +7,6 @@ use super::{Task, TaskEvent, TaskState, transition};
 use crate::{
     engine::TaskOrder,
     error::RunnerError,
-    runs::RunRecord,
     store::{
         T, Tx, TxResult, abort, codec,
         tables::{
@@ -66,7 +65,7 @@ fn enqueue(tx: &Tx<'_>, task: &Task) -> TxResult<(), RunnerError> {
 pub fn queue(
     tx: &Tx<'_>,
     order: &TaskOrder,
-    run: &RunRecord,
+    (run_id, thread_id): (&str, &str),
     seq: u64,
     now: u64,
 ) -> TxResult<bool, RunnerError> {
@@ -78,8 +77,8 @@ pub fn queue(
         task_type: order.task_type.clone(),
         kind: order.kind,
         state: TaskState::Queued,
-        run_id: run.run_id.clone(),
-        thread_id: run.thread_id.clone(),
+        run_id: run_id.to_string(),
+        thread_id: thread_id.to_string(),
         node_locator: order.node_locator.clone(),
         args: order.args.clone(),
         idempotency_key: order.idempotency_key.clone(),
