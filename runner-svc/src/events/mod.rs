@@ -364,9 +364,9 @@ impl EventLog {
     /// Every durable subscriber with its cursor.
     pub fn cursors(&self) -> Result<Vec<(String, u64)>, EventLogError> {
         let mut out = Vec::new();
-        for entry in self.store.tree(T::Meta).scan_prefix(b"sub:") {
+        for entry in self.store.tree(T::Meta).scan_prefix(tables::meta::CURSORS) {
             let (k, v) = entry?;
-            let name = String::from_utf8_lossy(&k[4..]).into_owned();
+            let name = tables::meta::subscriber_of(&k);
             out.push((name, codec::read_u64(&v)));
         }
         Ok(out)

@@ -134,7 +134,7 @@ async fn next_claim(
             Ok((Some(claim), more)) => {
                 // Workers are woken one at a time: pass the wake-up on while work remains.
                 if more.is_some() {
-                    runner.wake_workers();
+                    runner.wake_pool();
                 }
                 return Some(claim);
             }
@@ -167,7 +167,7 @@ async fn next_claim(
             // Woken to look at the queue just as a job was handed to it: the look is another
             // worker's to make.
             if woken {
-                runner.wake_workers();
+                runner.wake_pool();
             }
             handed.await.ok()
         }

@@ -146,7 +146,7 @@ impl Runner {
                 && let Some(runner) = work_for.upgrade()
             {
                 // One worker looks; it wakes the next when it saw more work than it took.
-                runner.wake_workers();
+                runner.wake_pool();
                 runner.task_changes.notify_waiters();
             }
             match change {
@@ -173,7 +173,7 @@ impl Runner {
                     return;
                 };
                 if polled {
-                    runner.wake_workers();
+                    runner.wake_pool();
                     runner.task_changes.notify_waiters();
                 }
                 // A notification that named its seq spares the read of the log's head.
@@ -402,9 +402,9 @@ impl Runner {
         Ok(())
     }
 
-    /// Wakes one idle worker for one new job. Waking them all would make every idle worker
-    /// scan the queue after every commit only to find nothing.
-    pub(crate) fn wake_workers(&self) {
+    /// Wakes one idle task of the job pool for one new job. Waking them all would make every
+    /// idle one scan the queue after every commit only to find nothing.
+    pub(crate) fn wake_pool(&self) {
         self.work.notify_one();
     }
 
@@ -495,7 +495,7 @@ impl Runner {
                 tracing::warn!(job = %r.job.job_id, run = %r.job.run_id, "lease expired; job returned to the queue");
             }
         }
-        self.wake_workers();
+        self.wake_pool();
         Ok(())
     }
 

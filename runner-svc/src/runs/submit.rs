@@ -341,7 +341,7 @@ impl Runner {
             }
             None => None,
         };
-        self.wake_workers();
+        self.wake_pool();
         Ok((intr, next_run))
     }
 

@@ -92,7 +92,7 @@ impl Runner {
                         if let Err(e) = self.store.durable().await {
                             tracing::error!("flush after nack failed: {e}");
                         }
-                        self.wake_workers();
+                        self.wake_pool();
                     }
                     Err(e) => tracing::warn!(job = %job.job_id, "nack refused: {e}"),
                 }
@@ -403,7 +403,7 @@ impl Runner {
         // A worker claims a timer that is due, or looks to learn when it will be: the worker
         // that finishes this job looks again only when the mailbox knows of something to find.
         if next_wake.is_some() {
-            self.wake_workers();
+            self.wake_pool();
         }
         if touches_tasks {
             self.notify_tasks();
@@ -420,7 +420,7 @@ impl Runner {
             Ok(((), Vec::new()))
         })
         .await?;
-        self.wake_workers();
+        self.wake_pool();
         Ok(())
     }
 }

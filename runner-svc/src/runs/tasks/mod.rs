@@ -408,7 +408,7 @@ impl Runner {
 
     pub(crate) fn after_task_change(&self) {
         self.notify_tasks();
-        self.wake_workers();
+        self.wake_pool();
     }
 
     /// Tasks in id order, filtered.

@@ -19,9 +19,17 @@ pub fn u64_value(n: u64) -> [u8; 8] {
     n.to_be_bytes()
 }
 
+/// The prefix of every durable subscriber's cursor key.
+pub const CURSORS: &[u8] = b"sub:";
+
 /// The key of a durable subscriber's cursor.
 pub fn cursor_key(subscriber: &str) -> Vec<u8> {
-    [b"sub:".as_slice(), subscriber.as_bytes()].concat()
+    [CURSORS, subscriber.as_bytes()].concat()
+}
+
+/// The subscriber a cursor key belongs to (lossy: a damaged name still names its cursor).
+pub fn subscriber_of(key: &[u8]) -> String {
+    String::from_utf8_lossy(key.strip_prefix(CURSORS).unwrap_or(key)).into_owned()
 }
 
 /// The key of a run's trace context.
@@ -44,6 +52,8 @@ mod tests {
         assert_eq!(event_key(258), [0, 0, 0, 0, 0, 0, 1, 2]);
         assert_eq!(seq_of(&event_key(258)), Some(258));
         assert_eq!(cursor_key("approval-svc"), b"sub:approval-svc");
+        assert!(cursor_key("approval-svc").starts_with(CURSORS));
+        assert_eq!(subscriber_of(&cursor_key("approval-svc")), "approval-svc");
         assert_eq!(trace_key("run-1"), b"trace:run-1");
         assert_eq!(count_key("job", "queued"), b"count/job/queued");
         assert_eq!(u64_value(7), 7u64.to_be_bytes());
