@@ -257,7 +257,7 @@ fn row(
 }
 
 fn main() {
-    use arbor_runner_svc::worker::DEFAULT_WORKERS;
+    use arbor_runner_svc::pool::DEFAULT_SIZE as DEFAULT_WORKERS;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -11,9 +11,10 @@ use arbor_shared::domain::{JobStatus, RunStatus, SuspensionCategory, SuspensionS
 
 use crate::{
     engine::Checkpoint,
-    mailbox::Job,
-    runs::RunRecord,
-    store::{Store, StoreError, T, Tx, TxResult, codec},
+    store::{
+        Store, StoreError, T, Tx, TxResult, codec,
+        tables::{jobs::Job, runs::RunRecord},
+    },
 };
 
 pub const RUN_STATUSES: [RunStatus; 7] = [
@@ -123,7 +124,7 @@ impl Counted {
             Counted::Job(_) => "job",
             Counted::Suspensions(_) => "suspensions",
         };
-        format!("count/{kind}/{}", self.gauge().label.1).into_bytes()
+        crate::store::tables::meta::count_key(kind, self.gauge().label.1)
     }
 }
 

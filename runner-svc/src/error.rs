@@ -126,12 +126,6 @@ impl From<crate::store::StoreError> for RunnerError {
     }
 }
 
-impl From<crate::runs::state::InvalidTransition> for RunnerError {
-    fn from(e: crate::runs::state::InvalidTransition) -> Self {
-        Self::InvalidTransition(e.to_string())
-    }
-}
-
 impl From<EventLogError> for RunnerError {
     fn from(e: EventLogError) -> Self {
         match e {

@@ -10,7 +10,10 @@ use crate::{
     error::RunnerError,
     mailbox::{Job, state::is_final},
     runs::{RunRecord, Runner},
-    store::{T, codec},
+    store::{
+        T, codec,
+        tables::{self, finished},
+    },
 };
 
 /// How long things are kept.
@@ -28,12 +31,11 @@ pub struct RetentionConfig {
 
 impl Default for RetentionConfig {
     fn default() -> Self {
-        const HOUR: Duration = Duration::from_secs(3600);
         Self {
-            events_acked: HOUR,
-            events_max: 7 * 24 * HOUR,
-            finished: 7 * 24 * HOUR,
-            interval: Duration::from_secs(60),
+            events_acked: crate::defaults::EVENTS_ACKED_RETENTION,
+            events_max: crate::defaults::EVENTS_MAX_RETENTION,
+            finished: crate::defaults::FINISHED_RETENTION,
+            interval: crate::defaults::COMPACT_INTERVAL,
         }
     }
 }
@@ -60,9 +62,9 @@ impl Runner {
     ) -> Result<Compacted, RunnerError> {
         let events = self.compact_events(cfg, now_ms).await?;
         let cutoff = now_ms.saturating_sub(cfg.finished.as_millis() as u64);
-        let runs = self.compact_finished(b'r', cutoff).await?;
-        let jobs = self.compact_finished(b'j', cutoff).await?;
-        let tasks = self.compact_finished(b't', cutoff).await?;
+        let runs = self.compact_finished(finished::RUN, cutoff).await?;
+        let jobs = self.compact_finished(finished::JOB, cutoff).await?;
+        let tasks = self.compact_finished(finished::TASK, cutoff).await?;
         Ok(Compacted {
             events,
             runs,
@@ -89,7 +91,7 @@ impl Runner {
             for entry in self
                 .store()
                 .tree(T::Events)
-                .range_from(codec::u64_key(first))
+                .range_from(tables::meta::event_key(first))
             {
                 let (key, bytes) = entry?;
                 let seq = codec::read_u64(&key);
@@ -109,7 +111,7 @@ impl Runner {
             let count = doomed.len();
             self.commit(move |tx| {
                 for seq in &doomed {
-                    tx.tree(T::Events).remove(codec::u64_key(*seq))?;
+                    tx.tree(T::Events).remove(tables::meta::event_key(*seq))?;
                 }
                 crate::events::set_first_seq(tx, last + 1)?;
                 Ok(((), Vec::new()))
@@ -130,11 +132,12 @@ impl Runner {
             let mut batch = Vec::new();
             for entry in self.store().tree(T::Finished).scan_prefix([kind]) {
                 let (key, _) = entry?;
-                let at = codec::read_u64(&key[1..]);
+                let Some((at, id)) = finished::parse(&key) else {
+                    continue;
+                };
                 if at > cutoff {
                     break;
                 }
-                let id = String::from_utf8_lossy(&key[9..]).into_owned();
                 batch.push((key.to_vec(), id));
                 if batch.len() == BATCH {
                     break;
@@ -150,8 +153,8 @@ impl Runner {
                     for (index_key, id) in &batch {
                         tx.tree(T::Finished).remove(index_key.as_slice())?;
                         n += match kind {
-                            b'r' => delete_run(tx, id, cutoff)?,
-                            b't' => delete_task(tx, id, cutoff)?,
+                            finished::RUN => delete_run(tx, id, cutoff)?,
+                            finished::TASK => delete_task(tx, id, cutoff)?,
                             _ => delete_job(tx, id, cutoff)?,
                         };
                     }
@@ -188,7 +191,7 @@ fn delete_run(tx: &Tx<'_>, run_id: &str, cutoff: u64) -> R<u64> {
     tx.tree(T::Runs).remove(run_id.as_bytes())?;
     tx.tree(T::Checkpoints).remove(run_id.as_bytes())?;
     tx.tree(T::ThreadRuns)
-        .remove(codec::pair_key(&run.thread_id, run_id))?;
+        .remove(tables::runs::thread_run_key(&run.thread_id, run_id))?;
     crate::events::clear_run_trace(tx, run_id)?;
     Ok(1)
 }
@@ -206,9 +209,8 @@ fn delete_job(tx: &Tx<'_>, job_id: &str, cutoff: u64) -> R<u64> {
     }
     counts::moved(tx, Some(Counted::Job(job.status)), None)?;
     tx.tree(T::Jobs).remove(job_id.as_bytes())?;
-    let mut key = codec::prefix(&job.mailbox_id);
-    key.extend_from_slice(&codec::u64_key(job.order));
-    tx.tree(T::MailboxJobs).remove(key)?;
+    tx.tree(T::MailboxJobs)
+        .remove(tables::jobs::mailbox_job_key(&job.mailbox_id, job.order))?;
     Ok(1)
 }
 

@@ -17,7 +17,9 @@ use arbor_shared::{
 };
 use tokio::sync::watch;
 
-use crate::store::{FIRST_SEQ, NEXT_SEQ, Store, StoreError, T, Tx, TxResult, Wake, abort, codec};
+use crate::store::{
+    FIRST_SEQ, NEXT_SEQ, Store, StoreError, T, Tx, TxResult, Wake, abort, codec, tables,
+};
 
 /// The last seq ever assigned (0: none yet).
 pub(crate) fn last_seq_in(store: &Store) -> Result<u64, StoreError> {
@@ -37,23 +39,17 @@ pub(crate) fn first_seq_in(store: &Store) -> Result<u64, StoreError> {
         .unwrap_or(1))
 }
 
-pub(crate) fn trace_key(run_id: &str) -> Vec<u8> {
-    let mut k = b"trace:".to_vec();
-    k.extend_from_slice(run_id.as_bytes());
-    k
-}
-
 /// Records the trace context the run's next steps belong to (SubmitRun, or a Resolve that
 /// arrived with a `traceparent`), inside the transaction that acts on it.
 pub fn set_run_trace<E>(tx: &Tx<'_>, run_id: &str, ctx: &TraceContext) -> TxResult<(), E> {
     tx.tree(T::Meta)
-        .insert(trace_key(run_id), ctx.to_string().as_bytes())?;
+        .insert(tables::meta::trace_key(run_id), ctx.to_string().as_bytes())?;
     Ok(())
 }
 
 /// Forgets the run's trace context (retention deletes the run).
 pub fn clear_run_trace<E>(tx: &Tx<'_>, run_id: &str) -> TxResult<(), E> {
-    tx.tree(T::Meta).remove(trace_key(run_id))?;
+    tx.tree(T::Meta).remove(tables::meta::trace_key(run_id))?;
     Ok(())
 }
 
@@ -61,14 +57,8 @@ pub fn clear_run_trace<E>(tx: &Tx<'_>, run_id: &str) -> TxResult<(), E> {
 pub fn run_trace<E>(tx: &Tx<'_>, run_id: &str) -> TxResult<Option<TraceContext>, E> {
     Ok(tx
         .tree(T::Meta)
-        .get(trace_key(run_id))?
+        .get(tables::meta::trace_key(run_id))?
         .and_then(|b| std::str::from_utf8(&b).ok().and_then(TraceContext::parse)))
-}
-
-fn cursor_key(subscriber: &str) -> Vec<u8> {
-    let mut k = b"sub:".to_vec();
-    k.extend_from_slice(subscriber.as_bytes());
-    k
 }
 
 /// An event before it has a seq.
@@ -143,11 +133,11 @@ pub fn append<E: From<codec::Corrupt>>(
             traceparent,
         };
         tx.tree(T::Events)
-            .insert(codec::u64_key(next), codec::encode(&event))?;
+            .insert(tables::meta::event_key(next), codec::encode(&event))?;
         out.push(event);
         next += 1;
     }
-    meta.insert(NEXT_SEQ, codec::u64_key(next))?;
+    meta.insert(NEXT_SEQ, tables::meta::u64_value(next))?;
     tx.wake(Wake::Events(next - 1));
     Ok(out)
 }
@@ -166,20 +156,22 @@ pub fn ack_cursor<E: From<codec::Corrupt>>(
             message: format!("seq {seq} is beyond the last event {last_seq}"),
         });
     }
-    let key = cursor_key(subscriber);
+    let key = tables::meta::cursor_key(subscriber);
     let current = tx
         .tree(T::Meta)
         .get(&key)?
         .map(|b| codec::read_u64(&b))
         .unwrap_or(0);
     let stored = current.max(seq);
-    tx.tree(T::Meta).insert(key, codec::u64_key(stored))?;
+    tx.tree(T::Meta)
+        .insert(key, tables::meta::u64_value(stored))?;
     Ok(stored)
 }
 
 /// Records that events before `seq` were compacted away (inside a runner transaction).
 pub fn set_first_seq<E>(tx: &Tx<'_>, seq: u64) -> TxResult<(), E> {
-    tx.tree(T::Meta).insert(FIRST_SEQ, codec::u64_key(seq))?;
+    tx.tree(T::Meta)
+        .insert(FIRST_SEQ, tables::meta::u64_value(seq))?;
     Ok(())
 }
 
@@ -323,7 +315,7 @@ impl EventLog {
         let entries = self
             .store
             .tree(T::Events)
-            .range_from_wanting(codec::u64_key(from), rest);
+            .range_from_wanting(tables::meta::event_key(from), rest);
         for entry in entries.take(rest) {
             let (key, bytes) = entry?;
             if codec::read_u64(&key) > upto {
@@ -356,7 +348,7 @@ impl EventLog {
     pub fn run_trace_id(&self, run_id: &str) -> String {
         self.store
             .tree(T::Meta)
-            .get(trace_key(run_id))
+            .get(tables::meta::trace_key(run_id))
             .ok()
             .flatten()
             .and_then(|b| std::str::from_utf8(&b).ok().and_then(TraceContext::parse))
@@ -368,16 +360,16 @@ impl EventLog {
         Ok(self
             .store
             .tree(T::Meta)
-            .get(cursor_key(subscriber))?
+            .get(tables::meta::cursor_key(subscriber))?
             .map(|b| codec::read_u64(&b)))
     }
 
     /// Every durable subscriber with its cursor.
     pub fn cursors(&self) -> Result<Vec<(String, u64)>, EventLogError> {
         let mut out = Vec::new();
-        for entry in self.store.tree(T::Meta).scan_prefix(b"sub:") {
+        for entry in self.store.tree(T::Meta).scan_prefix(tables::meta::CURSORS) {
             let (k, v) = entry?;
-            let name = String::from_utf8_lossy(&k[4..]).into_owned();
+            let name = tables::meta::subscriber_of(&k);
             out.push((name, codec::read_u64(&v)));
         }
         Ok(out)

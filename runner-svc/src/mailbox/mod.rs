@@ -6,62 +6,25 @@
 //! restart; lease expiry is judged on the server's monotonic clock only (never a client's clock).
 
 mod backlog;
+mod claim;
 mod clock;
+mod leases;
 pub mod state;
 mod store;
+pub mod tx;
 
 pub use clock::{Clock, ManualClock, StoreClock, SystemClock};
-pub use store::{Leases, Mailbox, tx};
+pub use leases::Leases;
+pub use store::Mailbox;
 
 use std::time::Duration;
 
 use arbor_shared::domain::{JobKind, JobOrigin, JobStatus};
-use serde::{Deserialize, Serialize};
 
 use crate::store::codec::Corrupt;
+/// The stored job, kept with its table's keys so the layers below the mailbox can read it.
+pub use crate::store::tables::jobs::{Job, RetryCause};
 pub use state::{InvalidTransition, JobEvent};
-
-/// A mailbox entry. Field names follow the seed design.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Job {
-    pub job_id: String,
-    /// The thread the run belongs to.
-    pub mailbox_id: String,
-    pub run_id: String,
-    pub origin: JobOrigin,
-    pub kind: JobKind,
-    pub priority: i32,
-    pub dedupe_key: String,
-    pub generation: u64,
-    pub status: JobStatus,
-    pub available_at_ms: u64,
-    pub attempt_count: u32,
-    pub max_attempts: u32,
-    pub last_error: String,
-    pub claim_token: String,
-    pub claimed_by: String,
-    /// Wall-clock view of the lease for operators; expiry itself uses the monotonic clock.
-    pub lease_until_ms: u64,
-    pub created_at_ms: u64,
-    pub updated_at_ms: u64,
-    /// Enqueue order: FIFO among equal priorities.
-    pub order: u64,
-    /// Whether the dedupe key stays taken while the job is claimed (user submissions) or only
-    /// while it is queued (internal wake-ups, so a decision arriving mid-tick still wakes the run).
-    pub dedupe_while_claimed: bool,
-    /// How the job's last attempt ended without an ack, while it waits for the next one.
-    pub retry_cause: Option<RetryCause>,
-}
-
-/// Why a job is being tried again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum RetryCause {
-    /// Its worker nacked it (the step failed, or storage did).
-    Nacked,
-    /// Its lease expired (its worker stopped heartbeating or its process died): another worker
-    /// takes it over.
-    LeaseExpired,
-}
 
 /// What to enqueue.
 #[derive(Debug, Clone, Default)]
@@ -159,10 +122,10 @@ pub struct MailboxConfig {
 impl Default for MailboxConfig {
     fn default() -> Self {
         Self {
-            lease: Duration::from_secs(30),
-            base_backoff: Duration::from_millis(200),
-            max_backoff: Duration::from_secs(60),
-            default_max_attempts: 5,
+            lease: crate::defaults::LEASE,
+            base_backoff: crate::defaults::BASE_BACKOFF,
+            max_backoff: crate::defaults::MAX_BACKOFF,
+            default_max_attempts: crate::defaults::MAX_ATTEMPTS,
         }
     }
 }

@@ -34,7 +34,7 @@ use crate::{
     error::RunnerError,
     events::EventLog,
     mailbox::{Claim, Clock, Job, Mailbox, MailboxConfig, MailboxStore, Reaped},
-    store::{Abort, Change, Commit, Reads, Store, T, Tx, TxResult, codec},
+    store::{Abort, Change, Commit, Reads, Store, T, Tx, TxResult, codec, tables},
 };
 
 /// How long `caught_up` waits for a commit in flight to publish its events before it syncs.
@@ -146,7 +146,7 @@ impl Runner {
                 && let Some(runner) = work_for.upgrade()
             {
                 // One worker looks; it wakes the next when it saw more work than it took.
-                runner.wake_workers();
+                runner.wake_pool();
                 runner.task_changes.notify_waiters();
             }
             match change {
@@ -173,7 +173,7 @@ impl Runner {
                     return;
                 };
                 if polled {
-                    runner.wake_workers();
+                    runner.wake_pool();
                     runner.task_changes.notify_waiters();
                 }
                 // A notification that named its seq spares the read of the log's head.
@@ -402,9 +402,9 @@ impl Runner {
         Ok(())
     }
 
-    /// Wakes one idle worker for one new job. Waking them all would make every idle worker
-    /// scan the queue after every commit only to find nothing.
-    pub(crate) fn wake_workers(&self) {
+    /// Wakes one idle task of the job pool for one new job. Waking them all would make every
+    /// idle one scan the queue after every commit only to find nothing.
+    pub(crate) fn wake_pool(&self) {
         self.work.notify_one();
     }
 
@@ -432,9 +432,9 @@ impl Runner {
     pub fn tree_record(&self, id: &str, version: u32) -> Result<TreeRecord, RunnerError> {
         let tree = self.store.tree(T::Trees);
         let found = if version == 0 {
-            tree.last_with_prefix(codec::prefix(id))?
+            tree.last_with_prefix(tables::trees::versions(id))?
         } else {
-            tree.get(records::tree_key(id, version))?
+            tree.get(tables::trees::key(id, version))?
                 .map(|v| (Vec::new(), v))
         };
         match found {
@@ -495,7 +495,7 @@ impl Runner {
                 tracing::warn!(job = %r.job.job_id, run = %r.job.run_id, "lease expired; job returned to the queue");
             }
         }
-        self.wake_workers();
+        self.wake_pool();
         Ok(())
     }
 

@@ -234,7 +234,7 @@ impl Runner {
                 Ok((job, appended))
             })
             .await?;
-        self.wake_workers();
+        self.wake_pool();
         Ok(job)
     }
 
@@ -267,7 +267,7 @@ impl Runner {
             Ok(((), Vec::new()))
         })
         .await?;
-        self.wake_workers();
+        self.wake_pool();
         let run = self.wait_terminal(run_id, self.opts.cancel_wait).await?;
         self.view(run)
     }

@@ -1,13 +1,17 @@
-//! Stored records of trees and runs, and the transaction helpers that read and write them.
+//! The stored tree record, and the transaction helpers that read and write trees, runs (their
+//! record is [`RunRecord`], kept with its table's keys), checkpoints and the inbox.
 
-use arbor_shared::domain::{RunMode, RunStatus};
 use serde::{Deserialize, Serialize};
 
+pub use crate::store::tables::runs::RunRecord;
 use crate::{
     counts::{self, Counted},
     engine::{Checkpoint, Decision},
     error::RunnerError,
-    store::{T, Tx, TxResult, abort, codec},
+    store::{
+        T, Tx, TxResult, abort, codec,
+        tables::{finished, runs},
+    },
 };
 
 /// A registered tree version.
@@ -21,36 +25,6 @@ pub struct TreeRecord {
     pub digest: String,
     pub node_count: u32,
     pub registered_at_ms: u64,
-}
-
-/// A run's metadata; its execution state lives in its checkpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RunRecord {
-    pub run_id: String,
-    pub thread_id: String,
-    pub tree_id: String,
-    pub tree_version: u32,
-    pub status: RunStatus,
-    pub error: String,
-    pub created_at_ms: u64,
-    pub updated_at_ms: u64,
-    pub submitted_by: String,
-    pub priority: i32,
-    pub mode: RunMode,
-    /// The thread generation the run was submitted at.
-    pub generation: u64,
-    pub step: u64,
-    pub max_attempts: u32,
-    /// Whether the first tick happened (RUN_STARTED was emitted).
-    pub started: bool,
-    /// Set when a cancel was requested; the cancel job reads it.
-    pub cancel_reason: String,
-}
-
-pub fn tree_key(id: &str, version: u32) -> Vec<u8> {
-    let mut k = codec::prefix(id);
-    k.extend_from_slice(&version.to_be_bytes());
-    k
 }
 
 pub fn get_run(tx: &Tx<'_>, run_id: &str) -> TxResult<Option<RunRecord>, RunnerError> {
@@ -83,7 +57,7 @@ pub fn put_run(tx: &Tx<'_>, run: &RunRecord) -> TxResult<(), RunnerError> {
         .insert(run.run_id.as_bytes(), codec::encode(run))?;
     if run.status.is_terminal() {
         tx.tree(T::Finished).insert(
-            crate::store::finished_key(b'r', run.updated_at_ms, &run.run_id),
+            finished::key(finished::RUN, run.updated_at_ms, &run.run_id),
             [],
         )?;
     }
@@ -92,7 +66,7 @@ pub fn put_run(tx: &Tx<'_>, run: &RunRecord) -> TxResult<(), RunnerError> {
 
 pub fn index_run(tx: &Tx<'_>, run: &RunRecord) -> TxResult<(), RunnerError> {
     tx.tree(T::ThreadRuns)
-        .insert(codec::pair_key(&run.thread_id, &run.run_id), [])?;
+        .insert(runs::thread_run_key(&run.thread_id, &run.run_id), [])?;
     Ok(())
 }
 
@@ -146,7 +120,7 @@ pub fn inbox_get(
     run_id: &str,
     request_id: &str,
 ) -> TxResult<Option<Decision>, RunnerError> {
-    match tx.tree(T::Inbox).get(codec::pair_key(run_id, request_id))? {
+    match tx.tree(T::Inbox).get(runs::inbox_key(run_id, request_id))? {
         None => Ok(None),
         Some(b) => match codec::decode("decision", &b) {
             Ok(d) => Ok(Some(d)),
@@ -157,12 +131,12 @@ pub fn inbox_get(
 
 pub fn inbox_put(tx: &Tx<'_>, run_id: &str, d: &Decision) -> TxResult<(), RunnerError> {
     tx.tree(T::Inbox)
-        .insert(codec::pair_key(run_id, &d.request_id), codec::encode(d))?;
+        .insert(runs::inbox_key(run_id, &d.request_id), codec::encode(d))?;
     Ok(())
 }
 
 pub fn inbox_remove(tx: &Tx<'_>, run_id: &str, request_id: &str) -> TxResult<(), RunnerError> {
     tx.tree(T::Inbox)
-        .remove(codec::pair_key(run_id, request_id))?;
+        .remove(runs::inbox_key(run_id, request_id))?;
     Ok(())
 }

@@ -14,7 +14,7 @@ use crate::{
     error::RunnerError,
     events::{self, NewEvent},
     mailbox::{EnqueueRequest, Job, tx as mtx},
-    store::{T, Tx, TxResult, abort, codec, lift},
+    store::{T, Tx, TxResult, abort, lift, tables},
     tasks,
 };
 
@@ -80,7 +80,10 @@ impl Runner {
         let mut reads = vec![
             (T::Runs, run_key.clone()),
             (T::Checkpoints, run_key.clone()),
-            (T::Inbox, codec::pair_key(&input.run_id, &input.request_id)),
+            (
+                T::Inbox,
+                tables::runs::inbox_key(&input.run_id, &input.request_id),
+            ),
             (T::Tasks, input.request_id.clone().into_bytes()),
             (T::Dedupe, wake_key(&input.run_id).into_bytes()),
             (T::Mailboxes, run_key.clone()),
@@ -327,7 +330,7 @@ mod tests {
             .await
             .unwrap();
         let stop = CancellationToken::new();
-        let _workers = crate::worker::spawn(runner.clone(), 1, stop.clone());
+        let _workers = crate::pool::spawn(runner.clone(), 1, stop.clone());
         let input = SubmitInput {
             tree_id: "ask-thrice".into(),
             submitted_by: "alice".into(),

@@ -33,6 +33,13 @@ pub struct InvalidTransition {
     pub event: RunEvent,
 }
 
+// Here rather than in `error`, so that the error type does not import the application layer.
+impl From<InvalidTransition> for crate::error::RunnerError {
+    fn from(e: InvalidTransition) -> Self {
+        Self::InvalidTransition(e.to_string())
+    }
+}
+
 /// The next status, or the typed reason the move is illegal.
 pub fn transition(from: RunStatus, event: RunEvent) -> Result<RunStatus, InvalidTransition> {
     use RunEvent as E;

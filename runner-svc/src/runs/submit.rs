@@ -13,7 +13,7 @@ use crate::{
     error::RunnerError,
     events::{self, NewEvent},
     mailbox::{EnqueueRequest, MailboxInterrupt, tx as mtx},
-    store::{Commit, Reads, T, Tx, TxResult, abort, codec, lift},
+    store::{Commit, Reads, T, Tx, TxResult, abort, codec, lift, tables},
 };
 
 /// Ids are path- and key-safe: they end up in store keys with NUL separators.
@@ -92,7 +92,7 @@ impl Runner {
             node_count: spec.node_count() as u32,
             registered_at_ms: self.now_ms(),
         };
-        let key = records::tree_key(&record.id, record.version);
+        let key = tables::trees::key(&record.id, record.version);
         let (stored, existed) = self
             .commit(move |tx| {
                 if let Some(bytes) = tx.tree(T::Trees).get(&key)? {
@@ -341,7 +341,7 @@ impl Runner {
             }
             None => None,
         };
-        self.wake_workers();
+        self.wake_pool();
         Ok((intr, next_run))
     }
 
@@ -401,7 +401,7 @@ impl Runner {
                 [
                     (T::Runs, id.clone().into_bytes()),
                     (T::Checkpoints, id.clone().into_bytes()),
-                    (T::Meta, events::trace_key(id)),
+                    (T::Meta, tables::meta::trace_key(id)),
                     (T::Dedupe, cancel_key(id).into_bytes()),
                 ]
             }))
@@ -469,7 +469,7 @@ impl Runner {
         for entry in self
             .store
             .tree(T::ThreadRuns)
-            .scan_prefix(codec::prefix(thread_id))
+            .scan_prefix(tables::runs::thread_runs(thread_id))
         {
             let (k, _) = entry?;
             if let Some(pos) = k.iter().position(|b| *b == 0) {

@@ -16,7 +16,7 @@ use crate::{
     error::RunnerError,
     events::{self, NewEvent},
     mailbox::{Claim, EnqueueRequest, MailboxStore, RetryCause, tx as mtx},
-    store::{T, abort, codec, lift},
+    store::{T, abort, codec, lift, tables},
     tasks::tx as ttx,
 };
 
@@ -92,7 +92,7 @@ impl Runner {
                         if let Err(e) = self.store.durable().await {
                             tracing::error!("flush after nack failed: {e}");
                         }
-                        self.wake_workers();
+                        self.wake_pool();
                     }
                     Err(e) => tracing::warn!(job = %job.job_id, "nack refused: {e}"),
                 }
@@ -135,7 +135,7 @@ impl Runner {
         let (read, inbox) = self.store.get_many_and_prefix(
             &[(T::Runs, key), (T::Checkpoints, key)],
             T::Inbox,
-            &codec::prefix(&job.run_id),
+            &tables::runs::inbox(&job.run_id),
         )?;
         let mut read = read.into_iter();
         let (run, ck_bytes) = (read.next().flatten(), read.next().flatten());
@@ -321,7 +321,7 @@ impl Runner {
         let mut reads = vec![
             (T::Jobs, job.job_id.clone().into_bytes()),
             (T::Runs, job.run_id.clone().into_bytes()),
-            (T::Meta, events::trace_key(&job.run_id)),
+            (T::Meta, tables::meta::trace_key(&job.run_id)),
             (T::Active, job.mailbox_id.clone().into_bytes()),
         ];
         if !job.dedupe_key.is_empty() {
@@ -337,7 +337,7 @@ impl Runner {
                 records::inbox_remove(tx, &run.run_id, request_id)?;
             }
             for order in &step.tasks {
-                ttx::queue(tx, order, &run, task_order, now)?;
+                ttx::queue(tx, order, (&run.run_id, &run.thread_id), task_order, now)?;
             }
             let mut events_in = step.events.clone();
             for (request_id, reason) in &step.withdrawn {
@@ -403,7 +403,7 @@ impl Runner {
         // A worker claims a timer that is due, or looks to learn when it will be: the worker
         // that finishes this job looks again only when the mailbox knows of something to find.
         if next_wake.is_some() {
-            self.wake_workers();
+            self.wake_pool();
         }
         if touches_tasks {
             self.notify_tasks();
@@ -420,7 +420,7 @@ impl Runner {
             Ok(((), Vec::new()))
         })
         .await?;
-        self.wake_workers();
+        self.wake_pool();
         Ok(())
     }
 }

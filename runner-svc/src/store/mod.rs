@@ -23,6 +23,7 @@ pub mod codec;
 mod handle;
 pub mod postgres;
 mod sled;
+pub mod tables;
 mod verify;
 
 use std::{future::Future, path::PathBuf, pin::Pin, sync::Arc, time::Duration};

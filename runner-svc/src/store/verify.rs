@@ -45,7 +45,7 @@ pub(super) fn references(
     }
     at("queue");
     let found = missing(backend, T::Queue, T::Jobs, |key| {
-        crate::mailbox::tx::job_id_of_queue_key(key).map(|id| id.as_bytes().to_vec())
+        crate::store::tables::jobs::job_id_of_queue_key(key).map(|id| id.as_bytes().to_vec())
     })?;
     if let Some((_, job_id)) = found {
         return Ok(Err(format!(

@@ -24,7 +24,6 @@
 //! Time: `available_at`, `lease_until` are on the store's clock (the database's on a shared
 //! store), so replicas agree on when a lease ran out.
 
-pub mod release;
 pub mod tx;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -177,30 +176,6 @@ impl Task {
     }
 }
 
-/// `{available_at BE}{order BE}{task_id}`.
-pub fn queue_key(available_at_ms: u64, order: u64, task_id: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(16 + task_id.len());
-    k.extend_from_slice(&available_at_ms.to_be_bytes());
-    k.extend_from_slice(&order.to_be_bytes());
-    k.extend_from_slice(task_id.as_bytes());
-    k
-}
-
-/// `{lease_until BE}{task_id}`.
-pub fn lease_key(lease_until_ms: u64, task_id: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + task_id.len());
-    k.extend_from_slice(&lease_until_ms.to_be_bytes());
-    k.extend_from_slice(task_id.as_bytes());
-    k
-}
-
-/// (time, task_id) of a queue or lease key.
-pub fn split_key(key: &[u8], skip: usize) -> Option<(u64, &str)> {
-    let at = u64::from_be_bytes(key.get(..8)?.try_into().ok()?);
-    let id = std::str::from_utf8(key.get(skip..)?).ok()?;
-    Some((at, id))
-}
-
 /// Counters of this process's task traffic, for metrics.
 #[derive(Debug, Default)]
 pub struct TaskMetrics {
@@ -265,15 +240,5 @@ mod tests {
         assert!(transition(TaskState::Queued, TaskEvent::Complete).is_err());
         assert!(transition(TaskState::Queued, TaskEvent::Heartbeat).is_err());
         assert!(transition(TaskState::Queued, TaskEvent::Release).is_err());
-    }
-
-    #[test]
-    fn keys_sort_by_time_then_order() {
-        let a = queue_key(5, 9, "b");
-        let b = queue_key(6, 1, "a");
-        let c = queue_key(6, 2, "a");
-        assert!(a < b && b < c);
-        assert_eq!(split_key(&b, 16), Some((6, "a")));
-        assert_eq!(split_key(&lease_key(7, "t1"), 8), Some((7, "t1")));
     }
 }

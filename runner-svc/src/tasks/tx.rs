@@ -3,12 +3,17 @@
 
 use serde_json::Value as Json;
 
-use super::{Task, TaskEvent, TaskState, lease_key, queue_key, transition};
+use super::{Task, TaskEvent, TaskState, transition};
 use crate::{
     engine::TaskOrder,
     error::RunnerError,
-    runs::RunRecord,
-    store::{T, Tx, TxResult, Wake, abort, codec, finished_key},
+    store::{
+        T, Tx, TxResult, Wake, abort, codec,
+        tables::{
+            finished,
+            tasks::{lease_key, queue_key},
+        },
+    },
 };
 
 pub fn get(tx: &Tx<'_>, task_id: &str) -> TxResult<Option<Task>, RunnerError> {
@@ -64,7 +69,7 @@ fn enqueue(tx: &Tx<'_>, task: &Task) -> TxResult<(), RunnerError> {
 pub fn queue(
     tx: &Tx<'_>,
     order: &TaskOrder,
-    run: &RunRecord,
+    (run_id, thread_id): (&str, &str),
     seq: u64,
     now: u64,
 ) -> TxResult<bool, RunnerError> {
@@ -76,8 +81,8 @@ pub fn queue(
         task_type: order.task_type.clone(),
         kind: order.kind,
         state: TaskState::Queued,
-        run_id: run.run_id.clone(),
-        thread_id: run.thread_id.clone(),
+        run_id: run_id.to_string(),
+        thread_id: thread_id.to_string(),
         node_locator: order.node_locator.clone(),
         args: order.args.clone(),
         idempotency_key: order.idempotency_key.clone(),
@@ -188,7 +193,7 @@ pub fn close(
     task.updated_at_ms = now;
     // Retention deletes ended tasks with finished runs and jobs.
     tx.tree(T::Finished)
-        .insert(finished_key(b't', now, &task.task_id), [])?;
+        .insert(finished::key(finished::TASK, now, &task.task_id), [])?;
     put(tx, &task)?;
     Ok(task)
 }

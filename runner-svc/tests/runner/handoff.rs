@@ -12,8 +12,8 @@ use std::time::Duration;
 use arbor_runner_svc::{
     engine::TreeFormat,
     mailbox::MailboxStore,
+    pool,
     runs::{Runner, RunnerOptions, SubmitInput},
-    worker,
 };
 use arbor_shared::{
     domain::{JobStatus, RunStatus},
@@ -58,7 +58,7 @@ async fn a_submission_and_a_decision_hand_their_job_to_the_waiting_worker() {
     let runner = common::open_runner(dir.path(), |_| {}).await;
     runner.register_tree(GATED, TreeFormat::Json).await.unwrap();
     let stop = CancellationToken::new();
-    let _workers = worker::spawn(runner.clone(), 1, stop.clone());
+    let _workers = pool::spawn(runner.clone(), 1, stop.clone());
 
     // On a shared store the idle worker also looks for work once a second, and is not idle
     // while it looks: a step made then takes no worker and its job is claimed as usual. Such
@@ -111,7 +111,7 @@ async fn a_job_whose_thread_is_busy_stays_queued_until_the_thread_is_free() {
     runner.register_tree(HELD, TreeFormat::Json).await.unwrap();
     runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
     let stop = CancellationToken::new();
-    let _workers = worker::spawn(runner.clone(), 2, stop.clone());
+    let _workers = pool::spawn(runner.clone(), 2, stop.clone());
     wait_idle(&runner, 2).await;
 
     let held = runner.submit(submit("held", "t-1")).await.unwrap().run;
@@ -164,7 +164,7 @@ async fn a_timer_set_by_a_step_runs_when_due_after_its_worker_ran_something_else
     runner.register_tree(WAITS, TreeFormat::Json).await.unwrap();
     runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
     let stop = CancellationToken::new();
-    let _workers = worker::spawn(runner.clone(), 1, stop.clone());
+    let _workers = pool::spawn(runner.clone(), 1, stop.clone());
     wait_idle(&runner, 1).await;
 
     let submitted = std::time::Instant::now();
@@ -205,7 +205,7 @@ async fn a_hand_off_whose_caller_went_away_still_reaches_its_worker() {
     let runner = common::open_runner_with(dir.path(), |_| {}, options).await;
     runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
     let stop = CancellationToken::new();
-    let _workers = worker::spawn(runner.clone(), 1, stop.clone());
+    let _workers = pool::spawn(runner.clone(), 1, stop.clone());
 
     // On a shared store the idle worker also looks for work once a second, and is not idle
     // while it looks: a submission made then takes no worker and is claimed as usual, so it

@@ -11,8 +11,8 @@ use std::{sync::Arc, time::Duration};
 use arbor_runner_svc::{
     engine::{GuardConfig, ToolRegistry, TreeFormat},
     mailbox::{JobFilter, MailboxStore, SystemClock},
+    pool,
     runs::{Runner, RunnerOptions, SubmitInput},
-    worker,
 };
 use arbor_shared::{
     domain::{EventKind, JobKind, JobStatus, RunStatus},
@@ -46,7 +46,7 @@ async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
     runner.register_tree(BUSY, TreeFormat::Json).await.unwrap();
     runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
     let stop = CancellationToken::new();
-    let _workers = worker::spawn(runner.clone(), 2, stop.clone());
+    let _workers = pool::spawn(runner.clone(), 2, stop.clone());
 
     let submit = |tree: &str| SubmitInput {
         tree_id: tree.into(),

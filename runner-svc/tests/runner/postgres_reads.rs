@@ -220,9 +220,7 @@ async fn a_look_at_the_queue_reads_only_the_threads_it_looks_at() {
 /// keeps it for the others, which wait their turn and read it from memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_on_one_replica_read_another_replica_s_events_from_the_store_once() {
-    use arbor_runner_svc::{
-        ServeConfig, engine::TreeFormat, open_runner, runs::SubmitInput, worker,
-    };
+    use arbor_runner_svc::{ServeConfig, engine::TreeFormat, open_runner, pool, runs::SubmitInput};
     use arbor_shared::domain::RunStatus;
     use tokio_util::sync::CancellationToken;
 
@@ -254,7 +252,7 @@ async fn streams_on_one_replica_read_another_replica_s_events_from_the_store_onc
         .await
         .unwrap();
     let stop = CancellationToken::new();
-    let _workers = worker::spawn(b.clone(), 4, stop.clone());
+    let _workers = pool::spawn(b.clone(), 4, stop.clone());
 
     let log = a.events().clone();
     let (start, read_before) = (log.durable_seq(), log.events_read());

@@ -156,7 +156,7 @@ async fn ended_tasks_are_compacted_and_waiting_ones_kept() {
 
     let dir = tempfile::tempdir().unwrap();
     let runner = common::open_runner(dir.path(), |_| {}).await;
-    let workers = arbor_runner_svc::worker::spawn(
+    let workers = arbor_runner_svc::pool::spawn(
         runner.clone(),
         2,
         tokio_util::sync::CancellationToken::new(),

@@ -14,10 +14,10 @@ use arbor_runner_svc::{
     counts::Tally,
     engine::{GuardConfig, LedgerTool, ToolRegistry, TreeFormat},
     mailbox::SystemClock,
+    pool,
     retention::RetentionConfig,
     runs::{Runner, RunnerOptions, SubmitInput, records},
     store::Store,
-    worker,
 };
 use arbor_shared::domain::RunStatus;
 use tokio_util::sync::CancellationToken;
@@ -62,7 +62,7 @@ async fn counts_follow_runs_through_suspension_resume_cancel_and_retention() {
     runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
     runner.register_tree(GATED, TreeFormat::Json).await.unwrap();
     let stop = CancellationToken::new();
-    let _workers = worker::spawn(runner.clone(), 2, stop.clone());
+    let _workers = pool::spawn(runner.clone(), 2, stop.clone());
     assert_eq!(stored_equals_scan(&store), Tally::default());
 
     let submit = |tree: &str| SubmitInput {

@@ -7,7 +7,7 @@
 
 use crate::common;
 
-use arbor_runner_svc::{ServeConfig, engine::TreeFormat, open_runner, runs::SubmitInput, worker};
+use arbor_runner_svc::{ServeConfig, engine::TreeFormat, open_runner, pool, runs::SubmitInput};
 use arbor_shared::domain::RunStatus;
 use tokio_util::sync::CancellationToken;
 
@@ -35,7 +35,7 @@ async fn a_stream_reads_the_events_this_process_just_committed_from_memory() {
         .await
         .unwrap();
     let stop = CancellationToken::new();
-    let _workers = worker::spawn(runner.clone(), 8, stop.clone());
+    let _workers = pool::spawn(runner.clone(), 8, stop.clone());
 
     // A follower of the log's head, as `StreamEvents` follows it: every event once, in order.
     let log = runner.events().clone();

@@ -1,6 +1,11 @@
-//! The worker pool: N workers claim jobs, keep their lease alive while a run is processed, and
-//! hand each job to `Runner::process`; a reaper returns expired leases to the queue so another
-//! worker takes the run over from its checkpoint.
+//! The job pool: N pool tasks claim mailbox jobs, keep their lease alive while a run is
+//! processed, and hand each job to `Runner::process`; a reaper returns expired leases to the
+//! queue so another pool task takes the run over from its checkpoint.
+//!
+//! In the code "worker" means a task worker (the remote processes of `tasks`). What users see
+//! keeps its old name on purpose, as deployments and dashboards depend on it: the `--workers`
+//! flag and `ARBOR_WORKERS`, the `claimed_by` names (`pid@host/worker-N`), the log fields and
+//! the metric names.
 
 use std::{
     collections::HashMap,
@@ -41,24 +46,21 @@ impl InFlight {
     }
 }
 
-/// The pool's size unless configured. A worker is a task, and each has at most one claim or
-/// ack in a commit batch, so the pool bounds how many commits share one transaction and one
-/// flush: 32 measured ~1.3× the durable mailbox cycles of 16 on this project's 2-core
-/// machine (BENCHMARKS.md), with the full suspend/resume cycle no slower.
-pub const DEFAULT_WORKERS: usize = 32;
+/// The pool's size unless configured (see [`crate::defaults::POOL_SIZE`]).
+pub const DEFAULT_SIZE: usize = crate::defaults::POOL_SIZE;
 
-/// Starts `workers` workers, the lease heartbeat and the reaper; they stop when `shutdown` is
+/// Starts `size` pool tasks, the lease heartbeat and the reaper; they stop when `shutdown` is
 /// cancelled.
-pub fn spawn(runner: Arc<Runner>, workers: usize, shutdown: CancellationToken) -> JoinSet<()> {
+pub fn spawn(runner: Arc<Runner>, size: usize, shutdown: CancellationToken) -> JoinSet<()> {
     let mut set = JoinSet::new();
     let in_flight = Arc::new(InFlight::default());
     let process = process_identity();
-    for i in 0..workers.max(1) {
+    for i in 0..size.max(1) {
         let runner = runner.clone();
         let shutdown = shutdown.clone();
         let in_flight = in_flight.clone();
         let worker_id = format!("{process}/worker-{i}");
-        set.spawn(async move { worker_loop(runner, worker_id, in_flight, shutdown).await });
+        set.spawn(async move { claim_loop(runner, worker_id, in_flight, shutdown).await });
     }
     set.spawn(heartbeat_loop(runner.clone(), in_flight, shutdown.clone()));
     let reaper_runner = runner.clone();
@@ -82,7 +84,7 @@ fn process_identity() -> String {
 /// queuing a job hands it to them already claimed (see `runs::handoff`). A worker that
 /// finishes a job waits the same way, after a look at the queue only when the mailbox knows
 /// that look may find something (see `mailbox::backlog`).
-pub async fn worker_loop(
+pub async fn claim_loop(
     runner: Arc<Runner>,
     worker_id: String,
     in_flight: Arc<InFlight>,
@@ -132,7 +134,7 @@ async fn next_claim(
             Ok((Some(claim), more)) => {
                 // Workers are woken one at a time: pass the wake-up on while work remains.
                 if more.is_some() {
-                    runner.wake_workers();
+                    runner.wake_pool();
                 }
                 return Some(claim);
             }
@@ -165,7 +167,7 @@ async fn next_claim(
             // Woken to look at the queue just as a job was handed to it: the look is another
             // worker's to make.
             if woken {
-                runner.wake_workers();
+                runner.wake_pool();
             }
             handed.await.ok()
         }

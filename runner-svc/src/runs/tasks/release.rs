@@ -6,11 +6,12 @@ use std::sync::atomic::Ordering;
 
 use arbor_shared::domain::EventDetail;
 
-use super::{TaskEvent, TaskState, tx as ttx};
+use super::cancelled_event;
 use crate::{
     error::RunnerError,
     events::{self, NewEvent},
-    runs::{Runner, tasks::cancelled_event},
+    runs::Runner,
+    tasks::{TaskEvent, TaskState, tx as ttx},
 };
 
 /// How a ReleaseTask call ended.
