@@ -45,15 +45,6 @@ pub fn read_counter(v: &[u8]) -> i64 {
     <[u8; 8]>::try_from(v).map_or(0, i64::from_be_bytes)
 }
 
-/// Key of a finished-index entry.
-pub fn finished_key(kind: u8, at_ms: u64, id: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(9 + id.len());
-    k.push(kind);
-    k.extend_from_slice(&at_ms.to_be_bytes());
-    k.extend_from_slice(id.as_bytes());
-    k
-}
-
 /// `meta` key of the next event seq to assign (the event log's counter).
 pub const NEXT_SEQ: &[u8] = b"next_seq";
 /// `meta` key of the oldest event seq still retained (absent: 1).

@@ -28,7 +28,7 @@ mod verify;
 
 use std::{future::Future, path::PathBuf, pin::Pin, sync::Arc, time::Duration};
 
-pub use body::{FIRST_SEQ, NEXT_SEQ, TxTable, abort, finished_key, lift, read_counter};
+pub use body::{FIRST_SEQ, NEXT_SEQ, TxTable, abort, lift, read_counter};
 pub use handle::{Store, Table};
 
 /// The runner's tables, in the fixed order transactions see them. Keys and values are bytes;

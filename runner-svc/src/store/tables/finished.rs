@@ -33,7 +33,6 @@ mod tests {
         let k = key(RUN, 0x0102, "run-1");
         assert_eq!(k, b"r\0\0\0\0\0\0\x01\x02run-1");
         assert_eq!(parse(&k), Some((0x0102, "run-1".to_string())));
-        assert_eq!(k, crate::store::finished_key(b'r', 0x0102, "run-1"));
         assert!(key(JOB, 9, "b") < key(JOB, 10, "a"), "oldest first");
         assert_eq!(parse(b"t\0"), None);
     }
