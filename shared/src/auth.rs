@@ -40,6 +40,13 @@ impl Role {
         Role::Reader,
     ];
 
+    /// The role named `name` as the tokens file spells it (`approver`), if there is one.
+    pub fn parse(name: &str) -> Option<Role> {
+        Role::ALL
+            .into_iter()
+            .find(|r| format!("{r:?}").eq_ignore_ascii_case(name))
+    }
+
     /// The roles that read everything a service holds, whoever it belongs to.
     pub const READ_ALL: [Role; 3] = [Role::Operator, Role::Service, Role::Reader];
 }
@@ -49,6 +56,8 @@ impl Role {
 pub struct Principal {
     pub name: String,
     pub roles: Vec<Role>,
+    /// The approver groups the principal belongs to (`group:NAME` in approval rules).
+    pub groups: Vec<String>,
 }
 
 impl Principal {
@@ -57,6 +66,7 @@ impl Principal {
         Self {
             name: "anonymous".into(),
             roles: Role::ALL.to_vec(),
+            groups: Vec::new(),
         }
     }
 
@@ -92,6 +102,54 @@ impl Principal {
     }
 }
 
+/// The principals a tokens file names, by name. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct Directory {
+    by_name: Arc<HashMap<String, Principal>>,
+}
+
+impl Directory {
+    /// A directory of `principals` (tests, and a service that builds one itself).
+    pub fn of(principals: impl IntoIterator<Item = Principal>) -> Self {
+        Self {
+            by_name: Arc::new(principals.into_iter().map(|p| (p.name.clone(), p)).collect()),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Principal> {
+        self.by_name.get(name)
+    }
+
+    /// The names of the members of `group`, sorted.
+    pub fn members(&self, group: &str) -> Vec<String> {
+        self.select(|p| p.groups.iter().any(|g| g == group))
+    }
+
+    /// The names of the principals holding `role`, sorted.
+    pub fn holders(&self, role: Role) -> Vec<String> {
+        self.select(|p| p.has(role))
+    }
+
+    fn select(&self, keep: impl Fn(&Principal) -> bool) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .by_name
+            .values()
+            .filter(|p| keep(p))
+            .map(|p| p.name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+/// Whether `name` may name a group: letters, digits, `-`, `_` and `.`, not empty.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
 /// The principal a request was authenticated as. Handlers behind an `AuthInterceptor` always find
 /// one; without it (unit tests of handlers) the caller is anonymous.
 pub fn principal_of<T>(req: &Request<T>) -> Principal {
@@ -124,6 +182,9 @@ struct TokensFile {
 struct PrincipalEntry {
     name: String,
     roles: Vec<Role>,
+    /// Approver groups (`group:NAME` in approval rules).
+    #[serde(default)]
+    groups: Vec<String>,
     /// Hex SHA-256 of the bearer token; the token itself is never stored.
     token_sha256: String,
     /// RFC 3339 time after which the token is refused.
@@ -187,6 +248,11 @@ impl Authenticator {
             if p.roles.is_empty() {
                 return Err(format!("principal[{i}].roles must not be empty"));
             }
+            if let Some(g) = p.groups.iter().find(|g| !valid_name(g)) {
+                return Err(format!(
+                    "principal[{i}].groups: {g:?} is not a group name (letters, digits, '-', '_' and '.')"
+                ));
+            }
             let expires_at = match p.expires_at {
                 None => None,
                 Some(s) => Some(humantime::parse_rfc3339(&s).map_err(|e| {
@@ -197,6 +263,7 @@ impl Authenticator {
                 principal: Principal {
                     name: p.name,
                     roles: p.roles,
+                    groups: p.groups,
                 },
                 expires_at,
             };
@@ -208,6 +275,34 @@ impl Authenticator {
             by_hash: Arc::new(by_hash),
             enabled: true,
         })
+    }
+
+    /// Every principal the tokens file names, with its roles and groups (those of all its
+    /// tokens together), by name: what approval rules resolve `user:`, `group:` and `role:`
+    /// against. Empty when authentication is off.
+    pub fn directory(&self) -> Directory {
+        let mut by_name: HashMap<String, Principal> = HashMap::new();
+        for cred in self.by_hash.values() {
+            let p = &cred.principal;
+            let entry = by_name.entry(p.name.clone()).or_insert_with(|| Principal {
+                name: p.name.clone(),
+                roles: Vec::new(),
+                groups: Vec::new(),
+            });
+            for r in &p.roles {
+                if !entry.roles.contains(r) {
+                    entry.roles.push(*r);
+                }
+            }
+            for g in &p.groups {
+                if !entry.groups.contains(g) {
+                    entry.groups.push(g.clone());
+                }
+            }
+        }
+        Directory {
+            by_name: Arc::new(by_name),
+        }
     }
 
     /// Checks the `authorization: Bearer …` header.
@@ -313,6 +408,7 @@ mod tests {
             [[principal]]
             name = "alice"
             roles = ["approver"]
+            groups = ["payments", "ops"]
             token_sha256 = "{}"
 
             [[principal]]
@@ -332,6 +428,22 @@ mod tests {
         let p = auth().authenticate(&md(Some("alice-token"))).unwrap();
         assert_eq!(p.name, "alice");
         assert!(p.has(Role::Approver) && !p.has(Role::Service));
+    }
+
+    #[test]
+    fn the_directory_resolves_groups_and_roles() {
+        let p = auth().authenticate(&md(Some("alice-token"))).unwrap();
+        assert_eq!(p.groups, ["payments", "ops"]);
+        let dir = auth().directory();
+        assert_eq!(dir.members("payments"), ["alice"]);
+        assert!(dir.members("nobody").is_empty());
+        assert_eq!(dir.holders(Role::Submitter), ["old"]);
+        let bad = format!(
+            "[[principal]]\nname = \"a\"\nroles = [\"approver\"]\ngroups = [\"pay ments\"]\ntoken_sha256 = \"{}\"",
+            hash_token("t")
+        );
+        let err = Authenticator::from_toml(&bad).unwrap_err();
+        assert!(err.contains("principal[0].groups") && err.contains("pay ments"), "{err}");
     }
 
     #[test]
@@ -370,6 +482,7 @@ mod tests {
         let p = Principal {
             name: "bob".into(),
             roles: vec![Role::Submitter],
+            groups: Vec::new(),
         };
         let err = p
             .require(&[Role::Service], "resolve approvals")
@@ -383,6 +496,7 @@ mod tests {
         let with = |roles: Vec<Role>| Principal {
             name: "p".into(),
             roles,
+            groups: Vec::new(),
         };
         assert!(with(vec![Role::Reader]).reads_all());
         assert!(with(vec![Role::Operator]).reads_all());

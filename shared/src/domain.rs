@@ -265,6 +265,17 @@ pub struct ApprovalRequest {
     pub requested_at_ms: u64,
 }
 
+impl ApprovalRequest {
+    /// What a vote on this request is bound to (see [`crate::digest`]): the digest of a tool
+    /// call's arguments, or of a gate's context.
+    pub fn args_digest(&self) -> String {
+        match self.kind {
+            ApprovalKind::Tool => crate::digest::of(&self.tool_args),
+            ApprovalKind::Node => crate::digest::of(&Json::Object(self.context.clone())),
+        }
+    }
+}
+
 /// The event kinds of DESIGN §6, plus `SuspensionWithdrawn`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum EventKind {

@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod convert;
+pub mod digest;
 pub mod domain;
 pub mod json;
 pub mod limits;
