@@ -7,6 +7,7 @@ pub mod config;
 pub mod convert;
 pub mod deadline;
 pub mod error;
+pub mod governance;
 pub mod grpc;
 pub mod leader;
 pub mod lifecycle;

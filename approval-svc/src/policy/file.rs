@@ -30,6 +30,9 @@ struct PolicyFile {
     tools: Vec<ToolRule>,
     #[serde(default, rename = "node")]
     nodes: Vec<NodeRule>,
+    /// Approval rules (stages, quorum): `crate::governance`.
+    #[serde(default, rename = "approval")]
+    approvals: Vec<toml::Spanned<crate::governance::RuleFile>>,
 }
 
 fn ask() -> Action {
@@ -144,6 +147,7 @@ impl Policy {
         Ok(Self {
             rules,
             default: file.default,
+            approvals: crate::governance::parse_rules(text, file.approvals)?,
         })
     }
 }

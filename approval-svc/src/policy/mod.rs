@@ -125,6 +125,8 @@ pub struct Policy {
     /// In chain order: request rules, tool rules, node rules.
     rules: Vec<Rule>,
     default: Action,
+    /// Who must agree on a request left to people (`[[approval]]`).
+    approvals: crate::governance::Rules,
 }
 
 impl Default for Policy {
@@ -132,6 +134,7 @@ impl Default for Policy {
         Self {
             rules: Vec::new(),
             default: Action::Ask,
+            approvals: crate::governance::Rules::default(),
         }
     }
 }
@@ -161,6 +164,28 @@ impl Policy {
                 Action::Deny => "denied by the policy default".into(),
             },
         }
+    }
+
+    /// The approval rule that governs `a`, a request left to people; `None` keeps a single
+    /// approver's decision.
+    pub fn approval_rule(&self, a: &Approval) -> Option<&crate::governance::ApprovalRule> {
+        let r = &a.request;
+        let args = match r.kind {
+            ApprovalKind::Tool => r.tool_args.clone(),
+            ApprovalKind::Node => serde_json::Value::Object(r.context.clone()),
+        };
+        let subject = Subject::from(a);
+        self.approvals.find(&crate::governance::Target {
+            tool_name: &r.tool_name,
+            tree_id: &r.tree_id,
+            node_name: subject.node_name,
+            args: &args,
+        })
+    }
+
+    /// The `[[approval]]` rules, in file order.
+    pub fn approval_rules(&self) -> &crate::governance::Rules {
+        &self.approvals
     }
 
     pub fn rule_count(&self) -> usize {

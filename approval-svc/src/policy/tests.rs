@@ -216,3 +216,39 @@ fn unnamed_rules_are_named_by_position() {
     let p = Policy::from_toml("[[tool]]\ntool='a*'\naction='allow'").unwrap();
     assert_eq!(p.evaluate(&tool("abc")).rule, "tool[0]");
 }
+
+#[test]
+fn approval_rule_mistakes_name_the_line_and_the_accepted_values() {
+    let cases = [
+        (
+            "default = \"ask\"\n\n[[approval]]\ntool = \"pay*\"\n[[approval.stage]]\napprovers = [\"team:x\"]\n",
+            &["approval[0] (line 3)", "user:NAME, group:NAME or role:NAME"][..],
+        ),
+        (
+            "[[approval]]\n[[approval.stage]]\napprovers = [\"user:a\"]\nrequired = \"most\"\n",
+            &["line 1", "\"all\" or a percentage"],
+        ),
+        (
+            "[[approval]]\n[[approval.stage]]\napprovers = [\"user:a\"]\non_reject = \"never\"\n",
+            &["line 4", "veto", "count"],
+        ),
+        (
+            "[[approval]]\n[[approval.stage]]\napprovers = [\"user:a\"]\non_timeout = \"escalate\"\n",
+            &["on_timeout needs a deadline"],
+        ),
+        (
+            "[[approval]]\n[[approval.stage]]\napprovers = [\"role:boss\"]\n",
+            &["roles: submitter, approver"],
+        ),
+        (
+            "[[approval]]\ntool = \"x\"\n",
+            &["at least one [[approval.stage]]"],
+        ),
+    ];
+    for (text, wanted) in cases {
+        let err = Policy::from_toml(text).unwrap_err();
+        for w in wanted {
+            assert!(err.contains(w), "{text:?}: {err:?} lacks {w:?}");
+        }
+    }
+}
