@@ -6,13 +6,14 @@ use arbor_shared::{
     domain::{ApprovalRequest, DecisionKind},
     json::to_proto_value,
     proto::{approval::v1 as pb, runner::v1 as runner_pb},
-    time::timestamp,
+    time::{opt_timestamp, timestamp},
 };
 use globset::Glob;
 use serde_json::Value as Json;
 
 use crate::{
     error::{Error, Result},
+    governance::{Governance, quorum},
     lifecycle::ApprovalState,
     model::{Approval, AuditAction, AuditEntry, Decision, Filter},
 };
@@ -72,7 +73,43 @@ impl From<&Decision> for pb::Decision {
             source: d.source.into(),
             rule: d.rule.clone(),
             decided_at: Some(timestamp(d.decided_at_ms)),
+            voters: Vec::new(),
+            args_digest: String::new(),
         }
+    }
+}
+
+fn governance(g: &Governance) -> pb::Governance {
+    let (approvals, seats_left) = quorum::progress(g);
+    let stage = g.stage();
+    pb::Governance {
+        rule: g.rule.clone(),
+        stage: g.current,
+        stages: g.stages.iter().map(|s| s.name.clone()).collect(),
+        eligible: g.eligible.clone(),
+        required: g.required,
+        approvals,
+        seats_left,
+        progress: format!("{approvals} of {} in {}", g.required, stage.name),
+        votes: g
+            .votes
+            .iter()
+            .map(|v| pb::Vote {
+                principal: v.seat.clone(),
+                delegate: match v.by == v.seat {
+                    true => String::new(),
+                    false => v.by.clone(),
+                },
+                kind: v.kind.into(),
+                args_digest: v.digest.clone(),
+                stage: v.stage,
+                stale: v.stale,
+                at: Some(timestamp(v.at_ms)),
+                reason: v.reason.clone(),
+            })
+            .collect(),
+        proposal: g.proposal.kind.into(),
+        proposed_by: g.proposal.by.clone(),
     }
 }
 
@@ -89,12 +126,57 @@ impl From<&Approval> for pb::Approval {
             request_id: a.request.request_id.clone(),
             state: pb::ApprovalState::from(a.state) as i32,
             request: Some(request),
-            decision: a.decision.as_ref().map(Into::into),
+            decision: a.decision.as_ref().map(|d| pb::Decision {
+                voters: a.ext.voters.clone(),
+                args_digest: a.ext.decided_digest.clone(),
+                ..d.into()
+            }),
             created_at: Some(timestamp(a.created_at_ms)),
             updated_at: Some(timestamp(a.updated_at_ms)),
             delivery_attempts: a.delivery_attempts,
             last_delivery_error: a.last_delivery_error.clone(),
+            args_digest: a.args_digest(),
+            governance: a.ext.governance.as_ref().map(governance),
+            claim: a.ext.claim.as_ref().map(|c| pb::Claim {
+                principal: c.by.clone(),
+                until: opt_timestamp(c.until_ms),
+            }),
+            comments: a
+                .ext
+                .comments
+                .iter()
+                .map(|c| pb::Comment {
+                    author: c.author.clone(),
+                    text: c.text.clone(),
+                    args_digest: c.args_digest.clone(),
+                    at: Some(timestamp(c.at_ms)),
+                })
+                .collect(),
+            next_deadline: match a.state {
+                ApprovalState::Pending => opt_timestamp(a.deadline_ms()),
+                _ => None,
+            },
+            on_deadline: match a.state {
+                ApprovalState::Pending => on_deadline(a),
+                _ => String::new(),
+            },
         }
+    }
+}
+
+/// What happens when `a`'s next deadline passes.
+fn on_deadline(a: &Approval) -> String {
+    let stage = a.ext.governance.as_ref().filter(|g| {
+        g.stage_deadline_ms > 0
+            && (a.request.deadline_ms == 0 || g.stage_deadline_ms <= a.request.deadline_ms)
+    });
+    match (stage, a.deadline_ms()) {
+        (_, 0) => String::new(),
+        (Some(g), _) => format!("{:?}", g.stage().on_timeout).to_lowercase(),
+        (None, _) => match a.request.on_timeout {
+            arbor_shared::domain::TimeoutAction::Approve => "approve".into(),
+            arbor_shared::domain::TimeoutAction::Reject => "reject".into(),
+        },
     }
 }
 
@@ -108,6 +190,15 @@ impl From<AuditAction> for pb::AuditAction {
             AuditAction::Pruned => Self::Pruned,
             AuditAction::Expired => Self::Expired,
             AuditAction::Cancelled => Self::Cancelled,
+            AuditAction::Voted => Self::Voted,
+            AuditAction::StageOpened => Self::StageOpened,
+            AuditAction::Escalated => Self::Escalated,
+            AuditAction::Reminded => Self::Reminded,
+            AuditAction::Proposed => Self::Proposed,
+            AuditAction::Claimed => Self::Claimed,
+            AuditAction::Released => Self::Released,
+            AuditAction::Reassigned => Self::Reassigned,
+            AuditAction::Commented => Self::Commented,
         }
     }
 }
@@ -126,6 +217,9 @@ impl From<&AuditEntry> for pb::AuditEntry {
             source: e.source.map(i32::from).unwrap_or(0),
             rule: e.rule.clone(),
             decision_id: e.decision_id.clone(),
+            on_behalf_of: e.ext.on_behalf_of.clone(),
+            args_digest: e.ext.args_digest.clone(),
+            stage: e.ext.stage.clone(),
         }
     }
 }
@@ -179,6 +273,11 @@ pub fn filter_from_pb(f: Option<&pb::ApprovalFilter>, prefix: &str) -> Result<Fi
         tree_id: f.tree_id.clone(),
         min_age_ms: f.min_age_ms,
         max_age_ms: f.max_age_ms,
+        actionable_by: None,
+        eligible_any: None,
+        overdue: f.overdue,
+        stage: f.stage.clone(),
+        args_digest: f.args_digest.clone(),
     })
 }
 

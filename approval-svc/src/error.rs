@@ -67,6 +67,30 @@ pub enum Error {
     /// Nobody decides the approvals of a run they submitted themselves.
     #[error("principal '{principal}' submitted run {run_id} and may not decide its approvals")]
     OwnRun { principal: String, run_id: String },
+    /// A vote or decision against arguments that are no longer the ones voted on.
+    #[error(
+        "approval {request_id} is now bound to {current}, not {given}: what is voted on changed; read it again"
+    )]
+    StaleDigest {
+        request_id: String,
+        current: String,
+        given: String,
+    },
+    /// The caller is not among the open stage's approvers, nor a delegate of one.
+    #[error(
+        "principal '{principal}' may not vote on approval {request_id} in stage '{stage}' (eligible: {eligible})"
+    )]
+    NotEligible {
+        principal: String,
+        request_id: String,
+        stage: String,
+        eligible: String,
+    },
+    /// Someone else holds the approval.
+    #[error("approval {request_id} is claimed by '{holder}'")]
+    Claimed { request_id: String, holder: String },
+    #[error("delegation {0} not found")]
+    DelegationNotFound(String),
     #[error("approval-svc is shutting down")]
     ShuttingDown,
     #[error("watcher lagged; re-watch")]
@@ -116,8 +140,13 @@ impl Error {
             Self::InvalidTransition { .. }
             | Self::AlreadyDecided { .. }
             | Self::NotAllowed { .. }
-            | Self::DecisionMismatch { .. } => Code::FailedPrecondition,
-            Self::RoleRequired { .. } | Self::OwnRun { .. } => Code::PermissionDenied,
+            | Self::DecisionMismatch { .. }
+            | Self::StaleDigest { .. }
+            | Self::Claimed { .. } => Code::FailedPrecondition,
+            Self::RoleRequired { .. } | Self::OwnRun { .. } | Self::NotEligible { .. } => {
+                Code::PermissionDenied
+            }
+            Self::DelegationNotFound(_) => Code::NotFound,
             Self::ShuttingDown | Self::Unavailable(_) => Code::Unavailable,
             Self::Lagged => Code::ResourceExhausted,
             Self::Storage(_) => Code::Internal,

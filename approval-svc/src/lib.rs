@@ -20,6 +20,7 @@ pub mod retention;
 pub mod runner;
 pub mod server;
 pub mod store;
+pub mod voting;
 
 pub use config::{ServeConfig, Tuning};
 pub use error::Error;

@@ -29,6 +29,44 @@ pub struct Approval {
     pub delivered_at_ms: u64,
     /// Why it was cancelled, when it was.
     pub cancel_reason: String,
+    /// What this release added to the record (kept last: see the sled codec).
+    #[serde(default)]
+    pub ext: Extras,
+}
+
+/// The parts of an approval record added with governance: a record written before has them
+/// empty (its digest is then computed from its request).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Extras {
+    /// The request's digest when it arrived (see `arbor_shared::digest`).
+    pub args_digest: String,
+    pub governance: Option<crate::governance::Governance>,
+    pub claim: Option<Claim>,
+    pub comments: Vec<Comment>,
+    /// The decision's voters (governed requests) and the digest it was taken on.
+    pub voters: Vec<String>,
+    pub decided_digest: String,
+}
+
+/// Who holds an approval, and until when (0: until released).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Claim {
+    pub by: String,
+    pub until_ms: u64,
+}
+
+impl Claim {
+    pub fn holds(&self, now_ms: u64) -> bool {
+        self.until_ms == 0 || now_ms < self.until_ms
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Comment {
+    pub author: String,
+    pub text: String,
+    pub args_digest: String,
+    pub at_ms: u64,
 }
 
 impl Approval {
@@ -47,6 +85,34 @@ impl Approval {
     /// A decision is held that the runner still has to accept.
     pub fn needs_delivery(&self) -> bool {
         self.state.awaits_delivery() && self.delivered_at_ms == 0
+    }
+
+    /// What a vote is bound to now: the governed proposal's digest, else the request's.
+    pub fn args_digest(&self) -> String {
+        match (&self.ext.governance, self.ext.args_digest.is_empty()) {
+            (Some(g), _) => g.proposal.digest.clone(),
+            (None, false) => self.ext.args_digest.clone(),
+            (None, true) => self.request.args_digest(),
+        }
+    }
+
+    /// The claim that holds at `now_ms`, if any.
+    pub fn claim_at(&self, now_ms: u64) -> Option<&Claim> {
+        self.ext.claim.as_ref().filter(|c| c.holds(now_ms))
+    }
+
+    /// When the approval's next deadline passes (0: none): the open stage's or the request's,
+    /// whichever comes first. The expiry timer reads it.
+    pub fn deadline_ms(&self) -> u64 {
+        let stage = self
+            .ext
+            .governance
+            .as_ref()
+            .map_or(0, |g| g.stage_deadline_ms);
+        match (stage, self.request.deadline_ms) {
+            (0, d) | (d, 0) => d,
+            (a, b) => a.min(b),
+        }
     }
 
     /// Approve and reject are always possible (a person can always refuse); edit and respond
@@ -101,6 +167,9 @@ pub struct NewDecision {
     /// Refused (OwnRun) when `decided_by` submitted the run: checked in the decision's
     /// transaction, against the approval it decides.
     pub not_by_submitter: bool,
+    /// The args digest the decider saw; when given and no longer current, the decision is
+    /// refused (StaleDigest) and nothing changes.
+    pub expected_digest: String,
 }
 
 impl NewDecision {
@@ -114,6 +183,7 @@ impl NewDecision {
             source: DecisionSource::Person,
             rule: String::new(),
             not_by_submitter: false,
+            expected_digest: String::new(),
         }
     }
 
@@ -154,6 +224,15 @@ pub enum AuditAction {
     Pruned,
     Expired,
     Cancelled,
+    Voted,
+    StageOpened,
+    Escalated,
+    Reminded,
+    Proposed,
+    Claimed,
+    Released,
+    Reassigned,
+    Commented,
 }
 
 /// One line of the audit trail; it outlives pruning.
@@ -171,6 +250,18 @@ pub struct AuditEntry {
     pub source: Option<DecisionSource>,
     pub rule: String,
     pub decision_id: String,
+    /// What this release added (kept last: see the sled codec).
+    #[serde(default)]
+    pub ext: AuditExtras,
+}
+
+/// The parts of an audit entry added with governance.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AuditExtras {
+    /// A delegate's entry: whose seat they acted in.
+    pub on_behalf_of: String,
+    pub args_digest: String,
+    pub stage: String,
 }
 
 impl AuditEntry {
@@ -188,6 +279,7 @@ impl AuditEntry {
             source: None,
             rule: String::new(),
             decision_id: String::new(),
+            ext: AuditExtras::default(),
         }
     }
 
@@ -219,6 +311,47 @@ pub struct Filter {
     pub min_age_ms: u64,
     /// 0: no bound.
     pub max_age_ms: u64,
+    /// Only what this principal may vote on now.
+    pub actionable_by: Option<Actionable>,
+    /// Only approvals whose open stage has one of these principals eligible (a group's members).
+    pub eligible_any: Option<Vec<String>>,
+    /// Only PENDING approvals whose next deadline has passed.
+    pub overdue: bool,
+    /// Only approvals whose open stage has this name.
+    pub stage: String,
+    pub args_digest: String,
+}
+
+/// Who asks for "what may I vote on": their name and the delegations they may act under.
+#[derive(Debug, Clone, Default)]
+pub struct Actionable {
+    pub name: String,
+    pub delegations: Vec<crate::governance::seat::Delegation>,
+    /// Whether a run's submitter is kept from deciding it (authentication on).
+    pub not_submitter: bool,
+}
+
+impl Actionable {
+    /// Whether `name` may vote on `a` now and has not yet voted on what is proposed.
+    pub fn may_act_on(&self, a: &Approval, now_ms: u64) -> bool {
+        let r = &a.request;
+        if a.state != ApprovalState::Pending
+            || (self.not_submitter && r.submitted_by == self.name)
+            || a.claim_at(now_ms).is_some_and(|c| c.by != self.name)
+        {
+            return false;
+        }
+        match &a.ext.governance {
+            None => true,
+            Some(g) => crate::governance::seat::actionable(
+                g,
+                &self.name,
+                &self.delegations,
+                now_ms,
+                &[&r.tool_name, &r.node_name],
+            ),
+        }
+    }
 }
 
 impl Filter {
@@ -235,6 +368,23 @@ impl Filter {
                 .is_none_or(|g| !r.tool_name.is_empty() && g.is_match(&r.tool_name))
             && age >= self.min_age_ms
             && (self.max_age_ms == 0 || age <= self.max_age_ms)
+            && self.governed_match(a, now_ms)
+    }
+
+    fn governed_match(&self, a: &Approval, now_ms: u64) -> bool {
+        let g = a.ext.governance.as_ref();
+        let deadline = a.deadline_ms();
+        self.actionable_by
+            .as_ref()
+            .is_none_or(|who| who.may_act_on(a, now_ms))
+            && self
+                .eligible_any
+                .as_ref()
+                .is_none_or(|names| g.is_some_and(|g| g.eligible.iter().any(|e| names.contains(e))))
+            && (!self.overdue
+                || (a.state == ApprovalState::Pending && deadline > 0 && deadline <= now_ms))
+            && (self.stage.is_empty() || g.is_some_and(|g| g.stage().name == self.stage))
+            && (self.args_digest.is_empty() || a.args_digest() == self.args_digest)
     }
 }
 

@@ -219,6 +219,7 @@ pub(crate) mod tests {
             last_delivery_error: String::new(),
             delivered_at_ms: 0,
             cancel_reason: String::new(),
+            ext: Default::default(),
         }
     }
 

@@ -140,7 +140,9 @@ async fn serve<S: ApprovalStore>(
         replica = %replica,
         "approval-svc starting"
     );
-    let approvals = Approvals::new(Arc::new(store), cfg.policy.clone()).named(replica);
+    let approvals = Approvals::new(Arc::new(store), cfg.policy.clone())
+        .named(replica)
+        .with_directory(cfg.auth.directory());
     let mut tasks: Vec<JoinHandle<()>> = vec![
         tokio::spawn(record_progress(approvals.clone(), stop.clone())),
         tokio::spawn(lead(

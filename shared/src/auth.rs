@@ -112,7 +112,12 @@ impl Directory {
     /// A directory of `principals` (tests, and a service that builds one itself).
     pub fn of(principals: impl IntoIterator<Item = Principal>) -> Self {
         Self {
-            by_name: Arc::new(principals.into_iter().map(|p| (p.name.clone(), p)).collect()),
+            by_name: Arc::new(
+                principals
+                    .into_iter()
+                    .map(|p| (p.name.clone(), p))
+                    .collect(),
+            ),
         }
     }
 
@@ -443,7 +448,10 @@ mod tests {
             hash_token("t")
         );
         let err = Authenticator::from_toml(&bad).unwrap_err();
-        assert!(err.contains("principal[0].groups") && err.contains("pay ments"), "{err}");
+        assert!(
+            err.contains("principal[0].groups") && err.contains("pay ments"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -178,6 +178,7 @@ impl From<&ApprovalRequest> for pb::ApprovalRequested {
             allowed_decisions: r.allowed_decisions.iter().map(|d| i32::from(*d)).collect(),
             submitted_by: r.submitted_by.clone(),
             requested_at: Some(timestamp(r.requested_at_ms)),
+            args_digest: r.args_digest(),
         }
     }
 }

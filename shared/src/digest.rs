@@ -33,7 +33,8 @@ mod tests {
     #[test]
     fn the_digest_is_sha256_of_the_canonical_form() {
         // RFC 8785 §3.2.3's ordering and the empty object, checked against `sha256sum`.
-        let canonical = serde_json_canonicalizer::to_string(&json!({"€": 1, "\r": 2, "1": 3})).unwrap();
+        let canonical =
+            serde_json_canonicalizer::to_string(&json!({"€": 1, "\r": 2, "1": 3})).unwrap();
         assert_eq!(canonical, "{\"\\r\":2,\"1\":3,\"€\":1}");
         assert_eq!(
             of(&json!({})),

@@ -5,12 +5,16 @@
 
 use std::{sync::Arc, time::Duration};
 
-use arbor_shared::{auth::Principal, domain::ApprovalRequest};
+use arbor_shared::{
+    auth::{Directory, Principal},
+    domain::ApprovalRequest,
+};
 use tokio::sync::{Notify, broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 mod delivery;
+mod govern;
 mod queue;
 
 use self::queue::Queue;
@@ -22,7 +26,7 @@ use crate::{
     model::{Approval, NewDecision},
     outbox::{Attempt, DeliveryWake, Marks},
     policy::{Policy, Subject},
-    store::{ApprovalStore, Put, Resolved},
+    store::{ApprovalStore, Plan, Put, Resolved},
 };
 
 /// How many changes a watcher may fall behind before it is ended with RESOURCE_EXHAUSTED.
@@ -50,6 +54,8 @@ pub struct Approvals<S> {
     marks: Arc<Marks>,
     /// This replica's name and whether it leads.
     replica: Arc<Replica>,
+    /// The principals and groups approval rules name (the tokens file).
+    directory: Directory,
 }
 
 impl<S> Clone for Approvals<S> {
@@ -66,6 +72,7 @@ impl<S> Clone for Approvals<S> {
             decisions: self.decisions.clone(),
             marks: self.marks.clone(),
             replica: self.replica.clone(),
+            directory: self.directory.clone(),
         }
     }
 }
@@ -84,13 +91,24 @@ impl<S: ApprovalStore> Approvals<S> {
             decisions: Arc::default(),
             marks: Arc::default(),
             replica: Arc::default(),
+            directory: Directory::default(),
         }
+    }
+
+    /// The same, resolving approval rules' `user:`, `group:` and `role:` against `directory`.
+    pub fn with_directory(mut self, directory: Directory) -> Self {
+        self.directory = directory;
+        self
     }
 
     /// The same, for the replica named `name` (see [`Replica`]); before any clone is made.
     pub fn named(mut self, name: impl Into<String>) -> Self {
         self.replica = Arc::new(Replica::new(name));
         self
+    }
+
+    pub fn directory(&self) -> &Directory {
+        &self.directory
     }
 
     pub fn replica(&self) -> &Replica {
@@ -237,8 +255,13 @@ impl<S: ApprovalStore> Approvals<S> {
         request: ApprovalRequest,
         unknown_kind: Option<i32>,
     ) -> Result<Approval> {
-        let put = self.store.put_request_lazy(request, unknown_kind).await?;
+        let mut puts = self
+            .put_requests(vec![(request, unknown_kind, String::new())])
+            .await?;
         self.store.flush().await?;
+        let put = puts.pop().ok_or_else(|| {
+            Error::Storage("the store answered no outcome for one request".into())
+        })?;
         self.settle(put).await
     }
 
@@ -251,13 +274,14 @@ impl<S: ApprovalStore> Approvals<S> {
         &self,
         requests: Vec<(ApprovalRequest, Option<i32>, String)>,
     ) -> Result<Vec<Put>> {
-        let (store, policy, delivery) = (
+        let (store, policy, delivery, directory) = (
             self.store.clone(),
             self.policy.clone(),
             self.delivery.clone(),
+            self.directory.clone(),
         );
         to_the_end("storing the requests", async move {
-            let decide = move |a: &Approval| policy.evaluate(&Subject::from(a)).decision();
+            let decide = move |a: &Approval| plan(&policy, &directory, a);
             // A request decided as it is stored is a new one: its trace is the one stored with
             // it. The puts answer in the order of the requests.
             let traces: Vec<String> = requests.iter().map(|(_, _, t)| t.clone()).collect();
@@ -307,7 +331,7 @@ impl<S: ApprovalStore> Approvals<S> {
                 Err(e) => Err(e),
             };
         }
-        if approval.request.deadline_ms > 0 {
+        if approval.deadline_ms() > 0 {
             self.deadlines.notify_one();
         }
         Ok(approval)
@@ -368,6 +392,10 @@ impl<S: ApprovalStore> Approvals<S> {
                 let _entered = span.enter();
                 self.observe_decision(&resolved.approval);
                 self.publish_traced(&resolved.approval, resolved.traceparent.clone());
+                if resolved.approval.state == ApprovalState::Pending {
+                    // A vote that opened a stage has a new deadline to wait for.
+                    self.deadlines.notify_one();
+                }
             }
         }
         outcomes
@@ -424,6 +452,15 @@ impl<S: ApprovalStore> Approvals<S> {
     /// The deadline passed. `None` when it was decided or withdrawn in the meantime.
     pub async fn expire(&self, request_id: &str) -> Result<Option<Approval>> {
         match self.store.expire(request_id).await {
+            Ok(a) if a.state == ApprovalState::Pending => {
+                tracing::info!(
+                    request_id,
+                    "a stage's deadline passed; the stage escalated or reminded"
+                );
+                self.publish(&a);
+                self.deadlines.notify_one();
+                Ok(Some(a))
+            }
             Ok(a) => {
                 tracing::info!(request_id, "approval expired; resolved by its on_timeout");
                 self.observe_decision(&a);
@@ -463,6 +500,24 @@ impl<S: ApprovalStore> Approvals<S> {
             self.publish(&a);
         }
         Ok(())
+    }
+}
+
+/// What the policy does with a new request: decides it (allow, deny), hands it to the stages
+/// of the approval rule that matches it, or leaves it to any approver.
+fn plan(policy: &Policy, directory: &Directory, a: &Approval) -> Plan {
+    if let Some(d) = policy.evaluate(&Subject::from(a)).decision() {
+        return Plan::Decide(d);
+    }
+    match policy.approval_rule(a) {
+        Some(rule) => Plan::Govern(Box::new(crate::governance::quorum::start(
+            rule,
+            a.args_digest(),
+            directory,
+            &a.request.submitted_by,
+            a.created_at_ms,
+        ))),
+        None => Plan::Leave,
     }
 }
 

@@ -57,14 +57,32 @@ fn json_arg(text: &str, flag: &str) -> anyhow::Result<prost_types::Value> {
     Ok(to_proto_value(&json))
 }
 
+pub(super) async fn connect_to(conn: &Conn) -> anyhow::Result<Client> {
+    connect(conn).await
+}
+
+pub(super) fn print(text: &str) {
+    emit(text)
+}
+
+pub(super) fn failed(s: Status) -> anyhow::Error {
+    status_error(s)
+}
+
 pub async fn execute(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve(_) => Err(anyhow!("serve is not a client command")),
-        Command::Pending { conn, run, tool } => {
+        Command::Pending {
+            conn,
+            run,
+            tool,
+            mine,
+        } => {
             let filter = pb::ApprovalFilter {
                 states: vec![pb::ApprovalState::Pending as i32],
                 run_id: run.unwrap_or_default(),
                 tool_name: tool.unwrap_or_default(),
+                actionable: mine,
                 ..Default::default()
             };
             pending(&mut connect(&conn).await?, filter).await
@@ -81,20 +99,44 @@ pub async fn execute(command: Command) -> anyhow::Result<()> {
             emit(&format!("{json}\n"));
             Ok(())
         }
-        Command::Approve { conn, id, reason } => {
-            decide(&conn, id, DecisionKind::Approve, reason, None, None).await
+        Command::Approve {
+            conn,
+            id,
+            reason,
+            digest,
+        } => {
+            let d = Decide::new(id, DecisionKind::Approve, reason).digest(digest);
+            decide(&conn, d).await
         }
         Command::Reject { conn, id, reason } => {
-            decide(&conn, id, DecisionKind::Reject, reason, None, None).await
+            decide(&conn, Decide::new(id, DecisionKind::Reject, reason)).await
         }
+        Command::Vote {
+            conn,
+            id,
+            vote,
+            reason,
+            digest,
+        } => {
+            let kind = match vote.as_str() {
+                "reject" => DecisionKind::Reject,
+                _ => DecisionKind::Approve,
+            };
+            decide(&conn, Decide::new(id, kind, reason).digest(digest)).await
+        }
+        command @ (Command::Delegate { .. }
+        | Command::Claim { .. }
+        | Command::Reassign { .. }
+        | Command::Comment { .. }) => super::govern::execute(command).await,
         Command::Edit {
             conn,
             id,
             args,
             reason,
         } => {
-            let args = json_arg(&args, "--args")?;
-            decide(&conn, id, DecisionKind::Edit, reason, Some(args), None).await
+            let mut d = Decide::new(id, DecisionKind::Edit, reason);
+            d.args = Some(json_arg(&args, "--args")?);
+            decide(&conn, d).await
         }
         Command::Respond {
             conn,
@@ -102,8 +144,9 @@ pub async fn execute(command: Command) -> anyhow::Result<()> {
             result,
             reason,
         } => {
-            let result = json_arg(&result, "--result")?;
-            decide(&conn, id, DecisionKind::Respond, reason, None, Some(result)).await
+            let mut d = Decide::new(id, DecisionKind::Respond, reason);
+            d.result = Some(json_arg(&result, "--result")?);
+            decide(&conn, d).await
         }
         Command::Watch { conn, pending } => {
             let filter = pending.then(|| pb::ApprovalFilter {
@@ -148,27 +191,56 @@ async fn pending(client: &mut Client, filter: pb::ApprovalFilter) -> anyhow::Res
     Ok(())
 }
 
-async fn decide(
-    conn: &Conn,
+/// One decision (or vote) as the command line asks for it.
+struct Decide {
     request_id: String,
     kind: DecisionKind,
     reason: String,
     args: Option<prost_types::Value>,
     result: Option<prost_types::Value>,
-) -> anyhow::Result<()> {
+    expected_digest: String,
+}
+
+impl Decide {
+    fn new(request_id: String, kind: DecisionKind, reason: String) -> Self {
+        Self {
+            request_id,
+            kind,
+            reason,
+            args: None,
+            result: None,
+            expected_digest: String::new(),
+        }
+    }
+
+    fn digest(mut self, digest: String) -> Self {
+        self.expected_digest = digest;
+        self
+    }
+}
+
+async fn decide(conn: &Conn, d: Decide) -> anyhow::Result<()> {
+    let kind = d.kind;
     let resp = connect(conn)
         .await?
         .resolve(pb::ResolveRequest {
-            request_id,
+            request_id: d.request_id,
             decision: kind as i32,
-            reason,
-            args,
-            result,
+            reason: d.reason,
+            args: d.args,
+            result: d.result,
+            expected_digest: d.expected_digest,
         })
         .await
         .map_err(status_error)?
         .into_inner();
     let approval = resp.approval.unwrap_or_default();
+    if let Some(g) = &approval.governance
+        && approval.state == pb::ApprovalState::Pending as i32
+    {
+        emit(&render::vote_line(&approval, g, kind as i32));
+        return Ok(());
+    }
     let decision_id = approval
         .decision
         .as_ref()

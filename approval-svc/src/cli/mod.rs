@@ -1,6 +1,7 @@
 //! The binary's command line (not part of the library): `serve` and the client subcommands.
 
 pub mod client;
+mod govern;
 mod render;
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
@@ -35,6 +36,9 @@ pub enum Command {
         /// Only tool approvals whose tool matches this glob.
         #[arg(long)]
         tool: Option<String>,
+        /// Only approvals the caller may vote on now (eligible or a delegate, not yet voted).
+        #[arg(long)]
+        mine: bool,
     },
     /// Print one approval as JSON.
     Show {
@@ -42,13 +46,16 @@ pub enum Command {
         conn: Conn,
         id: String,
     },
-    /// Approve.
+    /// Approve (on a governed approval: vote to approve; the quorum is shown).
     Approve {
         #[command(flatten)]
         conn: Conn,
         id: String,
         #[arg(long, default_value = "")]
         reason: String,
+        /// The args digest you approve (`show` prints it): refused if it is no longer current.
+        #[arg(long, default_value = "")]
+        digest: String,
     },
     /// Reject (the run's node fails or is skipped, the tool never runs).
     Reject {
@@ -57,6 +64,68 @@ pub enum Command {
         id: String,
         #[arg(long)]
         reason: String,
+    },
+    /// Vote on a governed approval: `approve` or `reject`; prints the quorum after the vote.
+    Vote {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        #[arg(value_parser = ["approve", "reject"])]
+        vote: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// The args digest you vote on: refused if it is no longer current.
+        #[arg(long, default_value = "")]
+        digest: String,
+    },
+    /// Let someone vote in your seat for a while, list delegations, or revoke one.
+    Delegate {
+        #[command(flatten)]
+        conn: Conn,
+        /// The delegate.
+        #[arg(long, required_unless_present_any = ["list", "revoke"])]
+        to: Option<String>,
+        /// How long it lasts (`7d`, `36h`).
+        #[arg(long = "for", required_unless_present_any = ["list", "revoke"])]
+        duration: Option<String>,
+        /// Whose seat (operators only; default: yours).
+        #[arg(long, default_value = "")]
+        from: String,
+        /// Glob over tool and node names (default: everything).
+        #[arg(long, default_value = "")]
+        scope: String,
+        /// List the delegations from or to you instead.
+        #[arg(long)]
+        list: bool,
+        /// Revoke the delegation with this id instead.
+        #[arg(long)]
+        revoke: Option<String>,
+    },
+    /// Take a pending approval (others then may not decide it alone), or give it back.
+    Claim {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        /// How long the claim holds (`30m`); default: until released.
+        #[arg(long)]
+        ttl: Option<String>,
+        #[arg(long)]
+        release: bool,
+    },
+    /// Move a claim to someone else.
+    Reassign {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        #[arg(long)]
+        to: String,
+    },
+    /// Add a comment to an approval (bound to the digest current now).
+    Comment {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        text: String,
     },
     /// Approve with new tool arguments.
     Edit {

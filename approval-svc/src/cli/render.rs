@@ -68,6 +68,54 @@ pub fn short_duration(ms: u64) -> String {
 }
 
 pub fn approval_json(a: &pb::Approval) -> Json {
+    let mut v = core_json(a);
+    v["args_digest"] = json!(a.args_digest);
+    v["next_deadline"] = time(a.next_deadline.as_ref());
+    v["on_deadline"] = json!(a.on_deadline);
+    v["governance"] = a.governance.as_ref().map_or(Json::Null, governance_json);
+    v["claim"] = a.claim.as_ref().map_or(
+        Json::Null,
+        |c| json!({"principal": c.principal, "until": time(c.until.as_ref())}),
+    );
+    v["comments"] = a
+        .comments
+        .iter()
+        .map(|c| json!({"author": c.author, "text": c.text, "args_digest": c.args_digest, "at": time(c.at.as_ref())}))
+        .collect();
+    v
+}
+
+fn governance_json(g: &pb::Governance) -> Json {
+    let votes: Vec<Json> = g
+        .votes
+        .iter()
+        .map(|v| {
+            json!({
+                "principal": v.principal,
+                "delegate": v.delegate,
+                "vote": decision_name(v.kind),
+                "args_digest": v.args_digest,
+                "stage": v.stage,
+                "stale": v.stale,
+                "at": time(v.at.as_ref()),
+                "reason": v.reason,
+            })
+        })
+        .collect();
+    json!({
+        "rule": g.rule,
+        "stage": g.stages.get(g.stage as usize),
+        "stages": g.stages,
+        "progress": g.progress,
+        "eligible": g.eligible,
+        "waiting_on": g.seats_left,
+        "proposal": decision_name(g.proposal),
+        "proposed_by": g.proposed_by,
+        "votes": votes,
+    })
+}
+
+fn core_json(a: &pb::Approval) -> Json {
     let r = a.request.clone().unwrap_or_default();
     json!({
         "request_id": a.request_id,
@@ -105,6 +153,20 @@ pub fn approval_json(a: &pb::Approval) -> Json {
     })
 }
 
+/// After a vote that left the approval pending: the quorum as it stands.
+pub fn vote_line(a: &pb::Approval, g: &pb::Governance, vote: i32) -> String {
+    let waiting = match g.seats_left.is_empty() {
+        true => String::new(),
+        false => format!("; waiting on {}", g.seats_left.join(", ")),
+    };
+    format!(
+        "{} PENDING (voted {}; {}{waiting})\n",
+        a.request_id,
+        decision_name(vote),
+        g.progress
+    )
+}
+
 fn clip(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
         return s.to_string();
@@ -134,12 +196,14 @@ pub fn pending_table(rows: &[pb::Approval], now_ms: u64) -> String {
         "RUN".into(),
         "KIND".into(),
         "TITLE / TOOL".into(),
+        "QUORUM".into(),
         "DEADLINE".into(),
     ]];
     for a in rows {
         let r = a.request.clone().unwrap_or_default();
         let created = a.created_at.as_ref().map(from_timestamp).unwrap_or(now_ms);
-        let deadline = match r.deadline.as_ref().map(from_timestamp) {
+        let next = a.next_deadline.as_ref().or(r.deadline.as_ref());
+        let deadline = match next.map(from_timestamp) {
             None => "-".to_string(),
             Some(d) if d <= now_ms => "due".to_string(),
             Some(d) => format!("in {}", short_duration(d - now_ms)),
@@ -150,10 +214,13 @@ pub fn pending_table(rows: &[pb::Approval], now_ms: u64) -> String {
             r.run_id.clone(),
             enum_name::<ApprovalKind>(r.kind, "APPROVAL_KIND_").to_lowercase(),
             clip(&subject(&r), 48),
+            a.governance
+                .as_ref()
+                .map_or_else(|| "-".to_string(), |g| g.progress.clone()),
             deadline,
         ]);
     }
-    let mut widths = [0usize; 6];
+    let mut widths = [0usize; 7];
     for row in &cells {
         for (w, c) in widths.iter_mut().zip(row) {
             *w = (*w).max(c.chars().count());

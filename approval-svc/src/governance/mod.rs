@@ -6,6 +6,7 @@
 
 mod file;
 pub mod quorum;
+pub mod seat;
 
 use arbor_shared::domain::DecisionKind;
 use globset::GlobMatcher;
@@ -190,6 +191,16 @@ pub struct Proposal {
     pub by: String,
 }
 
+/// A stage's references resolved to principals.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Roster {
+    pub approvers: Vec<String>,
+    pub excluded: Vec<String>,
+    pub escalate_to: Vec<String>,
+    /// Each `group:` reference of the stage (approvers and escalation) and its members.
+    pub groups: Vec<(String, Vec<String>)>,
+}
+
 /// The governance of one request: its rule's stages, the open one and every vote.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Governance {
@@ -197,6 +208,9 @@ pub struct Governance {
     pub editor_counts: bool,
     /// The rule's stages as they were when the request arrived.
     pub stages: Vec<StageSpec>,
+    /// Each stage's approver references resolved against the tokens file when the request
+    /// arrived (the directory of principals changes only with a restart).
+    pub rosters: Vec<Roster>,
     /// The open stage (index into `stages`).
     pub current: u32,
     /// The principals who may vote in the open stage, fixed when it opened, sorted.

@@ -7,7 +7,7 @@ use arbor_shared::{
     domain::DecisionKind,
 };
 
-use super::{ApprovalRule, Governance, OnReject, Proposal, Vote};
+use super::{ApprovalRule, Governance, OnReject, Proposal, Roster, Vote};
 
 /// Where a stage stands after a change.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,10 +46,27 @@ pub fn start(
     submitter: &str,
     now_ms: u64,
 ) -> (Governance, Result<(), String>) {
+    let rosters = rule
+        .stages
+        .iter()
+        .map(|s| Roster {
+            approvers: resolve(&s.approvers, dir),
+            excluded: resolve(&s.exclude, dir),
+            escalate_to: resolve(&s.escalate_to, dir),
+            groups: s
+                .approvers
+                .iter()
+                .chain(&s.escalate_to)
+                .filter_map(|r| r.strip_prefix("group:"))
+                .map(|group| (group.to_string(), dir.members(group)))
+                .collect(),
+        })
+        .collect();
     let mut g = Governance {
         rule: rule.name.clone(),
         editor_counts: rule.editor_counts,
         stages: rule.stages.clone(),
+        rosters,
         current: 0,
         eligible: Vec::new(),
         groups: Vec::new(),
@@ -63,59 +80,53 @@ pub fn start(
             by: String::new(),
         },
     };
-    let opened = open(&mut g, 0, dir, submitter, now_ms);
+    let opened = open(&mut g, 0, submitter, now_ms);
     (g, opened)
 }
 
-/// Opens stage `index`: its eligible set is fixed now, from the directory, without the run's
-/// submitter, the stage's `exclude` and whoever counted in an earlier stage.
-pub fn open(
-    g: &mut Governance,
-    index: u32,
-    dir: &Directory,
-    submitter: &str,
-    now_ms: u64,
-) -> Result<(), String> {
+/// Opens stage `index`: its eligible set is fixed now, without the run's submitter, the
+/// stage's `exclude` and whoever counted in an earlier stage.
+pub fn open(g: &mut Governance, index: u32, submitter: &str, now_ms: u64) -> Result<(), String> {
     g.current = index;
-    let spec = g.stages[index as usize].clone();
     g.eligible.clear();
+    let spec = g.stage().clone();
     g.stage_deadline_ms = match spec.deadline_ms {
         0 => 0,
         d => now_ms.saturating_add(d),
     };
-    widen(g, &spec.approvers, dir, submitter)
+    let approvers = g.rosters[index as usize].approvers.clone();
+    widen(g, &approvers, submitter)
 }
 
-/// Adds the principals `refs` name to the open stage (an opening, or an escalation that keeps
-/// the votes cast), and fixes its quorum and groups again.
-pub fn widen(
-    g: &mut Governance,
-    refs: &[String],
-    dir: &Directory,
-    submitter: &str,
-) -> Result<(), String> {
+/// The open stage's escalation: its `escalate_to` principals join it, votes kept.
+pub fn escalate(g: &mut Governance, submitter: &str) -> Result<(), String> {
+    let more = g.rosters[g.current as usize].escalate_to.clone();
+    widen(g, &more, submitter)
+}
+
+/// Adds `names` to the open stage's eligible set, and fixes its quorum and groups again.
+fn widen(g: &mut Governance, names: &[String], submitter: &str) -> Result<(), String> {
     let spec = g.stage().clone();
-    let excluded = resolve(&spec.exclude, dir);
+    let roster = g.rosters[g.current as usize].clone();
     let counted: Vec<String> = g.counted_before().into_iter().map(String::from).collect();
-    let keep =
-        |name: &String| name != submitter && !excluded.contains(name) && !counted.contains(name);
-    g.eligible
-        .extend(resolve(refs, dir).into_iter().filter(keep));
+    let keep = |name: &&String| {
+        name.as_str() != submitter && !roster.excluded.contains(name) && !counted.contains(name)
+    };
+    g.eligible.extend(names.iter().filter(keep).cloned());
     g.eligible.sort();
     g.eligible.dedup();
-    let all_refs: Vec<&String> = spec.approvers.iter().chain(&spec.escalate_to).collect();
     g.groups = match spec.per_group {
         0 => Vec::new(),
-        _ => all_refs
+        _ => roster
+            .groups
             .iter()
-            .filter_map(|r| r.strip_prefix("group:"))
-            .map(|group| {
-                let members = dir
-                    .members(group)
-                    .into_iter()
+            .map(|(group, members)| {
+                let members = members
+                    .iter()
                     .filter(|m| g.eligible.contains(m))
+                    .cloned()
                     .collect();
-                (group.to_string(), members)
+                (group.clone(), members)
             })
             .collect(),
     };
@@ -184,16 +195,22 @@ pub fn propose(g: &mut Governance, proposal: Proposal, at_ms: u64, reason: &str)
     }
 }
 
+/// The live approvals of the open stage that count: of what is proposed now, by an eligible
+/// seat, and not the proposer's own unless the rule says `editor_counts`.
+fn counting(g: &Governance) -> impl Iterator<Item = &Vote> {
+    g.live().filter(move |v| {
+        v.kind == DecisionKind::Approve
+            && v.digest == g.proposal.digest
+            && g.eligible.contains(&v.seat)
+            && (g.editor_counts || v.seat != g.proposal.by)
+    })
+}
+
 /// Whether the open stage has passed, can no longer pass, or waits.
 pub fn tally(g: &Governance) -> Tally {
     let spec = g.stage();
     let eligible = |seat: &str| g.eligible.iter().any(|e| e == seat);
-    let approvals: Vec<&str> = g
-        .live()
-        .filter(|v| v.kind == DecisionKind::Approve && v.digest == g.proposal.digest)
-        .map(|v| v.seat.as_str())
-        .filter(|s| eligible(s))
-        .collect();
+    let approvals: Vec<&str> = counting(g).map(|v| v.seat.as_str()).collect();
     let rejections: Vec<&Vote> = g
         .live()
         .filter(|v| v.kind == DecisionKind::Reject && eligible(&v.seat))
@@ -244,11 +261,7 @@ pub fn tally(g: &Governance) -> Tally {
 /// `2 of 3 in payments`-style progress of the open stage, and the eligible seats that have not
 /// voted on what is proposed now.
 pub fn progress(g: &Governance) -> (u32, Vec<String>) {
-    let approvals = g
-        .live()
-        .filter(|v| v.kind == DecisionKind::Approve && v.digest == g.proposal.digest)
-        .filter(|v| g.eligible.contains(&v.seat))
-        .count() as u32;
+    let approvals = counting(g).count() as u32;
     let voted: Vec<&str> = g
         .live()
         .filter(|v| v.kind == DecisionKind::Reject || v.digest == g.proposal.digest)

@@ -2,6 +2,7 @@
 //! request, call `Approvals` / the store, and convert back.
 
 mod decision;
+mod govern;
 mod watch;
 
 use arbor_shared::{
@@ -18,7 +19,7 @@ use crate::{
     convert::filter_from_pb,
     error::{Error, Result},
     lifecycle::ApprovalState,
-    model::AuditQuery,
+    model::{Actionable, AuditQuery, Filter, NewDecision},
     store::ApprovalStore,
 };
 
@@ -48,6 +49,27 @@ impl<S: ApprovalStore> ApprovalApi<S> {
 
     fn store(&self) -> &S {
         self.approvals.store()
+    }
+
+    /// A wire filter as this caller means it: "actionable" is what they may vote on now (their
+    /// delegations read once, here), a group is its members now.
+    async fn filter(&self, f: Option<&pb::ApprovalFilter>, caller: &Principal) -> Result<Filter> {
+        let mut filter = filter_from_pb(f, "filter")?;
+        let Some(f) = f else {
+            return Ok(filter);
+        };
+        if f.actionable {
+            filter.actionable_by = Some(Actionable {
+                name: caller.name.clone(),
+                delegations: self.approvals.delegations().await?,
+                not_submitter: self.auth_enabled,
+            });
+        }
+        if !f.group.is_empty() {
+            required(&f.group, "filter.group")?;
+            filter.eligible_any = Some(self.approvals.directory().members(&f.group));
+        }
+        Ok(filter)
     }
 
     /// New decisions are refused once draining has begun, so none is taken that delivery will
@@ -102,9 +124,10 @@ impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
         &self,
         req: Request<pb::ListApprovalsRequest>,
     ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
-        require(&principal_of(&req), READERS, "list approvals")?;
+        let caller = principal_of(&req);
+        require(&caller, READERS, "list approvals")?;
         let r = req.into_inner();
-        let filter = filter_from_pb(r.filter.as_ref(), "filter")?;
+        let filter = self.filter(r.filter.as_ref(), &caller).await?;
         let page = self.store().list(
             &filter,
             arbor_shared::page::size(r.page_size),
@@ -148,6 +171,10 @@ impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
             r.result.as_ref(),
             &principal,
         )?;
+        let decision = NewDecision {
+            expected_digest: r.expected_digest.clone(),
+            ..decision
+        };
         let resolved = self
             .approvals
             .decide_as(&principal, self.auth_enabled, id, decision)
@@ -178,8 +205,12 @@ impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
         // Asked for together, the decisions are taken together (one transaction where the
         // store has them), each with its own outcome.
         let outcomes = futures_util::future::join_all(ids.iter().map(|id| {
+            let decision = NewDecision {
+                expected_digest: r.expected_digests.get(id).cloned().unwrap_or_default(),
+                ..decision.clone()
+            };
             self.approvals
-                .decide_as(&principal, self.auth_enabled, id, decision.clone())
+                .decide_as(&principal, self.auth_enabled, id, decision)
                 .instrument(crate::approvals::span_to_trace(id))
         }))
         .await;
@@ -214,11 +245,12 @@ impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
         &self,
         req: Request<pb::WatchApprovalsRequest>,
     ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
-        require(&principal_of(&req), READERS, "watch approvals")?;
+        let caller = principal_of(&req);
+        require(&caller, READERS, "watch approvals")?;
         if self.shutdown.is_cancelled() {
             return Err(Error::ShuttingDown.into());
         }
-        let filter = filter_from_pb(req.get_ref().filter.as_ref(), "filter")?;
+        let filter = self.filter(req.get_ref().filter.as_ref(), &caller).await?;
         Ok(Response::new(watch::start(
             self.approvals.clone(),
             filter,
@@ -280,6 +312,70 @@ impl<S: ApprovalStore> ApprovalService for ApprovalApi<S> {
             leading,
             leader,
         }))
+    }
+    async fn delegate(
+        &self,
+        req: Request<pb::DelegateRequest>,
+    ) -> Result<Response<pb::DelegateResponse>, Status> {
+        let caller = principal_of(&req);
+        self.open_for_writes()?;
+        Ok(Response::new(
+            govern::delegate(&self.approvals, &caller, req.into_inner()).await?,
+        ))
+    }
+
+    async fn revoke_delegation(
+        &self,
+        req: Request<pb::RevokeDelegationRequest>,
+    ) -> Result<Response<pb::RevokeDelegationResponse>, Status> {
+        let caller = principal_of(&req);
+        self.open_for_writes()?;
+        Ok(Response::new(
+            govern::revoke(&self.approvals, &caller, req.into_inner()).await?,
+        ))
+    }
+
+    async fn list_delegations(
+        &self,
+        req: Request<pb::ListDelegationsRequest>,
+    ) -> Result<Response<pb::ListDelegationsResponse>, Status> {
+        let caller = principal_of(&req);
+        Ok(Response::new(
+            govern::list(&self.approvals, &caller, req.into_inner()).await?,
+        ))
+    }
+
+    async fn claim(
+        &self,
+        req: Request<pb::ClaimRequest>,
+    ) -> Result<Response<pb::ClaimResponse>, Status> {
+        let caller = principal_of(&req);
+        self.open_for_writes()?;
+        Ok(Response::new(
+            govern::claim(&self.approvals, &caller, req.into_inner()).await?,
+        ))
+    }
+
+    async fn reassign(
+        &self,
+        req: Request<pb::ReassignRequest>,
+    ) -> Result<Response<pb::ReassignResponse>, Status> {
+        let caller = principal_of(&req);
+        self.open_for_writes()?;
+        Ok(Response::new(
+            govern::reassign(&self.approvals, &caller, req.into_inner()).await?,
+        ))
+    }
+
+    async fn comment(
+        &self,
+        req: Request<pb::CommentRequest>,
+    ) -> Result<Response<pb::CommentResponse>, Status> {
+        let caller = principal_of(&req);
+        self.open_for_writes()?;
+        Ok(Response::new(
+            govern::comment(&self.approvals, &caller, req.into_inner()).await?,
+        ))
     }
 }
 

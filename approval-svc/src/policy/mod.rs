@@ -54,6 +54,7 @@ impl Verdict {
             source: arbor_shared::domain::DecisionSource::Policy,
             rule: self.rule.clone(),
             not_by_submitter: false,
+            expected_digest: String::new(),
         })
     }
 }

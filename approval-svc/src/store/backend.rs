@@ -8,6 +8,7 @@ use std::{collections::HashMap, future::Future};
 
 use crate::{
     error::{Error, Result},
+    governance::seat::Delegation,
     model::{Approval, AuditEntry},
 };
 
@@ -75,6 +76,15 @@ pub trait Records {
         }
         Ok(())
     }
+
+    /// Every delegation, in force or not (the caller checks time and scope; there are few).
+    fn delegations(&self) -> Result<Vec<Delegation>, Self::Fail>;
+
+    /// Writes a delegation (new, or replacing the one with its id).
+    fn put_delegation(&self, d: &Delegation) -> Result<(), Self::Fail>;
+
+    /// Removes a delegation; whether there was one.
+    fn delete_delegation(&self, id: &str) -> Result<Option<Delegation>, Self::Fail>;
 
     /// Writes a request's W3C `traceparent` with the transaction.
     fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<(), Self::Fail>;

@@ -32,8 +32,11 @@ pub use self::postgres::{OPEN_PATIENCE as PG_OPEN_PATIENCE, PgStore};
 pub use self::sled::{SledStore, open};
 
 pub use self::backend::{Backend, Records};
+pub use rules::Plan;
+
 use crate::{
     error::Result,
+    governance::seat::Delegation,
     model::{Approval, AuditEntry, AuditQuery, Filter, NewDecision, Page},
 };
 
@@ -191,19 +194,19 @@ pub trait ApprovalStore: Backend {
         &self,
         requests: Vec<(ApprovalRequest, Option<i32>, String)>,
     ) -> impl Future<Output = Result<Vec<Put>>> + Send {
-        ops::put_and_decide(self, requests, |_| None)
+        ops::put_and_decide(self, requests, |_| Plan::Leave)
     }
 
     /// `put_traced_requests`, letting `decide` (the policy) decide each request it creates in
     /// the same write: such a request is stored already RESOLVED, with its REQUESTED and
     /// DECIDED audit entries, and its `Put` says `decided`. A decision the request does not
     /// allow is not taken. The caller applies the policy to every PENDING one not `decided`.
-    fn put_and_decide_requests(
+    fn put_and_decide_requests<P: Into<Plan>>(
         &self,
         requests: Vec<(ApprovalRequest, Option<i32>, String)>,
-        decide: impl Fn(&Approval) -> Option<NewDecision> + Send + Sync + 'static,
+        decide: impl Fn(&Approval) -> P + Send + Sync + 'static,
     ) -> impl Future<Output = Result<Vec<Put>>> + Send {
-        ops::put_and_decide(self, requests, decide)
+        ops::put_and_decide(self, requests, move |a: &Approval| decide(a).into())
     }
 
     /// `ack_and_prune` for each of `consumed`, in order, answering each one's outcome in that
@@ -321,6 +324,66 @@ pub trait ApprovalStore: Backend {
     /// Appends a free-standing audit entry (its id and time are assigned here).
     fn append_audit(&self, entry: AuditEntry) -> impl Future<Output = Result<AuditEntry>> + Send {
         ops::append_audit(self, entry)
+    }
+
+    /// Takes or gives back a PENDING approval (see `voting::claim`).
+    fn claim(
+        &self,
+        request_id: &str,
+        who: &str,
+        ttl_ms: u64,
+        release: bool,
+    ) -> impl Future<Output = Result<Approval>> + Send {
+        let who = who.to_string();
+        ops::change(self, request_id, move |a, now| {
+            crate::voting::claim(a, &who, ttl_ms, release, now)
+        })
+    }
+
+    /// Moves an approval's claim to `to` (see `voting::reassign`).
+    fn reassign(
+        &self,
+        request_id: &str,
+        actor: &str,
+        to: &str,
+        overrides: bool,
+    ) -> impl Future<Output = Result<Approval>> + Send {
+        let (actor, to) = (actor.to_string(), to.to_string());
+        ops::change(self, request_id, move |a, now| {
+            crate::voting::reassign(a, &actor, &to, overrides, now)
+        })
+    }
+
+    /// Appends a comment, bound to the approval's digest now.
+    fn comment(
+        &self,
+        request_id: &str,
+        author: &str,
+        text: &str,
+    ) -> impl Future<Output = Result<Approval>> + Send {
+        let (author, text) = (author.to_string(), text.to_string());
+        ops::change(self, request_id, move |a, now| {
+            crate::voting::comment(a, &author, &text, now)
+        })
+    }
+
+    /// Writes a delegation (durable when it answers).
+    fn delegate(&self, d: Delegation) -> impl Future<Output = Result<Delegation>> + Send {
+        ops::put_delegation(self, d)
+    }
+
+    /// Removes delegation `id` when `may` allows the caller to.
+    fn revoke_delegation(
+        &self,
+        id: &str,
+        may: impl Fn(&Delegation) -> Result<()> + Send + Sync + 'static,
+    ) -> impl Future<Output = Result<Delegation>> + Send {
+        ops::delete_delegation(self, id, may)
+    }
+
+    /// Every delegation.
+    fn delegations(&self) -> impl Future<Output = Result<Vec<Delegation>>> + Send {
+        ops::delegations(self)
     }
 
     fn get(&self, request_id: &str) -> Result<Option<Approval>>;

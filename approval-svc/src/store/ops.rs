@@ -21,6 +21,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
+    governance::seat::Delegation,
     model::{Approval, AuditEntry, NewDecision},
 };
 
@@ -75,7 +76,7 @@ pub(super) async fn put<B: Backend>(
 pub(super) async fn put_and_decide<B: Backend>(
     b: &B,
     requests: Vec<(ApprovalRequest, Option<i32>, String)>,
-    decide: impl Fn(&Approval) -> Option<NewDecision> + Send + Sync + 'static,
+    decide: impl Fn(&Approval) -> rules::Plan + Send + Sync + 'static,
 ) -> Result<Vec<Put>> {
     if requests.is_empty() {
         return Ok(Vec::new());
@@ -283,6 +284,57 @@ pub(super) async fn cancel_run<B: Backend>(
 
 pub(super) async fn append_audit<B: Backend>(b: &B, entry: AuditEntry) -> Result<AuditEntry> {
     b.transact(true, move |tx| tx.audit(entry.clone())).await
+}
+
+/// One change to one approval, durable: `change` (given the record and the transaction's time)
+/// answers the new record and its audit entries, or refuses and nothing is written.
+pub(super) async fn change<B: Backend>(
+    b: &B,
+    request_id: &str,
+    change: impl Fn(&Approval, u64) -> Result<(Approval, Vec<AuditEntry>)> + Send + Sync + 'static,
+) -> Result<Approval> {
+    let request_id = request_id.to_string();
+    b.transact(true, move |tx| {
+        let a = rules::load(tx, &request_id)?;
+        let (mut n, entries) = change(&a, tx.now())?;
+        n.version = a.version + 1;
+        n.updated_at_ms = tx.now();
+        tx.save(Some(&a), &n)?;
+        tx.audit_all(entries)?;
+        Ok(n)
+    })
+    .await
+}
+
+/// Writes a delegation.
+pub(super) async fn put_delegation<B: Backend>(b: &B, d: Delegation) -> Result<Delegation> {
+    b.transact(true, move |tx| {
+        tx.put_delegation(&d)?;
+        Ok(d.clone())
+    })
+    .await
+}
+
+/// Removes the delegation `id`, if `may` lets the caller remove it.
+pub(super) async fn delete_delegation<B: Backend>(
+    b: &B,
+    id: &str,
+    may: impl Fn(&Delegation) -> Result<()> + Send + Sync + 'static,
+) -> Result<Delegation> {
+    let id = id.to_string();
+    b.transact(true, move |tx| {
+        let found = tx.delegations()?.into_iter().find(|d| d.id == id);
+        let d = found.ok_or_else(|| Error::DelegationNotFound(id.clone()))?;
+        may(&d)?;
+        tx.delete_delegation(&id)?;
+        Ok(d)
+    })
+    .await
+}
+
+/// Every delegation.
+pub(super) async fn delegations<B: Backend>(b: &B) -> Result<Vec<Delegation>> {
+    b.transact(false, |tx| tx.delegations()).await
 }
 
 /// The answer of a batch of one.

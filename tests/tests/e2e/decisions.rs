@@ -112,6 +112,7 @@ fn resolve_request(request_id: &str, kind: K) -> apb::ResolveRequest {
         reason: format!("decided {kind:?}"),
         args: (kind == K::Edit).then(|| to_proto_value(&EDITED())),
         result: (kind == K::Respond).then(|| to_proto_value(&STAND_IN())),
+        expected_digest: String::new(),
     }
 }
 

@@ -11,7 +11,7 @@ use arbor_shared::postgres::Schema;
 
 pub const SCHEMA: Schema = Schema {
     component: "approval",
-    migrations: &[V1, V2, V3],
+    migrations: &[V1, V2, V3, V4],
 };
 
 const V1: &str = "
@@ -81,4 +81,12 @@ CREATE INDEX approval_records_open_by_run ON approval_records (run_id, request_i
 const V3: &str = "
 ALTER TABLE approval_records ALTER COLUMN record TYPE text USING record::text;
 ALTER TABLE approval_audit ALTER COLUMN entry TYPE text USING entry::text;
+";
+
+/// Delegations (approval governance): few rows, each the record as JSON text.
+const V4: &str = "
+CREATE TABLE approval_delegations (
+    id text PRIMARY KEY,
+    record text NOT NULL
+);
 ";

@@ -31,6 +31,7 @@ use super::{
 };
 use crate::{
     error::Error,
+    governance::seat::Delegation,
     model::{Approval, AuditEntry},
     store::backend::Records,
 };
@@ -402,7 +403,7 @@ impl Records for PgTx<'_> {
             created: clamp(new.created_at_ms),
             arrival: clamp(new.arrival),
             updated: clamp(new.updated_at_ms),
-            deadline: clamp(new.request.deadline_ms),
+            deadline: clamp(new.deadline_ms()),
             outbox: new.needs_delivery(),
             record: encode(new)?,
         });
@@ -460,6 +461,38 @@ impl Records for PgTx<'_> {
     fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<(), Fail> {
         self.keep_trace(request_id, traceparent);
         Ok(())
+    }
+
+    fn delegations(&self) -> Result<Vec<Delegation>, Fail> {
+        self.defer_unsent();
+        let rows = self.run(
+            self.client
+                .prepared_query("SELECT record FROM approval_delegations ORDER BY id", &[]),
+        )?;
+        rows.iter().map(|r| Ok(decode(r.get(0))?)).collect()
+    }
+
+    fn put_delegation(&self, d: &Delegation) -> Result<(), Fail> {
+        self.defer_unsent();
+        let record = encode(d)?;
+        self.run(self.client.prepared_execute(
+            "INSERT INTO approval_delegations (id, record) VALUES ($1, $2) \
+             ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record",
+            &[&d.id, &record],
+        ))?;
+        Ok(())
+    }
+
+    fn delete_delegation(&self, id: &str) -> Result<Option<Delegation>, Fail> {
+        self.defer_unsent();
+        let row = self.run(self.client.prepared_query_opt(
+            "DELETE FROM approval_delegations WHERE id = $1 RETURNING record",
+            &[&id],
+        ))?;
+        match row {
+            Some(r) => Ok(Some(decode(r.get(0))?)),
+            None => Ok(None),
+        }
     }
 
     /// Locks the approvals `ids` in byte order of their ids, as every transaction that changes

@@ -6,9 +6,17 @@ use serde::{Serialize, de::DeserializeOwned};
 use crate::error::{Error, Result};
 
 const FORMAT_V1: u8 = 1;
+/// The records of this release: the approval and the audit entry gained a last field (`ext`).
+const FORMAT_V2: u8 = 2;
+
+/// Zero bytes that stand for the fields a record gained after it was written: every field
+/// added since V1 is last in its record, and its default (empty strings, lists and options)
+/// is written by postcard as zero bytes, which `from_bytes` reads and then stops, whatever
+/// follows.
+const V1_GAINED: [u8; 16] = [0; 16];
 
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
-    let mut out = vec![FORMAT_V1];
+    let mut out = vec![FORMAT_V2];
     let body = postcard::to_allocvec(value)
         .map_err(|e| Error::Storage(format!("cannot encode record: {e}")))?;
     out.extend_from_slice(&body);
@@ -16,9 +24,13 @@ pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
 }
 
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    let corrupt = |e: postcard::Error| Error::Storage(format!("corrupt record: {e}"));
     match bytes.split_first() {
+        Some((&FORMAT_V2, body)) => postcard::from_bytes(body).map_err(corrupt),
         Some((&FORMAT_V1, body)) => {
-            postcard::from_bytes(body).map_err(|e| Error::Storage(format!("corrupt record: {e}")))
+            let mut body = body.to_vec();
+            body.extend_from_slice(&V1_GAINED);
+            postcard::from_bytes(&body).map_err(corrupt)
         }
         Some((format, _)) => Err(Error::Storage(format!(
             "record has unknown format {format}"
@@ -105,6 +117,38 @@ mod tests {
         assert_eq!(decode::<(String, u64)>(&bytes).unwrap(), ("a".into(), 7));
         assert!(decode::<(String, u64)>(&[9, 1, 2]).is_err());
         assert!(decode::<(String, u64)>(&[]).is_err());
+    }
+
+    #[test]
+    fn a_record_of_the_previous_format_reads_with_its_new_fields_empty() {
+        #[derive(Serialize)]
+        struct Before {
+            id: String,
+            n: u64,
+        }
+        #[derive(Debug, PartialEq, serde::Deserialize)]
+        struct After {
+            id: String,
+            n: u64,
+            ext: (String, Option<u8>, Vec<String>),
+        }
+        let mut v1 = vec![FORMAT_V1];
+        v1.extend(
+            postcard::to_allocvec(&Before {
+                id: "r".into(),
+                n: 300,
+            })
+            .unwrap(),
+        );
+        let read: After = decode(&v1).unwrap();
+        assert_eq!(
+            read,
+            After {
+                id: "r".into(),
+                n: 300,
+                ext: Default::default()
+            }
+        );
     }
 
     #[test]

@@ -31,6 +31,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
+    governance::seat::Delegation,
     lifecycle::ApprovalState,
     model::{Approval, AuditEntry, AuditQuery, Filter, Page},
 };
@@ -124,6 +125,9 @@ impl std::fmt::Debug for SledStore {
     }
 }
 
+/// `meta` key of every delegation.
+const DELEGATIONS_KEY: &[u8] = b"delegations";
+
 /// The transactional view of every tree a state change touches.
 pub struct Tx<'a> {
     approvals: &'a TransactionalTree,
@@ -190,8 +194,8 @@ impl Records for Tx<'_> {
             )?;
         }
         let deadline = |a: &Approval| {
-            (a.state == ApprovalState::Pending && a.request.deadline_ms > 0)
-                .then(|| codec::deadline_key(a.request.deadline_ms, a.id()))
+            (a.state == ApprovalState::Pending && a.deadline_ms() > 0)
+                .then(|| codec::deadline_key(a.deadline_ms(), a.id()))
         };
         if let Some(k) = old.and_then(deadline) {
             self.deadlines.remove(k)?;
@@ -223,6 +227,35 @@ impl Records for Tx<'_> {
         self.meta
             .insert(trace_key(request_id), traceparent.as_bytes())?;
         Ok(())
+    }
+
+    /// Every delegation, under one key of `meta`: there are few, and a sled transaction
+    /// cannot scan.
+    fn delegations(&self) -> TxResult<Vec<Delegation>> {
+        match self.meta.get(DELEGATIONS_KEY)? {
+            Some(bytes) => lift(codec::decode(&bytes)),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn put_delegation(&self, d: &Delegation) -> TxResult<()> {
+        let mut all = self.delegations()?;
+        all.retain(|o| o.id != d.id);
+        all.push(d.clone());
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        self.meta
+            .insert(DELEGATIONS_KEY, lift(codec::encode(&all))?)?;
+        Ok(())
+    }
+
+    fn delete_delegation(&self, id: &str) -> TxResult<Option<Delegation>> {
+        let mut all = self.delegations()?;
+        let found = all.iter().position(|d| d.id == id).map(|i| all.remove(i));
+        if found.is_some() {
+            self.meta
+                .insert(DELEGATIONS_KEY, lift(codec::encode(&all))?)?;
+        }
+        Ok(found)
     }
 
     fn lock_ahead_traced(&self, ids: &[&str]) -> TxResult<HashMap<String, String>> {

@@ -134,6 +134,7 @@ pub fn node_request(request_id: &str, run_id: &str) -> runner_pb::ApprovalReques
         ],
         submitted_by: "sam".into(),
         requested_at: Some(timestamp(now_ms())),
+        args_digest: String::new(),
     }
 }
 
@@ -201,6 +202,7 @@ pub fn resolve_req(id: &str, kind: runner_pb::DecisionKind) -> pb::ResolveReques
         reason: String::new(),
         args: None,
         result: None,
+        expected_digest: String::new(),
     }
 }
 
