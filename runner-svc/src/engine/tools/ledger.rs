@@ -4,7 +4,7 @@
 use serde_json::{Value as Json, json};
 
 use super::{Tool, ToolCall, ToolError};
-use crate::store::{Abort, Sequence, Store, StoreError, T, TxError};
+use crate::store::{Sequence, Store, StoreError, T};
 
 /// `meta` row of the ledger's sequence. The previous release kept the `seq` of the last record
 /// in it and every append rewrote it; now the sequence is the store's ([`Sequence::Ledger`]):
@@ -26,16 +26,10 @@ impl std::fmt::Debug for LedgerTool {
     }
 }
 
-/// What an append found: its key new (then written), or the first receipt under it.
-enum Appended {
-    New(Json),
-    Stored(Vec<u8>),
-}
-
 impl LedgerTool {
-    /// The ledger in `store`'s ledger table. Each record is a transaction of its own, so it is
-    /// durable no later than the checkpoint that holds its receipt, whose commit waits for
-    /// everything committed before it.
+    /// The ledger in `store`'s ledger table. Each record is a write of its own, committed before
+    /// the append returns, so it is durable no later than the checkpoint that holds its
+    /// receipt, whose commit waits for everything committed before it.
     ///
     /// A ledger without the [`LEDGER_SEQ`] row (a new one, or one written when each process
     /// counted its records) gets its sequence raised to the highest `seq` its receipts hold,
@@ -81,46 +75,37 @@ impl Tool for LedgerTool {
         "ledger.append"
     }
 
-    /// Takes a `seq` from the store's sequence, then, in one transaction that reads and
-    /// writes the key alone, writes the record unless the key holds one. The number is taken
-    /// before the transaction, not inside it: a body runs again after a conflict, and each run
-    /// would take another. Appends share no row, so only appends of one key conflict. A `seq`
-    /// is higher than that of every append that returned before this one began, on any
-    /// replica; a number whose key already held a record, or whose transaction failed, is
-    /// never used (a gap).
+    /// Takes a `seq` from the store's sequence, then writes the record unless the key holds
+    /// one ([`insert_new`](crate::store::Table::insert_new): one atomic write, no transaction
+    /// that could conflict and run again). Appends share no row, so of two at once only two of
+    /// one key meet, and one of them is handed the other's record. The number is taken before
+    /// the write, so a `seq` is higher than that of every append that returned before this one
+    /// began, on any replica; a number whose key already held a record, or whose write failed,
+    /// is never used (a gap).
     fn call(&self, call: &ToolCall) -> Result<Json, ToolError> {
-        let key = call.idempotency_key.as_bytes();
+        let storage = |e: StoreError| ToolError::Storage(e.to_string());
         let entry = call
             .args
             .get("entry")
             .cloned()
             .unwrap_or_else(|| call.args.clone());
-        let seq = self
-            .store
-            .next_in(Sequence::Ledger)
-            .map_err(|e| ToolError::Storage(e.to_string()))?;
+        let seq = self.store.next_in(Sequence::Ledger).map_err(storage)?;
         let receipt = json!({
             "key": call.idempotency_key,
             "seq": seq,
             "entry": entry,
         });
         let bytes = serde_json::to_vec(&receipt).map_err(|e| ToolError::Storage(e.to_string()))?;
-        let appended = self.store.transact(|tx| {
-            let ledger = tx.tree(T::Ledger);
-            if let Some(first) = ledger.get(key)? {
-                return Ok::<_, Abort<ToolError>>(Appended::Stored(first));
-            }
-            ledger.insert(key, bytes.as_slice())?;
-            Ok(Appended::New(receipt.clone()))
-        });
-        match appended {
-            Ok(Appended::New(receipt)) => Ok(receipt),
+        let ledger = self.store.tree(T::Ledger);
+        match ledger
+            .insert_new(call.idempotency_key.as_bytes(), bytes)
+            .map_err(storage)?
+        {
+            None => Ok(receipt),
             // A stored receipt is answered as it is; one that does not decode is an error.
-            Ok(Appended::Stored(first)) => {
+            Some(first) => {
                 serde_json::from_slice(&first).map_err(|e| ToolError::Storage(e.to_string()))
             }
-            Err(TxError::Abort(e)) => Err(e),
-            Err(TxError::Storage(e)) => Err(ToolError::Storage(e.to_string())),
         }
     }
 }
