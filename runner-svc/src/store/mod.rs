@@ -8,6 +8,9 @@
 //! candidates' records again, retention re-reads what it deletes), which is how a SQL backend
 //! does it too: each transaction is one SQL transaction with row locks on what it reads.
 //!
+//! Numbers every process of the store must agree on without conflicting (the ledger's `seq`)
+//! come from a [`Sequence`], taken outside transactions ([`Backend::next_in`]).
+//!
 //! Durability: [`Store::commit`] answers once its transaction is on the device; [`Store::apply`]
 //! and [`Store::transact`] once it is committed, and [`Store::durable`] waits for everything
 //! committed before it.

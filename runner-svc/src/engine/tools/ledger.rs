@@ -31,7 +31,7 @@ impl LedgerTool {
     /// the append returns, so it is durable no later than the checkpoint that holds its
     /// receipt, whose commit waits for everything committed before it.
     ///
-    /// A ledger without the [`LEDGER_SEQ`] row (a new one, or one written when each process
+    /// A ledger without the `meta` row `ledger_seq` (a new one, or one written when each process
     /// counted its records) gets its sequence raised to the highest `seq` its receipts hold,
     /// so that no later record goes below one of them, and then the row, so that later opens
     /// skip the scan. Replicas starting together may both do it: a raise never lowers.
