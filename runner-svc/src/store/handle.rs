@@ -289,6 +289,16 @@ impl Store {
         self.0.next_id()
     }
 
+    /// See [`Backend::next_in`].
+    pub fn next_in(&self, sequence: super::Sequence) -> Result<u64, StoreError> {
+        self.0.next_in(sequence)
+    }
+
+    /// See [`Backend::raise`].
+    pub fn raise(&self, sequence: super::Sequence, at_least: u64) -> Result<(), StoreError> {
+        self.0.raise(sequence, at_least)
+    }
+
     /// Bytes the database occupies on disk.
     pub fn size_on_disk(&self) -> u64 {
         self.0.size_on_disk()

@@ -8,6 +8,9 @@
 //! candidates' records again, retention re-reads what it deletes), which is how a SQL backend
 //! does it too: each transaction is one SQL transaction with row locks on what it reads.
 //!
+//! Numbers every process of the store must agree on without conflicting (the ledger's `seq`)
+//! come from a [`Sequence`], taken outside transactions ([`Backend::next_in`]).
+//!
 //! Durability: [`Store::commit`] answers once its transaction is on the device; [`Store::apply`]
 //! and [`Store::transact`] once it is committed, and [`Store::durable`] waits for everything
 //! committed before it.
@@ -22,6 +25,8 @@ mod body;
 pub mod codec;
 mod handle;
 pub mod postgres;
+#[cfg(test)]
+mod sequence_tests;
 mod sled;
 pub mod tables;
 mod verify;
@@ -121,6 +126,23 @@ pub const TABLE_NAMES: [&str; 18] = [
 
 /// A stored value, or a key.
 pub type Value = Vec<u8>;
+
+/// A sequence of numbers shared by every process of the store (see [`Backend::next_in`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sequence {
+    /// The `seq` of the records `ledger.append` writes.
+    Ledger,
+}
+
+impl Sequence {
+    /// The `meta` row that holds the sequence on the embedded store: the row the previous
+    /// release kept the ledger's last `seq` in, so that a ledger it wrote goes on from there.
+    pub const fn meta_key(self) -> &'static [u8] {
+        match self {
+            Sequence::Ledger => b"ledger_seq",
+        }
+    }
+}
 
 /// A storage failure. Its text is for the log; callers are told only that storage failed, or
 /// that it is unreachable for now (a database server that is down or restarting).
@@ -347,6 +369,14 @@ pub trait Backend: Send + Sync + 'static {
     fn durable(&self) -> Pending<Result<(), StoreError>>;
     /// A fresh id, unique and increasing across restarts.
     fn next_id(&self) -> Result<u64, StoreError>;
+    /// Takes the next value of `sequence`: never answered twice by any process of the store,
+    /// across restarts, and higher than every value taken before the call began. No
+    /// transaction reads or writes a row for it, so takers never conflict with each other or
+    /// with transactions. A value taken but not used is a gap; there is no giving it back.
+    fn next_in(&self, sequence: Sequence) -> Result<u64, StoreError>;
+    /// Raises `sequence` so that every value taken from now on is above `at_least`; it never
+    /// lowers it, and takers running meanwhile never get a value twice.
+    fn raise(&self, sequence: Sequence, at_least: u64) -> Result<(), StoreError>;
     /// Records `progress` (the last event seq ever assigned, which only grows) as reached, once
     /// everything before it is durable; a backend that can lose data checks it at open.
     fn record_progress(&self, progress: u64) -> Pending<Result<(), StoreError>>;

@@ -16,6 +16,7 @@ mod fuzz_corpus;
 mod handoff;
 mod interrupt;
 mod lease_takeover;
+mod ledger_seq;
 mod mailbox_concurrency;
 mod mailbox_model;
 mod postgres_plans;

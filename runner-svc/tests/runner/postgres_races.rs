@@ -6,13 +6,13 @@
 //! jobs it queued only when it has no idle worker for them, a durable batch that waited for
 //! another replica's turn of the event log takes every commit queued during the wait, and one
 //! that rolls back tells no replica that its events are durable. The ledger's sequence is one for
-//! all replicas, in commit order (`ledger`).
+//! all replicas, each `seq` above those of the appends that returned before it began (`ledger`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common;
 #[path = "postgres_races/ledger.rs"]
-mod ledger;
+pub mod ledger;
 
 use std::{
     sync::{

@@ -108,17 +108,17 @@ async fn replicas_migrate_once_a_newer_schema_is_refused_and_an_older_one_upgrad
     assert_eq!(rows(), rows_before, "a refused start changed the data");
 
     // An older release's database: each component one migration behind, with what its last
-    // migration made undone (the runner table's fill factor, the approvals' records as `jsonb`).
+    // migration made undone (the runner's ledger sequence, the approvals' records as `jsonb`).
     sql("UPDATE arbor_schema SET version = version - 2; \
-         ALTER TABLE runner_kv RESET (fillfactor); \
+         DROP SEQUENCE runner_ledger_seq; \
          ALTER TABLE approval_records ALTER COLUMN record TYPE jsonb USING record::jsonb; \
          ALTER TABLE approval_audit ALTER COLUMN entry TYPE jsonb USING entry::jsonb");
     r.runners[0].start().await;
     r.approvals[0].start().await;
     assert_eq!(versions(), current, "an older database brought up to date");
     assert_eq!(
-        sql("SELECT array_to_string(reloptions, ',') FROM pg_class WHERE relname = 'runner_kv'"),
-        "fillfactor=80"
+        sql("SELECT count(*) FROM pg_class WHERE relname = 'runner_ledger_seq'"),
+        "1"
     );
     assert_eq!(
         sql("SELECT string_agg(data_type, ' ' ORDER BY table_name) \

@@ -4,11 +4,14 @@
 use serde_json::{Value as Json, json};
 
 use super::{Tool, ToolCall, ToolError};
-use crate::store::{Abort, Store, StoreError, T, TxError, codec::read_u64};
+use crate::store::{Sequence, Store, StoreError, T};
 
-/// `meta` key of the ledger's sequence: the `seq` of the last record written, one row shared by
-/// every replica of the store.
-pub const LEDGER_SEQ: &[u8] = b"ledger_seq";
+/// `meta` row of the ledger's sequence. The previous release kept the `seq` of the last record
+/// in it and every append rewrote it; now the sequence is the store's ([`Sequence::Ledger`]):
+/// on the embedded store this row is still its counter, on PostgreSQL a migration seeded the
+/// sequence from it and it is no longer moved. Either way, a ledger that has it has had its
+/// sequence raised past every receipt.
+pub const LEDGER_SEQ: &[u8] = Sequence::Ledger.meta_key();
 
 /// Appends `args.entry` (or the whole args when there is no `entry`) under the call's idempotency
 /// key. A second append with the same key returns the first receipt and writes nothing.
@@ -23,20 +26,15 @@ impl std::fmt::Debug for LedgerTool {
     }
 }
 
-/// What an append found: its key new (then written), or the first receipt under it.
-enum Appended {
-    New(Json),
-    Stored(Vec<u8>),
-}
-
 impl LedgerTool {
-    /// The ledger in `store`'s ledger table. Each record is a transaction of its own, so it is
-    /// durable no later than the checkpoint that holds its receipt, whose commit waits for
-    /// everything committed before it.
+    /// The ledger in `store`'s ledger table. Each record is a write of its own, committed before
+    /// the append returns, so it is durable no later than the checkpoint that holds its
+    /// receipt, whose commit waits for everything committed before it.
     ///
-    /// A ledger written before the sequence had a row of its own (each process counted its
-    /// records) gets the row now, at the highest `seq` its receipts hold, so that no later
-    /// record goes below one of them.
+    /// A ledger without the `meta` row `ledger_seq` (a new one, or one written when each process
+    /// counted its records) gets its sequence raised to the highest `seq` its receipts hold,
+    /// so that no later record goes below one of them, and then the row, so that later opens
+    /// skip the scan. Replicas starting together may both do it: a raise never lowers.
     pub fn new(store: Store) -> Result<Self, StoreError> {
         if store.tree(T::Meta).get(LEDGER_SEQ)?.is_none() {
             let mut highest = 0;
@@ -44,20 +42,11 @@ impl LedgerTool {
                 let receipt: Json = serde_json::from_slice(&value?).unwrap_or(Json::Null);
                 highest = highest.max(receipt["seq"].as_u64().unwrap_or(0));
             }
-            // Replicas starting together may both get here: each raises it, none lowers it.
+            store.raise(Sequence::Ledger, highest)?;
+            // On the embedded store the raise wrote the row already: this finds it.
             store
-                .transact(|tx| {
-                    let meta = tx.tree(T::Meta);
-                    let now = meta.get(LEDGER_SEQ)?.map_or(0, |v| read_u64(&v));
-                    if now < highest {
-                        meta.insert(LEDGER_SEQ, highest.to_be_bytes())?;
-                    }
-                    Ok::<_, Abort<()>>(())
-                })
-                .map_err(|e| match e {
-                    TxError::Storage(e) => e,
-                    TxError::Abort(()) => StoreError::Failed("the ledger's sequence".into()),
-                })?;
+                .tree(T::Meta)
+                .insert_new(LEDGER_SEQ, highest.to_be_bytes())?;
         }
         Ok(Self { store })
     }
@@ -86,43 +75,40 @@ impl Tool for LedgerTool {
         "ledger.append"
     }
 
-    /// One serialisable transaction reads the key and the sequence's row, and, for a new key,
-    /// writes the record and the row moved on by one. Every append writes that one row, so of
-    /// two that overlap (on any replica) one conflicts and runs again after the other's commit:
-    /// a record committed later has a higher `seq`, and no two share one.
+    /// Answers the first receipt when the key holds one (a replayed call, the usual repeat).
+    /// Otherwise takes a `seq` from the store's sequence, then writes the record unless the key
+    /// holds one by then ([`insert_new`](crate::store::Table::insert_new): one atomic write, no
+    /// transaction that could conflict and run again). Appends share no row, so of two at once
+    /// only two of one key meet, and one of them is handed the other's record. The number is
+    /// taken before the write, so a `seq` is higher than that of every append that returned
+    /// before this one began, on any replica; the number of the append that lost such a race,
+    /// or whose write failed, is never used (a gap).
     fn call(&self, call: &ToolCall) -> Result<Json, ToolError> {
+        let storage = |e: StoreError| ToolError::Storage(e.to_string());
+        let stored = |first: Vec<u8>| {
+            // A stored receipt is answered as it is; one that does not decode is an error.
+            serde_json::from_slice(&first).map_err(|e| ToolError::Storage(e.to_string()))
+        };
         let key = call.idempotency_key.as_bytes();
+        let ledger = self.store.tree(T::Ledger);
+        if let Some(first) = ledger.get(key).map_err(storage)? {
+            return stored(first);
+        }
         let entry = call
             .args
             .get("entry")
             .cloned()
             .unwrap_or_else(|| call.args.clone());
-        let appended = self.store.transact(|tx| {
-            tx.prefetch(&[(T::Ledger, key), (T::Meta, LEDGER_SEQ)])?;
-            if let Some(first) = tx.tree(T::Ledger).get(key)? {
-                return Ok(Appended::Stored(first));
-            }
-            let meta = tx.tree(T::Meta);
-            let seq = meta.get(LEDGER_SEQ)?.map_or(0, |v| read_u64(&v)) + 1;
-            let receipt = json!({
-                "key": call.idempotency_key,
-                "seq": seq,
-                "entry": entry,
-            });
-            let bytes = serde_json::to_vec(&receipt)
-                .map_err(|e| Abort::Domain(ToolError::Storage(e.to_string())))?;
-            meta.insert(LEDGER_SEQ, seq.to_be_bytes())?;
-            tx.tree(T::Ledger).insert(key, bytes)?;
-            Ok(Appended::New(receipt))
+        let seq = self.store.next_in(Sequence::Ledger).map_err(storage)?;
+        let receipt = json!({
+            "key": call.idempotency_key,
+            "seq": seq,
+            "entry": entry,
         });
-        match appended {
-            Ok(Appended::New(receipt)) => Ok(receipt),
-            // A stored receipt is answered as it is; one that does not decode is an error.
-            Ok(Appended::Stored(first)) => {
-                serde_json::from_slice(&first).map_err(|e| ToolError::Storage(e.to_string()))
-            }
-            Err(TxError::Abort(e)) => Err(e),
-            Err(TxError::Storage(e)) => Err(ToolError::Storage(e.to_string())),
+        let bytes = serde_json::to_vec(&receipt).map_err(|e| ToolError::Storage(e.to_string()))?;
+        match ledger.insert_new(key, bytes).map_err(storage)? {
+            None => Ok(receipt),
+            Some(first) => stored(first),
         }
     }
 }
@@ -143,7 +129,8 @@ mod tests {
     }
 
     /// On the embedded store too, the sequence is kept in the store: it goes on past a reopen
-    /// and past the receipts a ledger without the sequence's row holds.
+    /// and past the receipts a ledger without the sequence's row holds (one written when each
+    /// process counted its records).
     #[test]
     fn seq_goes_on_across_a_reopen_and_past_receipts_written_before_it_had_a_row() {
         let dir = tempfile::tempdir().unwrap();

@@ -75,13 +75,16 @@ pub use schema::{
 use self::{
     batch::{Conn, Lane, Queued, Setup, committer_loop, run_bodies},
     read::{Scan, place, prefix_end, read_many, read_one},
-    schema::{BEGIN, FIRST_PAGE, ID_BLOCK, LAST_FROM, READ_MANY_AND_RANGE, SCAN_PAGE, SCHEMA},
+    schema::{
+        BEGIN, FIRST_PAGE, ID_BLOCK, LAST_FROM, READ_MANY_AND_RANGE, SCAN_PAGE, SCHEMA,
+        raise_sequence, sequence_name,
+    },
     tx::stripe_key,
     wake::Origin,
 };
 use super::{
     Backend, Body, Change, Commit, Entries, Failed, Fault, InOrder, ManyAndPrefix, OpenError,
-    Pending, Reads, Stats, Store, StoreError, T, Value,
+    Pending, Reads, Sequence, Stats, Store, StoreError, T, Value,
 };
 
 impl From<DbError> for StoreError {
@@ -404,6 +407,32 @@ impl Backend for PgBackend {
         let id = ids.0;
         ids.0 += 1;
         Ok(id)
+    }
+
+    /// `nextval` of the sequence's own PostgreSQL sequence, one value at a time (no cache), so
+    /// that values go up in the order they are taken whichever replica takes them. `nextval`
+    /// is never rolled back and takes no row lock: takers wait for no one and conflict with
+    /// nothing.
+    fn next_in(&self, sequence: Sequence) -> Result<u64, StoreError> {
+        let client = self.db.client_blocking()?;
+        let sql = format!("SELECT nextval('{}')", sequence_name(sequence));
+        let row = wait(client.query_one(&sql, &[])).map_err(DbError::from)?;
+        Ok(row.get::<_, i64>(0).max(0) as u64)
+    }
+
+    /// Looks first without a lock: the sequence is almost always above already.
+    fn raise(&self, sequence: Sequence, at_least: u64) -> Result<(), StoreError> {
+        let name = sequence_name(sequence);
+        let at_least = at_least.min(i64::MAX as u64 - 1);
+        let client = self.db.client_blocking()?;
+        let look = format!("SELECT last_value, is_called FROM {name}");
+        let row = wait(client.query_one(&look, &[])).map_err(DbError::from)?;
+        let (last, called) = (row.get::<_, i64>(0).max(0) as u64, row.get::<_, bool>(1));
+        let next = if called { last + 1 } else { last };
+        if next <= at_least {
+            wait(client.batch_execute(&raise_sequence(name, at_least))).map_err(DbError::from)?;
+        }
+        Ok(())
     }
 
     /// PostgreSQL does not lose what it acknowledged: nothing to record.

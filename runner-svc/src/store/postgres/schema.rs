@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use arbor_shared::postgres::Schema;
 
+use super::super::Sequence;
+
 /// The runner's schema, oldest migration first. Never edit a released migration.
 pub(super) const SCHEMA: Schema = Schema {
     component: "runner",
@@ -22,6 +24,15 @@ pub(super) const SCHEMA: Schema = Schema {
         // rewritten a few times soon after they are written, and a new version that fits on
         // its row's page is heap-only (no new index entry; pruned in place).
         "ALTER TABLE runner_kv SET (fillfactor = 80);",
+        // The ledger's `seq` (`Sequence::Ledger`), taken with `nextval` instead of a row every
+        // append rewrote. It goes on from that row (`meta` = table 6, `ledger_seq`, the last
+        // `seq` written, 8 bytes big-endian) where a ledger has one.
+        "CREATE SEQUENCE runner_ledger_seq;
+         SELECT setval('runner_ledger_seq', last)
+             FROM (SELECT ('x' || encode(v, 'hex'))::bit(64)::bigint AS last
+                       FROM runner_kv
+                       WHERE t = 6 AND k = 'ledger_seq'::bytea AND length(v) = 8) AS row
+             WHERE last > 0;",
     ],
 };
 
@@ -88,6 +99,25 @@ pub(super) const SCAN_PAGE: i64 = 512;
 
 /// Ids a replica takes from the sequence at once (the sequence's increment).
 pub(super) const ID_BLOCK: u64 = 64;
+
+/// The PostgreSQL sequence of each of the store's sequences.
+pub(super) fn sequence_name(sequence: Sequence) -> &'static str {
+    match sequence {
+        Sequence::Ledger => "runner_ledger_seq",
+    }
+}
+
+/// Raises the sequence `{0}` so that `nextval` answers above `{1}`, as one transaction (a
+/// simple query of several statements is one): `ALTER SEQUENCE` takes a lock that blocks
+/// `nextval` and `setval` until the transaction ends, so no value is taken between the look and
+/// the `setval`, which would then be taken again.
+pub(super) fn raise_sequence(name: &str, at_least: u64) -> String {
+    format!(
+        "ALTER SEQUENCE {name} NO CYCLE;
+         SELECT setval('{name}', {at_least}) FROM {name}
+             WHERE last_value < {at_least} OR (NOT is_called AND last_value = {at_least})"
+    )
+}
 
 /// How long start-up waits for an unreachable database.
 pub const OPEN_PATIENCE: Duration = Duration::from_secs(30);

@@ -23,8 +23,8 @@ use arbor_shared::sled_backend::{
 
 use self::tx::{AllTrees, SledTx, to_sled};
 use super::{
-    Backend, Body, Commit, Entries, Failed, InOrder, NEXT_SEQ, OpenError, Pending, Reads, Stats,
-    Store, StoreError, T, TABLE_NAMES, Value, codec, verify,
+    Backend, Body, Commit, Entries, Failed, InOrder, NEXT_SEQ, OpenError, Pending, Reads, Sequence,
+    Stats, Store, StoreError, T, TABLE_NAMES, Value, codec, verify,
 };
 
 /// Opening the database failed: sled refused it, or it is damaged.
@@ -220,6 +220,36 @@ impl Backend for SledBackend {
 
     fn next_id(&self) -> Result<u64, StoreError> {
         self.db.generate_id().map_err(storage)
+    }
+
+    /// An atomic add to the sequence's `meta` row, outside any transaction (sled's
+    /// read-modify-write of one key, no lock held across calls): the counter is in sled's log
+    /// before the record that uses it, so whatever flush makes that record durable makes the
+    /// counter durable too, and a counter lost in a crash lost every record that used it.
+    fn next_in(&self, sequence: Sequence) -> Result<u64, StoreError> {
+        let meta = &self.trees[T::Meta as usize];
+        let next =
+            |old: Option<&[u8]>| Some((old.map_or(0, codec::read_u64) + 1).to_be_bytes().to_vec());
+        let now = meta
+            .update_and_fetch(sequence.meta_key(), next)
+            .map_err(storage)?;
+        Ok(now.map_or(0, |v| codec::read_u64(&v)))
+    }
+
+    /// Writes the row even at 0, so that the sequence exists from then on.
+    fn raise(&self, sequence: Sequence, at_least: u64) -> Result<(), StoreError> {
+        let meta = &self.trees[T::Meta as usize];
+        let raised = |old: Option<&[u8]>| {
+            Some(
+                old.map_or(0, codec::read_u64)
+                    .max(at_least)
+                    .to_be_bytes()
+                    .to_vec(),
+            )
+        };
+        meta.update_and_fetch(sequence.meta_key(), raised)
+            .map_err(storage)?;
+        Ok(())
     }
 
     fn record_progress(&self, progress: u64) -> Pending<Result<(), StoreError>> {

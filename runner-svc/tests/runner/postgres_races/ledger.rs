@@ -1,6 +1,7 @@
 //! The ledger's sequence on one database shared by two runner replicas: appends from both at
-//! once, with one replica reopened in between, get distinct `seq`s in commit order, and an
-//! append again under a key answers the first receipt.
+//! once, with one replica reopened in between, get distinct `seq`s, each higher than those of
+//! the appends that had returned when it began, and an append again under a key answers the
+//! first receipt. `round` and `check` serve the same test on the embedded store (`ledger_seq`).
 
 use std::sync::{
     Arc,
@@ -17,7 +18,7 @@ const THREADS: usize = 3;
 const APPENDS: usize = 8;
 
 /// One append as the test saw it.
-struct Seen {
+pub struct Seen {
     seq: u64,
     /// Appends that had returned when it was called.
     returned_before: usize,
@@ -25,7 +26,7 @@ struct Seen {
     returned_as: usize,
 }
 
-fn call(key: &str) -> ToolCall {
+pub fn call(key: &str) -> ToolCall {
     ToolCall {
         tool: "ledger.append".into(),
         args: json!({"entry": {"key": key}}),
@@ -36,7 +37,7 @@ fn call(key: &str) -> ToolCall {
 }
 
 /// Every replica's threads append at once; answers what each append saw.
-fn round(replicas: &[LedgerTool], round: usize, returned: &Arc<AtomicUsize>) -> Vec<Seen> {
+pub fn round(replicas: &[LedgerTool], round: usize, returned: &Arc<AtomicUsize>) -> Vec<Seen> {
     let threads: Vec<_> = replicas
         .iter()
         .enumerate()
@@ -65,7 +66,7 @@ fn round(replicas: &[LedgerTool], round: usize, returned: &Arc<AtomicUsize>) -> 
 }
 
 #[test]
-fn appends_from_two_replicas_get_distinct_seqs_in_commit_order_across_a_reopen() {
+fn appends_from_two_replicas_get_distinct_seqs_in_the_order_they_began_across_a_reopen() {
     let cluster = arbor_testkit::PgCluster::shared();
     let url = cluster.fresh_database("ledger_seq");
     let open = || LedgerTool::new(common::open_postgres(&url)).unwrap();
@@ -75,30 +76,7 @@ fn appends_from_two_replicas_get_distinct_seqs_in_commit_order_across_a_reopen()
     // One replica restarts: a new process on the same database, the other still running.
     seen.extend(round(&[open(), there.clone()], 1, &returned));
 
-    let mut seqs: Vec<u64> = seen.iter().map(|s| s.seq).collect();
-    seqs.sort_unstable();
-    seqs.dedup();
-    assert_eq!(seqs.len(), seen.len(), "every receipt has a seq of its own");
-    // An append called after another returned committed after it: its seq is higher.
-    let mut by_return: Vec<&Seen> = seen.iter().collect();
-    by_return.sort_by_key(|s| s.returned_as);
-    let highest_so_far: Vec<u64> = by_return
-        .iter()
-        .scan(0, |high, s| {
-            *high = s.seq.max(*high);
-            Some(*high)
-        })
-        .collect();
-    for s in &seen {
-        if let Some(before) = s.returned_before.checked_sub(1) {
-            assert!(
-                s.seq > highest_so_far[before],
-                "seq {} was given after seq {} had returned",
-                s.seq,
-                highest_so_far[before]
-            );
-        }
-    }
+    check(&seen);
 
     // The same key again, on either replica: the first receipt, nothing written.
     let stored: Vec<(String, Json)> = there.entries();
@@ -109,4 +87,32 @@ fn appends_from_two_replicas_get_distinct_seqs_in_commit_order_across_a_reopen()
         .map(|(_, v)| v.clone());
     assert_eq!(Some(again), first);
     assert_eq!(there.entries(), stored);
+}
+
+/// Every append has a `seq` of its own, and one called after another returned has a higher one.
+pub fn check(seen: &[Seen]) {
+    let mut seqs: Vec<u64> = seen.iter().map(|s| s.seq).collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    assert_eq!(seqs.len(), seen.len(), "every receipt has a seq of its own");
+    // An append called after another returned took its number after it: a higher one.
+    let mut by_return: Vec<&Seen> = seen.iter().collect();
+    by_return.sort_by_key(|s| s.returned_as);
+    let highest_so_far: Vec<u64> = by_return
+        .iter()
+        .scan(0, |high, s| {
+            *high = s.seq.max(*high);
+            Some(*high)
+        })
+        .collect();
+    for s in seen {
+        if let Some(before) = s.returned_before.checked_sub(1) {
+            assert!(
+                s.seq > highest_so_far[before],
+                "seq {} was given after seq {} had returned",
+                s.seq,
+                highest_so_far[before]
+            );
+        }
+    }
 }
