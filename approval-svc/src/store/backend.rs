@@ -59,11 +59,10 @@ pub trait Records {
     /// Appends an audit entry, assigning its id and time.
     fn audit(&self, entry: AuditEntry) -> Result<AuditEntry, Self::Fail>;
 
-    /// [`audit`](Self::audit) for a caller that does not need the entry back. A backend whose
-    /// statements cost a round trip each may send it with the transaction's next statement or
-    /// its commit.
+    /// [`audit`](Self::audit) for a caller that does not need the entry back (a backend may
+    /// send it with the transaction's next statement).
     fn append(&self, entry: AuditEntry) -> Result<(), Self::Fail> {
-        self.audit(entry).map(drop)
+        self.audit_all(vec![entry])
     }
 
     /// Appends audit entries of one approval, in order, as [`audit`](Self::audit) each would

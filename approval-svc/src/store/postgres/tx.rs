@@ -15,9 +15,9 @@ use std::{
     cell::RefCell,
     collections::{HashMap, VecDeque},
     future::Future,
-    pin::Pin,
-    task::Poll,
 };
+
+use futures_util::future::join_all;
 
 use arbor_shared::postgres::{
     DbError, LazyBegin, Object, Prepared,
@@ -123,7 +123,8 @@ impl<'c> PgTx<'c> {
             for write in &deferred {
                 prepared.push(self.client.prepare_cached(&write.sql).await?);
             }
-            let writes = in_order(deferred.iter().zip(&prepared).map(|(write, statement)| {
+            // Each sends its request on its first poll, and `join_all` polls them in order.
+            let writes = join_all(deferred.iter().zip(&prepared).map(|(write, statement)| {
                 self.client.execute_raw(
                     statement,
                     write.params.iter().map(|p| &**p as &(dyn ToSql + Sync)),
@@ -132,7 +133,7 @@ impl<'c> PgTx<'c> {
             let (begun, written, answer) =
                 futures_util::join!(self.begin.before(self.client), writes, statement);
             begun?;
-            written?;
+            written.into_iter().try_for_each(|w| w.map(drop))?;
             answer
         })
     }
@@ -328,34 +329,6 @@ struct Deferred {
     params: Vec<Param>,
 }
 
-/// Waits for every one of `futures`, polled in the order given (each sends its request on its
-/// first poll, so they go out in that order), and answers the first error in that order.
-async fn in_order<F>(futures: impl Iterator<Item = F>) -> Result<(), tokio_postgres::Error>
-where
-    F: Future<Output = Result<u64, tokio_postgres::Error>>,
-{
-    let mut futures: Vec<Pin<Box<F>>> = futures.map(Box::pin).collect();
-    let mut done: Vec<Option<Result<u64, tokio_postgres::Error>>> =
-        futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (future, done) in futures.iter_mut().zip(done.iter_mut()) {
-            if done.is_none() {
-                match future.as_mut().poll(cx) {
-                    Poll::Ready(r) => *done = Some(r),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        match pending {
-            true => Poll::Pending,
-            false => Poll::Ready(()),
-        }
-    })
-    .await;
-    done.into_iter().flatten().try_for_each(|r| r.map(drop))
-}
-
 impl Records for PgTx<'_> {
     type Fail = Fail;
 
@@ -421,14 +394,6 @@ impl Records for PgTx<'_> {
         Ok(entry)
     }
 
-    /// Kept, with the record write before it if one is waiting, in one statement.
-    fn append(&self, mut entry: AuditEntry) -> Result<(), Fail> {
-        let audit = self.audit_params(&mut entry)?;
-        let (sql, params) = self.audit_statement(Audits::One, audit);
-        self.defer(sql, params);
-        Ok(())
-    }
-
     /// All of them, with the record write before them if one is waiting, in one statement
     /// when they are of one request and at most three.
     fn audit_all(&self, entries: Vec<AuditEntry>) -> Result<(), Fail> {
@@ -436,10 +401,9 @@ impl Records for PgTx<'_> {
             .windows(2)
             .all(|w| (&w[0].request_id, &w[0].run_id) == (&w[1].request_id, &w[1].run_id));
         let (Some(audits), true) = (Audits::of(entries.len()), one_request) else {
-            for entry in entries {
-                self.append(entry)?;
-            }
-            return Ok(());
+            return entries
+                .into_iter()
+                .try_for_each(|e| self.audit_all(vec![e]));
         };
         // The first entry's parameters, then each other's action and entry (see `Audits`).
         let mut entries = entries.into_iter();

@@ -84,17 +84,48 @@ fn trace_key(request_id: &str) -> Vec<u8> {
     k
 }
 
-#[derive(Clone)]
-struct Trees {
-    pub approvals: sled::Tree,
-    pub by_created: sled::Tree,
-    pub by_run: sled::Tree,
-    pub deadlines: sled::Tree,
-    pub outbox: sled::Tree,
-    pub audit: sled::Tree,
-    pub audit_by_request: sled::Tree,
-    pub audit_by_run: sled::Tree,
-    pub meta: sled::Tree,
+/// Every tree of the store, as a field and by its name on disk: [`Trees`] holds them, a
+/// transaction's [`Tx`] their transactional views, written once for both.
+macro_rules! trees {
+    ($($field:ident: $name:literal),* $(,)?) => {
+        #[derive(Clone)]
+        struct Trees {
+            $($field: sled::Tree,)*
+        }
+
+        /// The transactional view of every tree a state change touches.
+        pub struct Tx<'a> {
+            $($field: &'a TransactionalTree,)*
+            now: u64,
+        }
+
+        impl Trees {
+            fn open(db: &sled::Db) -> Result<Self> {
+                Ok(Self { $($field: db.open_tree($name)?,)* })
+            }
+
+            /// Runs `f` as one sled transaction over every tree.
+            fn run<T, E>(
+                &self,
+                f: impl Fn(&Tx<'_>) -> std::result::Result<T, ConflictableTransactionError<E>>,
+            ) -> std::result::Result<T, TransactionError<E>> {
+                let now = now_ms();
+                ($(&self.$field,)*).transaction(|($($field,)*)| f(&Tx { $($field,)* now }))
+            }
+        }
+    };
+}
+
+trees! {
+    approvals: "approvals",
+    by_created: "approvals_by_created",
+    by_run: "approvals_by_run",
+    deadlines: "pending_deadlines",
+    outbox: "delivery_outbox",
+    audit: "audit",
+    audit_by_request: "audit_by_request",
+    audit_by_run: "audit_by_run",
+    meta: "meta",
 }
 
 /// Approvals in a sled database.
@@ -122,20 +153,6 @@ impl std::fmt::Debug for SledStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SledStore").finish_non_exhaustive()
     }
-}
-
-/// The transactional view of every tree a state change touches.
-pub struct Tx<'a> {
-    approvals: &'a TransactionalTree,
-    by_created: &'a TransactionalTree,
-    by_run: &'a TransactionalTree,
-    deadlines: &'a TransactionalTree,
-    outbox: &'a TransactionalTree,
-    audit: &'a TransactionalTree,
-    audit_by_request: &'a TransactionalTree,
-    audit_by_run: &'a TransactionalTree,
-    meta: &'a TransactionalTree,
-    now: u64,
 }
 
 fn lift<T>(r: Result<T>) -> TxResult<T> {
@@ -306,17 +323,7 @@ impl SledStore {
     }
 
     fn from_db(db: sled::Db, path: &Path) -> Result<Self> {
-        let trees = Trees {
-            approvals: db.open_tree("approvals")?,
-            by_created: db.open_tree("approvals_by_created")?,
-            by_run: db.open_tree("approvals_by_run")?,
-            deadlines: db.open_tree("pending_deadlines")?,
-            outbox: db.open_tree("delivery_outbox")?,
-            audit: db.open_tree("audit")?,
-            audit_by_request: db.open_tree("audit_by_request")?,
-            audit_by_run: db.open_tree("audit_by_run")?,
-            meta: db.open_tree("meta")?,
-        };
+        let trees = Trees::open(&db)?;
         count_pending_once(&trees)?;
         let gc = GroupCommit::start(db.clone(), path.to_path_buf());
         let batches = BatchCommit::start(trees.clone(), gc.clone());
@@ -336,41 +343,6 @@ impl SledStore {
             Err(TransactionError::Abort(e)) => Err(e),
             Err(TransactionError::Storage(e)) => Err(e.into()),
         }
-    }
-}
-
-impl Trees {
-    /// Runs `f` as one sled transaction over every tree.
-    fn run<T, E>(
-        &self,
-        f: impl Fn(&Tx<'_>) -> std::result::Result<T, ConflictableTransactionError<E>>,
-    ) -> std::result::Result<T, TransactionError<E>> {
-        let now = now_ms();
-        (
-            &self.approvals,
-            &self.by_created,
-            &self.by_run,
-            &self.deadlines,
-            &self.outbox,
-            &self.audit,
-            &self.audit_by_request,
-            &self.audit_by_run,
-            &self.meta,
-        )
-            .transaction(|(a, c, r, d, o, au, aq, ar, m)| {
-                f(&Tx {
-                    approvals: a,
-                    by_created: c,
-                    by_run: r,
-                    deadlines: d,
-                    outbox: o,
-                    audit: au,
-                    audit_by_request: aq,
-                    audit_by_run: ar,
-                    meta: m,
-                    now,
-                })
-            })
     }
 }
 
