@@ -66,8 +66,7 @@ pub trait Records {
     }
 
     /// Appends audit entries of one approval, in order, as [`audit`](Self::audit) each would
-    /// (their ids ascending in that order). A backend whose statements cost a round trip each
-    /// writes them in one.
+    /// (their ids ascending in that order).
     fn audit_all(&self, entries: Vec<AuditEntry>) -> Result<(), Self::Fail> {
         for entry in entries {
             self.audit(entry)?;
@@ -79,8 +78,8 @@ pub trait Records {
     fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<(), Self::Fail>;
 
     /// Locks and reads ahead the approvals `ids` of a batch, so that the lookups that follow
-    /// are answered from what it read; with `arrivals`, as many arrival numbers are taken too.
-    /// A backend whose reads cost a round trip each does it in one; others need not.
+    /// are answered from what it read (with `arrivals`, as many arrival numbers too): for a
+    /// backend whose reads cost a round trip each.
     fn lock_ahead(&self, ids: &[&str], arrivals: bool) -> Result<(), Self::Fail> {
         let _ = (ids, arrivals);
         Ok(())

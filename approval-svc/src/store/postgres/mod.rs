@@ -183,10 +183,9 @@ impl std::fmt::Debug for PgStore {
 }
 
 impl PgStore {
-    /// Opens the approval tables in the database at `url`, creating or migrating them (once,
-    /// under an advisory lock, when replicas start together). Waits up to 30 s for an
-    /// unreachable database; refuses a wrong login, a missing database and a schema newer than
-    /// this binary's at once.
+    /// Opens the approval tables at `url`, creating or migrating them (once, under an advisory
+    /// lock); waits up to 30 s for an unreachable database, refuses a wrong login, a missing
+    /// database and a newer schema at once.
     pub async fn open(url: &str) -> Result<PgStore> {
         Self::open_with(url, Patience::Reachable(OPEN_PATIENCE)).await
     }
@@ -210,8 +209,9 @@ impl PgStore {
         })
     }
 
-    /// One prepared statement on a pooled connection, blocking the calling thread as the
-    /// embedded store's reads do.
+    /// One prepared statement on a pooled connection, blocking the calling thread: a pooled
+    /// connection held across an await on the service's runtime could wait for a thread that
+    /// waits for a connection.
     fn rows(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
         let client = self.db.client_blocking()?;
         wait(client.prepared_query(sql, params)).map_err(db_error)
@@ -272,9 +272,7 @@ impl Backend for PgStore {
     type Fail = Fail;
     type Tx<'t> = PgTx<'t>;
 
-    /// On a blocking thread, again when it conflicts with another (a unique violation or a
-    /// deadlock); answers after the commit, which the server made durable whatever `durable`
-    /// says.
+    /// On a blocking thread; the server makes every commit durable, whatever `durable` says.
     async fn transact<T: Send + 'static>(
         &self,
         _durable: bool,
@@ -304,11 +302,8 @@ impl Backend for PgStore {
         }
     }
 
-    /// A look outside any transaction: it sees what a transaction's first statement would (an
-    /// approval committed since is not among either's, and one cancelled or decided meanwhile
-    /// is locked and read again). It blocks the calling thread, as every read does: a pooled
-    /// connection held across an await on the service's runtime could wait for a thread that
-    /// waits for a connection. The transaction locks the run's approvals itself.
+    /// It sees what a transaction's first statement would (one cancelled or decided meanwhile
+    /// is locked and read again); the transaction locks the run's approvals itself.
     fn cancellable_ids(&self, run_id: &str) -> Result<Option<Vec<String>>> {
         let rows = self.rows(ANY_CANCELLABLE_OF_RUN, &[&run_id])?;
         Ok((!rows.is_empty()).then(Vec::new))
@@ -475,7 +470,6 @@ impl ApprovalStore for PgStore {
         Ok(self.rows(sql, &[&request_id])?.first().map(|r| r.get(0)))
     }
 
-    /// Every write answered after its commit, which the server made durable.
     async fn flush(&self) -> Result<()> {
         Ok(())
     }

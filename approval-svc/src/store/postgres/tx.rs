@@ -15,9 +15,9 @@ use std::{
     cell::RefCell,
     collections::{HashMap, VecDeque},
     future::Future,
+    pin::Pin,
+    task::Poll,
 };
-
-use futures_util::future::join_all;
 
 use arbor_shared::postgres::{
     DbError, LazyBegin, Object, Prepared,
@@ -98,13 +98,14 @@ impl<'c> PgTx<'c> {
     }
 
     /// Waits for `statement`, with `BEGIN` ahead of it in the same round trip when it is the
-    /// transaction's first, and the writes kept until then (the traces kept by
-    /// [`put_trace`](Self::put_trace) first, then `deferred`) sent in that round trip too,
-    /// ahead of it. The first error in that order is answered.
+    /// transaction's first, and the writes kept until then (the traces first, then `deferred`
+    /// and `unsent`) sent in that round trip too, ahead of it. The first error in that order
+    /// is answered.
     fn run<R>(
         &self,
         statement: impl Future<Output = Result<R, tokio_postgres::Error>>,
     ) -> Result<R, tokio_postgres::Error> {
+        self.defer_unsent();
         let traces = std::mem::take(&mut *self.traces.borrow_mut());
         if !traces.is_empty() {
             // One write for all of them, ahead of the others.
@@ -123,8 +124,7 @@ impl<'c> PgTx<'c> {
             for write in &deferred {
                 prepared.push(self.client.prepare_cached(&write.sql).await?);
             }
-            // Each sends its request on its first poll, and `join_all` polls them in order.
-            let writes = join_all(deferred.iter().zip(&prepared).map(|(write, statement)| {
+            let writes = in_order(deferred.iter().zip(&prepared).map(|(write, statement)| {
                 self.client.execute_raw(
                     statement,
                     write.params.iter().map(|p| &**p as &(dyn ToSql + Sync)),
@@ -133,18 +133,9 @@ impl<'c> PgTx<'c> {
             let (begun, written, answer) =
                 futures_util::join!(self.begin.before(self.client), writes, statement);
             begun?;
-            written.into_iter().try_for_each(|w| w.map(drop))?;
+            written?;
             answer
         })
-    }
-
-    /// Writes a request's W3C `traceparent` with the transaction, in the round trip of its
-    /// next statement (together with every other kept until then; the last one of a request
-    /// wins).
-    fn keep_trace(&self, request_id: &str, traceparent: &str) {
-        let mut traces = self.traces.borrow_mut();
-        traces.retain(|(id, _)| id != request_id);
-        traces.push((request_id.to_string(), traceparent.to_string()));
     }
 
     /// Commits, then notifies the other replicas of every approval changed; answers once the
@@ -210,7 +201,6 @@ impl<'c> PgTx<'c> {
         arrivals: bool,
         traced: bool,
     ) -> Result<HashMap<String, String>, Fail> {
-        self.defer_unsent();
         let (client, n) = (self.client, ids.len() as i64);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
         let (rows, numbers) = self.run(async {
@@ -329,6 +319,34 @@ struct Deferred {
     params: Vec<Param>,
 }
 
+/// Waits for every one of `futures`, polled in the order given (each sends its request on its
+/// first poll, so they go out in that order), and answers the first error in that order.
+async fn in_order<F>(futures: impl Iterator<Item = F>) -> Result<(), tokio_postgres::Error>
+where
+    F: Future<Output = Result<u64, tokio_postgres::Error>>,
+{
+    let mut futures: Vec<Pin<Box<F>>> = futures.map(Box::pin).collect();
+    let mut done: Vec<Option<Result<u64, tokio_postgres::Error>>> =
+        futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (future, done) in futures.iter_mut().zip(done.iter_mut()) {
+            if done.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(r) => *done = Some(r),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        match pending {
+            true => Poll::Pending,
+            false => Poll::Ready(()),
+        }
+    })
+    .await;
+    done.into_iter().flatten().try_for_each(|r| r.map(drop))
+}
+
 impl Records for PgTx<'_> {
     type Fail = Fail;
 
@@ -340,7 +358,6 @@ impl Records for PgTx<'_> {
         if let Some(read) = self.ahead.borrow_mut().remove(request_id) {
             return Ok(read);
         }
-        self.defer_unsent();
         let row = self.run(self.client.prepared_query_opt(
             "SELECT record::text FROM approval_records WHERE request_id = $1 FOR UPDATE",
             &[&request_id],
@@ -355,7 +372,6 @@ impl Records for PgTx<'_> {
         if let Some(n) = self.arrivals.borrow_mut().pop_front() {
             return Ok(n);
         }
-        self.defer_unsent();
         let row = self.run(
             self.client
                 .prepared_query_one("SELECT nextval('approval_arrivals')", &[]),
@@ -421,8 +437,12 @@ impl Records for PgTx<'_> {
         Ok(())
     }
 
+    /// In the round trip of the next statement, with every other kept until then (the last
+    /// one of a request wins).
     fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<(), Fail> {
-        self.keep_trace(request_id, traceparent);
+        let mut traces = self.traces.borrow_mut();
+        traces.retain(|(id, _)| id != request_id);
+        traces.push((request_id.to_string(), traceparent.to_string()));
         Ok(())
     }
 
@@ -444,7 +464,6 @@ impl Records for PgTx<'_> {
     /// transactions never wait for each other in a circle), and returns their ids. The index
     /// `approval_records_open_by_run` serves it: its predicate is this condition on `state`.
     fn cancellable_of_run(&self, run_id: &str, _looked: &[String]) -> Result<Vec<String>, Fail> {
-        self.defer_unsent();
         let rows = self.run(self.client.prepared_query(CANCELLABLE_OF_RUN, &[&run_id]))?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }

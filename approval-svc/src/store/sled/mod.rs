@@ -50,9 +50,8 @@ impl From<FlushError> for Error {
 /// How long `open` waits for a previous instance in this process to release the database.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Opens the store in `data_dir` for `approval-svc serve`. Another store on the same directory
-/// in this process (a restarted `run`) may still be letting go of sled's lock; that is waited
-/// for, up to `OPEN_TIMEOUT`.
+/// Opens the store in `data_dir`, waiting (up to `OPEN_TIMEOUT`) for another store on it in this
+/// process (a restarted `run`) to let go of sled's lock.
 pub async fn open(data_dir: &Path) -> Result<SledStore> {
     let deadline = tokio::time::Instant::now() + OPEN_TIMEOUT;
     loop {
@@ -135,13 +134,11 @@ pub struct SledStore {
     trees: Trees,
     gc: GroupCommit,
     batches: BatchCommit<Trees>,
-    /// The data directory's integrity marker .
     integrity: Option<Arc<Integrity>>,
 }
 
-/// Upper bound of sled's page cache. sled's default is 1 GiB, which lets the resident set grow
-/// towards a gigabyte as the store grows; the approvals people work on are the recent ones. Same
-/// bound as the runner's default.
+/// Upper bound of sled's page cache (sled's default, 1 GiB, lets the resident set grow towards
+/// it); the approvals people work on are the recent ones.
 const CACHE_BYTES: u64 = 64 << 20;
 
 /// What the integrity marker measures the store's progress by: the last audit entry's id. Every
@@ -255,8 +252,7 @@ impl Records for Tx<'_> {
 }
 
 impl SledStore {
-    /// Opens the store in `path`, refusing a database that lost durable data or cannot be read
-    /// (see `arbor_shared::sled_backend::integrity`).
+    /// Opens the store in `path`, refusing a database that lost durable data or cannot be read.
     pub fn open(path: &Path) -> Result<Self> {
         Integrity::precheck(path).map_err(|e| Error::Storage(e.to_string()))?;
         let db = arbor_shared::sled_backend::sled_config(path, CACHE_BYTES).open()?;
@@ -513,7 +509,6 @@ impl ApprovalStore for SledStore {
             .and_then(|v| String::from_utf8(v.to_vec()).ok()))
     }
 
-    /// Records the progress reached (the last audit id) in the integrity marker.
     async fn record_progress(&self) -> Result<()> {
         let Some(integrity) = &self.integrity else {
             return Ok(());
