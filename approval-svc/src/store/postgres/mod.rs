@@ -1,21 +1,16 @@
 //! The PostgreSQL backend (`Backend`, and the reads of `ApprovalStore`), shared by every
 //! replica that opens the same database (`approval-svc serve --store postgres://…`).
 //!
-//! - Every state change is one SQL transaction (READ COMMITTED) that reads the approval's row
-//!   `FOR UPDATE`, runs the same rules as every backend (`store::rules`), writes the record with
-//!   its indexed columns and its audit entry, notifies `arbor_approvals` and commits; it answers
-//!   after the commit, which PostgreSQL makes durable before it returns (`synchronous_commit`
-//!   on, the default). The row lock is the single winner: of two decisions on one approval, on
-//!   any replicas, the second waits for the first and then finds it decided. Two requests with
-//!   the same new id race on the primary key; the loser's transaction runs again and finds the
+//! - Every state change is one SQL transaction (READ COMMITTED, see `tx`) that answers after
+//!   its commit, which PostgreSQL makes durable before it returns (`synchronous_commit` on, the
+//!   default). The row lock is the single winner: of two decisions on one approval, on any
+//!   replicas, the second waits for the first and then finds it decided. Two requests with the
+//!   same new id race on the primary key; the loser's transaction runs again and finds the
 //!   winner's record.
-//! - Reads are single statements on a pooled connection, blocking the calling thread as the
-//!   embedded store's reads do.
 //! - The pending count is `count(*)` over a partial index that holds only PENDING rows: its cost
 //!   grows with what is pending, not with history, and no counter row serialises the writers.
-//! - Audit ids come from a sequence, taken under a per-run advisory lock held to the commit:
-//!   within one run (and so within one request), ids increase in commit order, so paging a trail
-//!   by id never steps past an entry that commits later (`tx::AUDIT_ID`).
+//! - Audit ids come from a sequence, taken under a per-run advisory lock held to the commit
+//!   (`statements::AUDIT_ID`).
 //! - Other replicas' changes arrive as notifications (`foreign_changes`); the leader's lock is a
 //!   session-level advisory lock (`lead`).
 
