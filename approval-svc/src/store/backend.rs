@@ -60,16 +60,14 @@ pub trait Records {
     /// Appends an audit entry, assigning its id and time.
     fn audit(&self, entry: AuditEntry) -> Result<AuditEntry, Self::Fail>;
 
-    /// [`audit`](Self::audit) for a caller that does not need the entry back. A backend whose
-    /// statements cost a round trip each may send it with the transaction's next statement or
-    /// its commit.
+    /// [`audit`](Self::audit) for a caller that does not need the entry back (a backend may
+    /// send it with the transaction's next statement).
     fn append(&self, entry: AuditEntry) -> Result<(), Self::Fail> {
-        self.audit(entry).map(drop)
+        self.audit_all(vec![entry])
     }
 
     /// Appends audit entries of one approval, in order, as [`audit`](Self::audit) each would
-    /// (their ids ascending in that order). A backend whose statements cost a round trip each
-    /// writes them in one.
+    /// (their ids ascending in that order).
     fn audit_all(&self, entries: Vec<AuditEntry>) -> Result<(), Self::Fail> {
         for entry in entries {
             self.audit(entry)?;
@@ -90,8 +88,8 @@ pub trait Records {
     fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<(), Self::Fail>;
 
     /// Locks and reads ahead the approvals `ids` of a batch, so that the lookups that follow
-    /// are answered from what it read; with `arrivals`, as many arrival numbers are taken too.
-    /// A backend whose reads cost a round trip each does it in one; others need not.
+    /// are answered from what it read (with `arrivals`, as many arrival numbers too): for a
+    /// backend whose reads cost a round trip each.
     fn lock_ahead(&self, ids: &[&str], arrivals: bool) -> Result<(), Self::Fail> {
         let _ = (ids, arrivals);
         Ok(())

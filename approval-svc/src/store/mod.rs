@@ -110,17 +110,10 @@ impl std::ops::AddAssign for Compacted {
 
 /// The right to run what must run in one process at a time: following the runner's event log,
 /// delivering decisions, the deadline timer and retention. Dropping it gives it up.
+#[derive(Debug)]
 pub struct Leadership {
     lost: CancellationToken,
     _release: Option<DropGuard>,
-}
-
-impl std::fmt::Debug for Leadership {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Leadership")
-            .field("lost", &self.lost.is_cancelled())
-            .finish()
-    }
 }
 
 impl Leadership {
@@ -150,10 +143,9 @@ impl Leadership {
     }
 }
 
-/// Durable approvals. Writes resolve once durable; reads see every answered write.
-///
-/// The writes are written once, here, over the [`Backend`] seam (see `ops`, whose module doc
-/// says what a batch does); a backend implements the reads, notifications and leadership.
+/// Durable approvals. Writes resolve once durable; reads see every answered write. The writes
+/// are written once, here, over the [`Backend`] seam (see `ops` for what a batch does); a
+/// backend implements the reads, notifications and leadership.
 pub trait ApprovalStore: Backend {
     /// Stores a runner request as PENDING. Idempotent by request id: a known id, including a
     /// pruned tombstone or a cancelled one, returns the stored record unchanged.
@@ -162,7 +154,7 @@ pub trait ApprovalStore: Backend {
         request: ApprovalRequest,
         unknown_kind: Option<i32>,
     ) -> impl Future<Output = Result<Put>> + Send {
-        ops::put(self, true, request, unknown_kind)
+        self.transact(true, move |tx| rules::put(tx, &request, unknown_kind))
     }
 
     /// Like `put_request`, but answers once the write is committed, before it is durable. For
@@ -172,7 +164,7 @@ pub trait ApprovalStore: Backend {
         request: ApprovalRequest,
         unknown_kind: Option<i32>,
     ) -> impl Future<Output = Result<Put>> + Send {
-        ops::put(self, false, request, unknown_kind)
+        self.transact(false, move |tx| rules::put(tx, &request, unknown_kind))
     }
 
     /// `put_trace` (unless `traceparent` is empty) and `put_request_lazy`, as a runner's
@@ -188,8 +180,7 @@ pub trait ApprovalStore: Backend {
     }
 
     /// `put_traced_request` for each of `requests` (request, unknown kind, `traceparent`), in
-    /// order, answering their outcomes in that order, all in one transaction; the first error
-    /// fails them all and stores none.
+    /// one transaction; the first error fails them all and stores none.
     fn put_traced_requests(
         &self,
         requests: Vec<(ApprovalRequest, Option<i32>, String)>,
@@ -209,10 +200,9 @@ pub trait ApprovalStore: Backend {
         ops::put_and_decide(self, requests, move |a: &Approval| decide(a).into())
     }
 
-    /// `ack_and_prune` for each of `consumed`, in order, answering each one's outcome in that
-    /// order, as one batch (see `ops`); one that says `delivered` has the runner's acceptance
-    /// of its decision recorded first, in the same write (as an accepted `record_delivery`
-    /// would, unless it already is).
+    /// `ack_and_prune` for each of `consumed`, as one batch (see `ops`); one that says
+    /// `delivered` has the runner's acceptance of its decision recorded first, in the same
+    /// write, unless it already is.
     fn ack_and_prune_all(
         &self,
         consumed: Vec<Consumed>,
@@ -227,12 +217,15 @@ pub trait ApprovalStore: Backend {
         request_id: &str,
         decision: NewDecision,
     ) -> impl Future<Output = Result<Resolved>> + Send {
-        ops::resolve(self, request_id, decision)
+        // Generated outside the body, so a transaction run again reuses it.
+        let (id, decision_id) = (request_id.to_string(), uuid::Uuid::now_v7().to_string());
+        self.transact(true, move |tx| {
+            rules::resolve(tx, &id, &decision, &decision_id)
+        })
     }
 
-    /// `resolve_request` for each of `decisions` (request id, decision), in order, answering
-    /// each one's outcome in that order, as one batch (see `ops`). Two decisions on one
-    /// approval take turns as two calls would. Each one taken answers the request's
+    /// `resolve_request` for each of `decisions` (request id, decision), as one batch (see
+    /// `ops`); two on one approval take turns as two calls would. Each answers the request's
     /// `traceparent` too.
     fn resolve_requests(
         &self,
@@ -243,23 +236,28 @@ pub trait ApprovalStore: Backend {
 
     /// PENDING → EXPIRED with the request's `on_timeout` decision (source TIMEOUT).
     fn expire(&self, request_id: &str) -> impl Future<Output = Result<Approval>> + Send {
-        ops::expire(self, request_id)
+        let (id, decision_id) = (request_id.to_string(), uuid::Uuid::now_v7().to_string());
+        self.transact(true, move |tx| rules::expire(tx, &id, &decision_id))
     }
 
     /// Counts a delivery attempt of `decision_id`; an accepted one is recorded (with an audit
     /// entry) so it is not sent again. `None` when the approval no longer awaits that decision.
+    /// Bookkeeping only, not durable before the next flush: if a crash loses it, the decision
+    /// is delivered again, which the runner answers as a duplicate.
     fn record_delivery(
         &self,
         request_id: &str,
         decision_id: &str,
         outcome: DeliveryOutcome,
     ) -> impl Future<Output = Result<Option<Approval>>> + Send {
-        ops::record_delivery(self, request_id, decision_id, outcome)
+        let (id, decision_id) = (request_id.to_string(), decision_id.to_string());
+        self.transact(false, move |tx| {
+            rules::record_delivery(tx, &id, &decision_id, &outcome)
+        })
     }
 
-    /// `record_delivery` for each of `attempts` (request id, decision id, outcome), answering
-    /// each one's outcome in that order, in one transaction: any failure, a refusal too, fails
-    /// the call and changes nothing.
+    /// `record_delivery` for each of `attempts` (request id, decision id, outcome), in one
+    /// transaction: any failure, a refusal too, fails the call and changes nothing.
     fn record_deliveries(
         &self,
         attempts: Vec<(String, String, DeliveryOutcome)>,
@@ -273,13 +271,12 @@ pub trait ApprovalStore: Backend {
         request_id: &str,
         decision_id: &str,
     ) -> impl Future<Output = Result<Approval>> + Send {
-        ops::ack(self, request_id, decision_id)
+        let (id, decision_id) = (request_id.to_string(), decision_id.to_string());
+        self.transact(true, move |tx| rules::ack(tx, &id, &decision_id))
     }
 
-    /// `ack_result` then `prune_result` of `consumed` as one atomic, durable step (the run
-    /// consumed the decision: nothing is left to keep): [`ack_and_prune_all`] of it alone.
-    ///
-    /// [`ack_and_prune_all`]: Self::ack_and_prune_all
+    /// `ack_result` then `prune_result` as one durable step (the run consumed the decision):
+    /// `ack_and_prune_all` of it alone.
     fn ack_and_prune(
         &self,
         consumed: Consumed,
@@ -290,7 +287,8 @@ pub trait ApprovalStore: Backend {
     /// ACKED → PRUNED: drops the request payload and the decision's args/result; the record
     /// stays as a tombstone and the audit trail stays whole.
     fn prune_result(&self, request_id: &str) -> impl Future<Output = Result<Approval>> + Send {
-        ops::prune(self, request_id)
+        let id = request_id.to_string();
+        self.transact(true, move |tx| rules::prune(tx, &id))
     }
 
     /// PENDING/RESOLVED/EXPIRED → CANCELLED.
@@ -300,13 +298,18 @@ pub trait ApprovalStore: Backend {
         actor: &str,
         reason: &str,
     ) -> impl Future<Output = Result<Approval>> + Send {
-        ops::cancel(self, request_id, actor, reason)
+        let (id, actor, reason) = (
+            request_id.to_string(),
+            actor.to_string(),
+            reason.to_string(),
+        );
+        self.transact(true, move |tx| {
+            rules::cancel(tx, &rules::load(tx, &id)?, &actor, &reason)
+        })
     }
 
-    /// Of `run_ids`, those that may still hold an approval [`cancel_run`](Self::cancel_run)
-    /// would change, so that the runs ending in one batch of events are looked at together. A
-    /// store that cannot tell in one read answers them all (`cancel_run` looks for itself); an
-    /// answer never leaves out a run that holds one.
+    /// Of `run_ids`, those that may still hold an approval `cancel_run` would change (never
+    /// fewer), looked at together; a store that cannot tell in one read answers them all.
     fn runs_to_cancel(&self, run_ids: &[String]) -> Result<HashSet<String>> {
         Ok(run_ids.iter().cloned().collect())
     }
@@ -323,7 +326,7 @@ pub trait ApprovalStore: Backend {
 
     /// Appends a free-standing audit entry (its id and time are assigned here).
     fn append_audit(&self, entry: AuditEntry) -> impl Future<Output = Result<AuditEntry>> + Send {
-        ops::append_audit(self, entry)
+        self.transact(true, move |tx| tx.audit(entry.clone()))
     }
 
     /// Takes or gives back a PENDING approval (see `voting::claim`).
@@ -389,7 +392,6 @@ pub trait ApprovalStore: Backend {
     fn get(&self, request_id: &str) -> Result<Option<Approval>>;
 
     /// The stored approvals of `request_ids`, in the order given; an unknown id is left out.
-    /// A backend whose reads cost a round trip each reads them in one.
     fn get_many(&self, request_ids: &[String]) -> Result<Vec<Approval>> {
         let mut found = Vec::new();
         for id in request_ids {
@@ -431,16 +433,13 @@ pub trait ApprovalStore: Backend {
     /// RESOLVED/EXPIRED approvals whose decision the runner has not accepted yet.
     fn undelivered(&self) -> Result<Vec<Approval>>;
 
-    /// [`undelivered`](Self::undelivered), each with its `traceparent` (see
-    /// [`trace`](Self::trace)): what the delivery loop reads, since a delivery carries the
-    /// run's trace on. A backend that can read both in one query overrides this.
+    /// `undelivered`, each with its `traceparent`: what the delivery loop reads, since a
+    /// delivery carries the run's trace on.
     fn undelivered_traced(&self) -> Result<Vec<(Approval, Option<String>)>> {
         with_traces(self, self.undelivered()?)
     }
 
-    /// [`undelivered_traced`](Self::undelivered_traced) among `request_ids` alone (each named
-    /// once): those whose decision awaits delivery, oldest first; unknown ids are left out. A
-    /// backend whose reads cost a round trip each reads them in one.
+    /// `undelivered_traced` among `request_ids` alone (each named once), oldest first.
     fn undelivered_of(&self, request_ids: &[String]) -> Result<Vec<(Approval, Option<String>)>> {
         let mut due = self.get_many(request_ids)?;
         due.retain(Approval::needs_delivery);
@@ -464,8 +463,8 @@ pub trait ApprovalStore: Backend {
     fn compact(&self, cutoff_ms: u64) -> impl Future<Output = Result<Compacted>> + Send;
 
     /// Remembers the W3C `traceparent` the runner sent with a request, so the approval's log
-    /// lines and the delivery of its decision stay in the run's trace. Callers write it before
-    /// `put_request`, whose flush makes it durable; a replayed event writes it again.
+    /// lines and the delivery of its decision stay in the run's trace; durable with the next
+    /// flush (a replayed event writes it again).
     fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<()>;
 
     /// The `traceparent` stored for a request, if any.
@@ -476,8 +475,7 @@ pub trait ApprovalStore: Backend {
 
     /// Makes everything committed so far durable, then records how far the store got where
     /// the next `open` checks it, so that losing durable data later is detected at start-up
-    /// instead of served. Called periodically and at shutdown. A backend whose database
-    /// guarantees what it acknowledged has nothing to record.
+    /// instead of served. A database that guarantees what it acknowledged has nothing to record.
     fn record_progress(&self) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
@@ -494,16 +492,14 @@ pub trait ApprovalStore: Backend {
         async { Ok(Some(Leadership::sole())) }
     }
 
-    /// [`lead`](Self::lead), telling the processes that share this store that the replica
-    /// named `replica` leads, for as long as it does (see [`leader`](Self::leader)).
+    /// `lead`, telling the processes that share this store that `replica` leads while it does.
     fn lead_as(&self, replica: &str) -> impl Future<Output = Result<Option<Leadership>>> + Send {
         let _ = replica;
         self.lead()
     }
 
-    /// The name of the replica that leads now, as it gave it to [`lead_as`](Self::lead_as);
-    /// `None` when none does at the moment, or (a store no other process opens, whose process
-    /// always leads) when no other process could.
+    /// The replica that leads now, as named to `lead_as`; `None` when none does, or none other
+    /// could.
     fn leader(&self) -> impl Future<Output = Result<Option<String>>> + Send {
         async { Ok(None) }
     }
@@ -521,8 +517,6 @@ pub trait ApprovalStore: Backend {
     }
 }
 
-/// Each of `approvals` with its `traceparent`, read one by one (the default of the reads that
-/// delivery makes).
 fn with_traces<S: ApprovalStore>(
     store: &S,
     approvals: Vec<Approval>,
@@ -534,4 +528,49 @@ fn with_traces<S: ApprovalStore>(
             Ok((approval, trace))
         })
         .collect()
+}
+
+/// The lists' names in their page tokens, so one list's token is refused by the other.
+const APPROVALS: &str = "approvals";
+const AUDIT: &str = "audit";
+
+/// The key after which a page token of `list` continues.
+fn page_key(list: &str, token: &str) -> Result<Vec<u8>> {
+    arbor_shared::page::key(list, token).ok_or(crate::error::Error::BadPageToken)
+}
+
+/// The first `page_size` of `found` (each with the key a next page starts after), and the token
+/// of the next page of `list` when one more exists: read no further than that.
+fn page_of<T, K: AsRef<[u8]>>(
+    found: impl Iterator<Item = Result<(K, T)>>,
+    page_size: usize,
+    list: &str,
+) -> Result<Page<T>> {
+    let (mut items, mut last) = (Vec::new(), None);
+    for item in found {
+        let (key, item) = item?;
+        if items.len() == page_size {
+            let next = last.map(|k: K| arbor_shared::page::token(list, k.as_ref()));
+            return Ok(Page { items, next });
+        }
+        last = Some(key);
+        items.push(item);
+    }
+    Ok(Page { items, next: None })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bad_page_tokens_are_invalid_arguments() {
+        let code = |r: crate::error::Result<Vec<u8>>| r.unwrap_err().code();
+        assert_eq!(
+            code(super::page_key("approvals", "xyz")),
+            tonic::Code::InvalidArgument
+        );
+        let token = arbor_shared::page::token("approvals", b"k1");
+        assert_eq!(super::page_key("approvals", &token).unwrap(), b"k1");
+        assert!(super::page_key("audit", &token).is_err());
+        assert!(super::page_key("approvals", &hex::encode(b"k1")).is_err());
+    }
 }

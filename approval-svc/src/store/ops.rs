@@ -61,16 +61,6 @@ fn ids_of<'a>(ids: impl Iterator<Item = &'a String>) -> Vec<&'a str> {
     ids.map(String::as_str).collect()
 }
 
-pub(super) async fn put<B: Backend>(
-    b: &B,
-    durable: bool,
-    request: ApprovalRequest,
-    unknown_kind: Option<i32>,
-) -> Result<Put> {
-    b.transact(durable, move |tx| rules::put(tx, &request, unknown_kind))
-        .await
-}
-
 /// Every request (with its trace) in one transaction, the policy's decisions too: a request
 /// `decide` decides costs one record write. The first error fails them all.
 pub(super) async fn put_and_decide<B: Backend>(
@@ -105,20 +95,6 @@ pub(super) async fn put_and_decide<B: Backend>(
     .await
 }
 
-pub(super) async fn resolve<B: Backend>(
-    b: &B,
-    request_id: &str,
-    decision: NewDecision,
-) -> Result<Resolved> {
-    // Generated once per call, outside the body, so a transaction run again reuses it.
-    let decision_id = uuid::Uuid::now_v7().to_string();
-    let request_id = request_id.to_string();
-    b.transact(true, move |tx| {
-        rules::resolve(tx, &request_id, &decision, &decision_id)
-    })
-    .await
-}
-
 /// The decisions in one transaction, their approvals and traces read ahead together.
 pub(super) async fn resolve_all<B: Backend>(
     b: &B,
@@ -148,28 +124,6 @@ pub(super) async fn resolve_all<B: Backend>(
     .await
 }
 
-pub(super) async fn expire<B: Backend>(b: &B, request_id: &str) -> Result<Approval> {
-    let decision_id = uuid::Uuid::now_v7().to_string();
-    let request_id = request_id.to_string();
-    b.transact(true, move |tx| rules::expire(tx, &request_id, &decision_id))
-        .await
-}
-
-/// Bookkeeping only, not durable before the next flush: if a crash loses it, the decision is
-/// delivered again, which the runner answers as a duplicate.
-pub(super) async fn record_delivery<B: Backend>(
-    b: &B,
-    request_id: &str,
-    decision_id: &str,
-    outcome: DeliveryOutcome,
-) -> Result<Option<Approval>> {
-    let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
-    b.transact(false, move |tx| {
-        rules::record_delivery(tx, &request_id, &decision_id, &outcome)
-    })
-    .await
-}
-
 /// The attempts that finished together in one transaction (see `record_delivery`); unlike the
 /// other batches, any failure fails the whole batch, a refusal too (the caller then records
 /// each alone).
@@ -191,22 +145,6 @@ pub(super) async fn record_deliveries<B: Backend>(
         )
     })
     .await
-}
-
-pub(super) async fn ack<B: Backend>(
-    b: &B,
-    request_id: &str,
-    decision_id: &str,
-) -> Result<Approval> {
-    let (request_id, decision_id) = (request_id.to_string(), decision_id.to_string());
-    b.transact(true, move |tx| rules::ack(tx, &request_id, &decision_id))
-        .await
-}
-
-pub(super) async fn prune<B: Backend>(b: &B, request_id: &str) -> Result<Approval> {
-    let request_id = request_id.to_string();
-    b.transact(true, move |tx| rules::prune(tx, &request_id))
-        .await
 }
 
 /// The consumptions of a batch of the runner's events in one transaction.
@@ -238,24 +176,6 @@ pub(super) async fn ack_and_prune_all<B: Backend>(
     .await
 }
 
-pub(super) async fn cancel<B: Backend>(
-    b: &B,
-    request_id: &str,
-    actor: &str,
-    reason: &str,
-) -> Result<Approval> {
-    let (request_id, actor, reason) = (
-        request_id.to_string(),
-        actor.to_string(),
-        reason.to_string(),
-    );
-    b.transact(true, move |tx| {
-        let a = rules::load(tx, &request_id)?;
-        rules::cancel(tx, &a, &actor, &reason)
-    })
-    .await
-}
-
 /// Most runs end with nothing left to cancel (the runner withdraws a run's open suspensions in
 /// the step that ends it), so a look outside any transaction answers those without one, which
 /// would cost a commit. The transaction locks and reads each again.
@@ -280,10 +200,6 @@ pub(super) async fn cancel_run<B: Backend>(
         Ok(changed)
     })
     .await
-}
-
-pub(super) async fn append_audit<B: Backend>(b: &B, entry: AuditEntry) -> Result<AuditEntry> {
-    b.transact(true, move |tx| tx.audit(entry.clone())).await
 }
 
 /// One change to one approval, durable: `change` (given the record and the transaction's time)

@@ -22,22 +22,22 @@ pub(super) fn load<R: Records>(tx: &R, request_id: &str) -> Outcome<R, Approval>
         .ok_or_else(|| Error::NotFound(request_id.to_string()).into())
 }
 
-fn step<R: Records>(a: &Approval, event: Transition) -> Outcome<R, ApprovalState> {
-    a.state.apply(event).map_err(|source| {
-        Error::InvalidTransition {
+/// A copy of `a` one version on, moved by `event` if the lifecycle allows it.
+fn step<R: Records>(tx: &R, a: &Approval, event: Transition) -> Outcome<R, Approval> {
+    let state = a
+        .state
+        .apply(event)
+        .map_err(|source| Error::InvalidTransition {
             request_id: a.id().to_string(),
             source,
-        }
-        .into()
-    })
+        })?;
+    Ok(next(tx, a, state))
 }
 
 /// A copy of `a` one version on, in `state`.
 fn next<R: Records>(tx: &R, a: &Approval, state: ApprovalState) -> Approval {
     let mut n = a.clone();
-    n.state = state;
-    n.version += 1;
-    n.updated_at_ms = tx.now();
+    (n.state, n.version, n.updated_at_ms) = (state, n.version + 1, tx.now());
     n
 }
 
@@ -144,7 +144,7 @@ pub(super) fn put_deciding<R: Records>(
             decided: false,
         });
     };
-    let (mut n, entry) = decided(tx, &approval, &decision, decision_id)?;
+    let (mut n, entry) = decided(tx, &approval, &decision, decision_id, Transition::Decide)?;
     // Stored once: this is its first version (watchers are told it was CREATED).
     n.version = approval.version;
     tx.save(None, &n)?;
@@ -217,11 +217,9 @@ pub(super) fn resolve<R: Records>(
         let counted = crate::voting::vote(&a, decision, &delegations, tx.now())?;
         return settle_vote(tx, &a, counted, decision_id, Transition::Decide);
     }
-    let (n, entry) = decided(tx, &a, decision, decision_id)?;
-    tx.save(Some(&a), &n)?;
-    tx.append(entry)?;
+    let (n, entry) = decided(tx, &a, decision, decision_id, Transition::Decide)?;
     Ok(Resolved {
-        approval: n,
+        approval: write(tx, &a, n, entry)?,
         duplicate: false,
         traceparent: None,
     })
@@ -244,10 +242,7 @@ fn settle_vote<R: Records>(
             (n, entries)
         }
         Counted::Decide(n, mut entries, d) => {
-            let (mut decided, entry) = match event {
-                Transition::Expire => timed_out(tx, &n, d, decision_id)?,
-                _ => decided(tx, &n, &d, decision_id)?,
-            };
+            let (mut decided, entry) = decided(tx, &n, &d, decision_id, event)?;
             if let Some(g) = &n.ext.governance {
                 decided.ext.voters = g.voters();
                 decided.ext.decided_digest = g.proposal.digest.clone();
@@ -265,30 +260,16 @@ fn settle_vote<R: Records>(
     })
 }
 
-/// `a` EXPIRED with `d` (a deadline's decision), and the audit entry that says so.
-fn timed_out<R: Records>(
-    tx: &R,
-    a: &Approval,
-    d: NewDecision,
-    decision_id: &str,
-) -> Outcome<R, (Approval, AuditEntry)> {
-    let state = step::<R>(a, Transition::Expire)?;
-    let mut n = next(tx, a, state);
-    let d = d.into_decision(decision_id.to_string(), tx.now());
-    let entry = AuditEntry::about(&n, AuditAction::Expired, ACTOR_TIMEOUT).with_decision(&d);
-    n.decision = Some(d);
-    Ok((n, entry))
-}
-
-/// `a` decided with `decision` (its id `decision_id`), and the audit entry that says so.
+/// `a` decided with `decision` (its id `decision_id`) by `event` (a decision or the deadline),
+/// and the audit entry that says so.
 fn decided<R: Records>(
     tx: &R,
     a: &Approval,
     decision: &NewDecision,
     decision_id: &str,
+    event: Transition,
 ) -> Outcome<R, (Approval, AuditEntry)> {
-    let state = step::<R>(a, Transition::Decide)?;
-    let mut n = next(tx, a, state);
+    let mut n = step(tx, a, event)?;
     let d = decision
         .clone()
         .into_decision(decision_id.to_string(), tx.now());
@@ -297,7 +278,11 @@ fn decided<R: Records>(
         DecisionSource::Policy => d.rule.clone(),
         DecisionSource::Timeout => ACTOR_TIMEOUT.to_string(),
     };
-    let entry = AuditEntry::about(&n, AuditAction::Decided, actor).with_decision(&d);
+    let action = match event {
+        Transition::Expire => AuditAction::Expired,
+        _ => AuditAction::Decided,
+    };
+    let entry = AuditEntry::about(&n, action, actor).with_decision(&d);
     n.decision = Some(d);
     Ok((n, entry))
 }
@@ -317,8 +302,6 @@ pub(super) fn expire<R: Records>(
         let counted = crate::voting::stage_timeout(&a, tx.now());
         return Ok(settle_vote(tx, &a, counted, decision_id, Transition::Expire)?.approval);
     }
-    let state = step::<R>(&a, Transition::Expire)?;
-    let mut n = next(tx, &a, state);
     let kind = match a.request.on_timeout {
         TimeoutAction::Approve => DecisionKind::Approve,
         TimeoutAction::Reject => DecisionKind::Reject,
@@ -333,10 +316,8 @@ pub(super) fn expire<R: Records>(
         rule: String::new(),
         not_by_submitter: false,
         expected_digest: String::new(),
-    }
-    .into_decision(decision_id.to_string(), tx.now());
-    let entry = AuditEntry::about(&n, AuditAction::Expired, ACTOR_TIMEOUT).with_decision(&d);
-    n.decision = Some(d);
+    };
+    let (n, entry) = decided(tx, &a, &d, decision_id, Transition::Expire)?;
     write(tx, &a, n, entry)
 }
 
@@ -461,7 +442,7 @@ fn acked<R: Records>(
     a: &Approval,
     decision_id: &str,
 ) -> Outcome<R, (Approval, AuditEntry)> {
-    let state = step::<R>(a, Transition::Ack)?;
+    let n = step(tx, a, Transition::Ack)?;
     let held = a
         .decision
         .as_ref()
@@ -475,7 +456,6 @@ fn acked<R: Records>(
         }
         .into());
     }
-    let n = next(tx, a, state);
     let mut entry = AuditEntry::about(&n, AuditAction::Acked, ACTOR_RUNNER);
     if let Some(d) = &n.decision {
         entry = entry.with_decision(d);
@@ -485,8 +465,7 @@ fn acked<R: Records>(
 
 /// `a` pruned, and the audit entry that says so.
 fn pruned<R: Records>(tx: &R, a: &Approval) -> Outcome<R, (Approval, AuditEntry)> {
-    let state = step::<R>(a, Transition::Prune)?;
-    let mut n = next(tx, a, state);
+    let mut n = step(tx, a, Transition::Prune)?;
     n.request.tool_args = Json::Null;
     n.request.context = Map::new();
     if let Some(d) = &mut n.decision {
@@ -504,8 +483,7 @@ pub(super) fn cancel<R: Records>(
     actor: &str,
     reason: &str,
 ) -> Outcome<R, Approval> {
-    let state = step::<R>(a, Transition::Cancel)?;
-    let mut n = next(tx, a, state);
+    let mut n = step(tx, a, Transition::Cancel)?;
     n.cancel_reason = reason.to_string();
     tx.save(Some(a), &n)?;
     let mut entry = AuditEntry::about(&n, AuditAction::Cancelled, actor).with_reason(reason);

@@ -1,21 +1,16 @@
 //! The PostgreSQL backend (`Backend`, and the reads of `ApprovalStore`), shared by every
 //! replica that opens the same database (`approval-svc serve --store postgres://…`).
 //!
-//! - Every state change is one SQL transaction (READ COMMITTED) that reads the approval's row
-//!   `FOR UPDATE`, runs the same rules as every backend (`store::rules`), writes the record with
-//!   its indexed columns and its audit entry, notifies `arbor_approvals` and commits; it answers
-//!   after the commit, which PostgreSQL makes durable before it returns (`synchronous_commit`
-//!   on, the default). The row lock is the single winner: of two decisions on one approval, on
-//!   any replicas, the second waits for the first and then finds it decided. Two requests with
-//!   the same new id race on the primary key; the loser's transaction runs again and finds the
+//! - Every state change is one SQL transaction (READ COMMITTED, see `tx`) that answers after
+//!   its commit, which PostgreSQL makes durable before it returns (`synchronous_commit` on, the
+//!   default). The row lock is the single winner: of two decisions on one approval, on any
+//!   replicas, the second waits for the first and then finds it decided. Two requests with the
+//!   same new id race on the primary key; the loser's transaction runs again and finds the
 //!   winner's record.
-//! - Reads are single statements on a pooled connection, blocking the calling thread as the
-//!   embedded store's reads do.
 //! - The pending count is `count(*)` over a partial index that holds only PENDING rows: its cost
 //!   grows with what is pending, not with history, and no counter row serialises the writers.
-//! - Audit ids come from a sequence, taken under a per-run advisory lock held to the commit:
-//!   within one run (and so within one request), ids increase in commit order, so paging a trail
-//!   by id never steps past an entry that commits later (`tx::AUDIT_ID`).
+//! - Audit ids come from a sequence, taken under a per-run advisory lock held to the commit
+//!   (`statements::AUDIT_ID`).
 //! - Other replicas' changes arrive as notifications (`foreign_changes`); the leader's lock is a
 //!   session-level advisory lock (`lead`).
 
@@ -34,7 +29,11 @@ use std::{
     time::Duration,
 };
 
-use arbor_shared::postgres::{Database, DbError, Patience, Prepared, ServerClock, wait};
+use arbor_shared::postgres::{
+    Database, DbError, Patience, Prepared, ServerClock,
+    tokio_postgres::{Row, types::ToSql},
+    wait,
+};
 use serde::{Serialize, de::DeserializeOwned};
 use tokio::sync::{mpsc, watch};
 
@@ -179,10 +178,9 @@ impl std::fmt::Debug for PgStore {
 }
 
 impl PgStore {
-    /// Opens the approval tables in the database at `url`, creating or migrating them (once,
-    /// under an advisory lock, when replicas start together). Waits up to 30 s for an
-    /// unreachable database; refuses a wrong login, a missing database and a schema newer than
-    /// this binary's at once.
+    /// Opens the approval tables at `url`, creating or migrating them (once, under an advisory
+    /// lock); waits up to 30 s for an unreachable database, refuses a wrong login, a missing
+    /// database and a newer schema at once.
     pub async fn open(url: &str) -> Result<PgStore> {
         Self::open_with(url, Patience::Reachable(OPEN_PATIENCE)).await
     }
@@ -206,13 +204,17 @@ impl PgStore {
         })
     }
 
-    fn meta(&self, key: &str) -> Result<Option<u64>> {
+    /// One prepared statement on a pooled connection, blocking the calling thread: a pooled
+    /// connection held across an await on the service's runtime could wait for a thread that
+    /// waits for a connection.
+    fn rows(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
         let client = self.db.client_blocking()?;
-        let row = wait(
-            client.prepared_query_opt("SELECT value FROM approval_meta WHERE key = $1", &[&key]),
-        )
-        .map_err(db_error)?;
-        Ok(row.map(|r| r.get::<_, i64>(0).max(0) as u64))
+        wait(client.prepared_query(sql, params)).map_err(db_error)
+    }
+
+    fn meta(&self, key: &str) -> Result<Option<u64>> {
+        let rows = self.rows("SELECT value FROM approval_meta WHERE key = $1", &[&key])?;
+        Ok(rows.first().map(|r| r.get::<_, i64>(0).max(0) as u64))
     }
 }
 
@@ -265,9 +267,7 @@ impl Backend for PgStore {
     type Fail = Fail;
     type Tx<'t> = PgTx<'t>;
 
-    /// On a blocking thread, again when it conflicts with another (a unique violation or a
-    /// deadlock); answers after the commit, which the server made durable whatever `durable`
-    /// says.
+    /// On a blocking thread; the server makes every commit durable, whatever `durable` says.
     async fn transact<T: Send + 'static>(
         &self,
         _durable: bool,
@@ -297,16 +297,11 @@ impl Backend for PgStore {
         }
     }
 
-    /// A look outside any transaction: it sees what a transaction's first statement would (an
-    /// approval committed since is not among either's, and one cancelled or decided meanwhile
-    /// is locked and read again). It blocks the calling thread, as every read does: a pooled
-    /// connection held across an await on the service's runtime could wait for a thread that
-    /// waits for a connection. The transaction locks the run's approvals itself.
+    /// It sees what a transaction's first statement would (one cancelled or decided meanwhile
+    /// is locked and read again); the transaction locks the run's approvals itself.
     fn cancellable_ids(&self, run_id: &str) -> Result<Option<Vec<String>>> {
-        let client = self.db.client_blocking()?;
-        let row = wait(client.prepared_query_opt(ANY_CANCELLABLE_OF_RUN, &[&run_id]))
-            .map_err(db_error)?;
-        Ok(row.map(|_| Vec::new()))
+        let rows = self.rows(ANY_CANCELLABLE_OF_RUN, &[&run_id])?;
+        Ok((!rows.is_empty()).then(Vec::new))
     }
 }
 
@@ -316,30 +311,23 @@ impl ApprovalStore for PgStore {
         if run_ids.is_empty() {
             return Ok(HashSet::new());
         }
-        let client = self.db.client_blocking()?;
-        let rows = wait(client.prepared_query(RUNS_TO_CANCEL, &[&run_ids])).map_err(db_error)?;
+        let rows = self.rows(RUNS_TO_CANCEL, &[&run_ids])?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     fn get(&self, request_id: &str) -> Result<Option<Approval>> {
-        let client = self.db.client_blocking()?;
-        let row = wait(client.prepared_query_opt(
-            "SELECT record::text FROM approval_records WHERE request_id = $1",
-            &[&request_id],
-        ))
-        .map_err(db_error)?;
+        let sql = "SELECT record::text FROM approval_records WHERE request_id = $1";
+        let row = self.rows(sql, &[&request_id])?.into_iter().next();
         row.map(|r| decode(r.get(0))).transpose()
     }
 
     fn get_many(&self, request_ids: &[String]) -> Result<Vec<Approval>> {
-        let client = self.db.client_blocking()?;
-        let rows = wait(client.prepared_query(
+        let rows = self.rows(
             "SELECT record::text FROM approval_records r \
              JOIN unnest($1::text[]) WITH ORDINALITY AS u(id, i) ON r.request_id = u.id \
              ORDER BY u.i",
             &[&request_ids],
-        ))
-        .map_err(db_error)?;
+        )?;
         rows.iter().map(|r| decode(r.get(0))).collect()
     }
 
@@ -367,25 +355,21 @@ impl ApprovalStore for PgStore {
     }
 
     fn next_deadline(&self) -> Result<Option<(u64, String)>> {
-        let client = self.db.client_blocking()?;
-        let row = wait(client.prepared_query_opt(
+        let rows = self.rows(
             "SELECT deadline_ms, request_id FROM approval_records
              WHERE state = 'PENDING' AND deadline_ms > 0
              ORDER BY deadline_ms, request_id LIMIT 1",
             &[],
-        ))
-        .map_err(db_error)?;
-        Ok(row.map(|r| (r.get::<_, i64>(0) as u64, r.get(1))))
+        )?;
+        Ok(rows.first().map(|r| (r.get::<_, i64>(0) as u64, r.get(1))))
     }
 
     fn pending_count(&self) -> Result<u64> {
-        let client = self.db.client_blocking()?;
-        let row = wait(client.prepared_query_one(
-            "SELECT count(*) FROM approval_records WHERE state = 'PENDING'",
-            &[],
-        ))
-        .map_err(db_error)?;
-        Ok(row.get::<_, i64>(0).max(0) as u64)
+        let sql = "SELECT count(*) FROM approval_records WHERE state = 'PENDING'";
+        Ok(self
+            .rows(sql, &[])?
+            .first()
+            .map_or(0, |r| r.get::<_, i64>(0).max(0) as u64))
     }
 
     fn undelivered(&self) -> Result<Vec<Approval>> {
@@ -411,14 +395,12 @@ impl ApprovalStore for PgStore {
 
     /// One query, the traces joined in.
     fn undelivered_of(&self, request_ids: &[String]) -> Result<Vec<(Approval, Option<String>)>> {
-        let client = self.db.client_blocking()?;
-        let rows = wait(client.prepared_query(
+        let rows = self.rows(
             "SELECT r.record::text, t.traceparent FROM approval_records r \
              LEFT JOIN approval_traces t ON t.request_id = r.request_id \
              WHERE r.request_id = ANY($1) AND r.awaiting_delivery ORDER BY r.arrival",
             &[&request_ids],
-        ))
-        .map_err(db_error)?;
+        )?;
         rows.iter()
             .map(|row| Ok((decode(row.get(0))?, row.get(1))))
             .collect()
@@ -429,28 +411,21 @@ impl ApprovalStore for PgStore {
     }
 
     fn set_cursor(&self, seq: u64) -> Result<()> {
-        let client = self.db.client_blocking()?;
-        wait(client.prepared_execute(
+        let now = clamp(self.now_ms());
+        self.rows(
             "INSERT INTO approval_meta (key, value) VALUES ($1, $2), ($3, $4)
              ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-            &[
-                &CURSOR_KEY,
-                &clamp(seq),
-                &CURSOR_AT_KEY,
-                &clamp(self.now_ms()),
-            ],
-        ))
-        .map_err(db_error)?;
-        Ok(())
+            &[&CURSOR_KEY, &clamp(seq), &CURSOR_AT_KEY, &now],
+        )
+        .map(drop)
     }
 
     fn cursor_acked_at(&self) -> Result<Option<u64>> {
         self.meta(CURSOR_AT_KEY)
     }
 
-    /// Deletes batch by batch, each batch one statement (so one transaction): the approvals,
-    /// then their audit entries and traces. Final approvals never change again, so nothing
-    /// races the delete.
+    /// Deletes batch by batch, each batch one statement (so one transaction). Final approvals
+    /// never change again, so nothing races the delete.
     async fn compact(&self, cutoff_ms: u64) -> Result<Compacted> {
         let cutoff = clamp(cutoff_ms);
         let mut total = Compacted::default();
@@ -468,8 +443,7 @@ impl ApprovalStore for PgStore {
                         .map_err(DbError::from)
                 })
                 .await?;
-            let approvals: i64 = row.get(0);
-            let audit: i64 = row.get(1);
+            let (approvals, audit): (i64, i64) = (row.get(0), row.get(1));
             total += Compacted {
                 approvals: approvals.max(0) as u64,
                 audit_entries: audit.max(0) as u64,
@@ -481,24 +455,16 @@ impl ApprovalStore for PgStore {
     }
 
     fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<()> {
-        let client = self.db.client_blocking()?;
         let (ids, traceparents) = ([request_id], [traceparent]);
-        wait(client.prepared_execute(tx::TRACES_UPSERT, &[&&ids[..], &&traceparents[..]]))
-            .map_err(db_error)?;
-        Ok(())
+        self.rows(tx::TRACES_UPSERT, &[&&ids[..], &&traceparents[..]])
+            .map(drop)
     }
 
     fn trace(&self, request_id: &str) -> Result<Option<String>> {
-        let client = self.db.client_blocking()?;
-        let row = wait(client.prepared_query_opt(
-            "SELECT traceparent FROM approval_traces WHERE request_id = $1",
-            &[&request_id],
-        ))
-        .map_err(db_error)?;
-        Ok(row.map(|r| r.get(0)))
+        let sql = "SELECT traceparent FROM approval_traces WHERE request_id = $1";
+        Ok(self.rows(sql, &[&request_id])?.first().map(|r| r.get(0)))
     }
 
-    /// Every write answered after its commit, which the server made durable.
     async fn flush(&self) -> Result<()> {
         Ok(())
     }

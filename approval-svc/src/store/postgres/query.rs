@@ -3,41 +3,26 @@
 //! pushed into SQL; the rest (thread, tree, tool glob) are checked on the rows that come back,
 //! by the same `Filter::matches` the other backend uses.
 
-use arbor_shared::postgres::{Prepared, tokio_postgres::types::ToSql, wait};
+use arbor_shared::postgres::tokio_postgres::types::ToSql;
 
 use super::{PgStore, clamp, decode};
 use crate::{
     error::{Error, Result},
     model::{Approval, AuditEntry, AuditQuery, Filter, Page},
+    store::{APPROVALS, AUDIT, page_key, page_of},
 };
-
-/// The lists' names in their page tokens, so one list's token is refused by the other.
-const APPROVALS: &str = "approvals";
-const AUDIT: &str = "audit";
 
 /// Rows fetched per round trip when the filter's Rust-side part drops some.
 const MIN_CHUNK: usize = 64;
 
-fn approvals_token(created: i64, arrival: i64) -> String {
-    let mut key = created.to_be_bytes().to_vec();
-    key.extend_from_slice(&arrival.to_be_bytes());
-    arbor_shared::page::token(APPROVALS, &key)
-}
-
-fn parse_approvals_token(token: &str) -> Result<(i64, i64)> {
-    let key = arbor_shared::page::key(APPROVALS, token).ok_or(Error::BadPageToken)?;
-    let (created, arrival) = key.split_at_checked(8).ok_or(Error::BadPageToken)?;
-    Ok((
-        i64::from_be_bytes(created.try_into().map_err(|_| Error::BadPageToken)?),
-        i64::from_be_bytes(arrival.try_into().map_err(|_| Error::BadPageToken)?),
-    ))
-}
-
-fn parse_audit_token(token: &str) -> Result<i64> {
-    let key = arbor_shared::page::key(AUDIT, token).ok_or(Error::BadPageToken)?;
-    Ok(i64::from_be_bytes(
-        key.as_slice().try_into().map_err(|_| Error::BadPageToken)?,
-    ))
+/// The big-endian numbers a page key of `list` is made of.
+fn token_numbers<const N: usize>(list: &str, token: &str) -> Result<[i64; N]> {
+    let key = page_key(list, token)?;
+    let (chunks, []) = key.as_chunks::<8>() else {
+        return Err(Error::BadPageToken);
+    };
+    let numbers: Vec<i64> = chunks.iter().map(|c| i64::from_be_bytes(*c)).collect();
+    numbers.try_into().map_err(|_| Error::BadPageToken)
 }
 
 impl PgStore {
@@ -48,9 +33,9 @@ impl PgStore {
         page_token: Option<&str>,
         now_ms: u64,
     ) -> Result<Page<Approval>> {
-        let (mut after_created, mut after_arrival) = match page_token {
-            Some(t) => parse_approvals_token(t)?,
-            None => (-1, -1),
+        let [mut after_created, mut after_arrival] = match page_token {
+            Some(t) => token_numbers(APPROVALS, t)?,
+            None => [-1, -1],
         };
         let oldest = match filter.max_age_ms {
             0 => 0,
@@ -63,49 +48,55 @@ impl PgStore {
         let states: Vec<&str> = filter.states.iter().map(|s| s.as_str()).collect();
         let chunk = (page_size + 1).max(MIN_CHUNK) as i64;
         let client = self.db.client_blocking()?;
-        let mut items = Vec::new();
-        let mut last = None;
-        loop {
-            let params: [&(dyn ToSql + Sync); 7] = [
-                &after_created,
-                &after_arrival,
-                &oldest,
-                &newest,
-                &states,
-                &filter.run_id,
-                &chunk,
-            ];
-            // Sent as text: each page gets a plan for its own filter (a prepared statement's
-            // generic plan could not use the run index for one run and not for another).
-            let rows = wait(client.query(
-                "SELECT record::text, created_at_ms, arrival FROM approval_records
-                 WHERE (created_at_ms, arrival) > ($1, $2)
-                   AND created_at_ms >= $3 AND created_at_ms <= $4
-                   AND (cardinality($5::text[]) = 0 OR state = ANY($5::text[]))
-                   AND ($6 = '' OR run_id = $6)
-                 ORDER BY created_at_ms, arrival LIMIT $7",
-                &params,
-            ))
-            .map_err(super::db_error)?;
-            let exhausted = (rows.len() as i64) < chunk;
-            for row in &rows {
-                (after_created, after_arrival) = (row.get(1), row.get(2));
-                let approval: Approval = decode(row.get(0))?;
-                if !filter.matches(&approval, now_ms) {
-                    continue;
+        // Chunk by chunk, as far as the page is read.
+        let (mut rows, mut exhausted) = (Vec::new().into_iter(), false);
+        let found = std::iter::from_fn(|| {
+            loop {
+                if let Some(row) = rows.next() {
+                    return Some(Ok(row));
                 }
-                if items.len() == page_size {
-                    // One more match exists, so a next page does.
-                    let next = last.map(|(c, a)| approvals_token(c, a));
-                    return Ok(Page { items, next });
+                if exhausted {
+                    return None;
                 }
-                last = Some((after_created, after_arrival));
-                items.push(approval);
+                let params: [&(dyn ToSql + Sync); 7] = [
+                    &after_created,
+                    &after_arrival,
+                    &oldest,
+                    &newest,
+                    &states,
+                    &filter.run_id,
+                    &chunk,
+                ];
+                // Sent as text: each page gets a plan for its own filter (a prepared
+                // statement's generic plan could not use the run index for one run and not
+                // for another).
+                let chunk_rows = match arbor_shared::postgres::wait(client.query(
+                    "SELECT record::text, created_at_ms, arrival FROM approval_records
+                     WHERE (created_at_ms, arrival) > ($1, $2)
+                       AND created_at_ms >= $3 AND created_at_ms <= $4
+                       AND (cardinality($5::text[]) = 0 OR state = ANY($5::text[]))
+                       AND ($6 = '' OR run_id = $6)
+                     ORDER BY created_at_ms, arrival LIMIT $7",
+                    &params,
+                )) {
+                    Ok(r) => r,
+                    Err(e) => return Some(Err(super::db_error(e))),
+                };
+                exhausted = (chunk_rows.len() as i64) < chunk;
+                if let Some(last) = chunk_rows.last() {
+                    (after_created, after_arrival) = (last.get(1), last.get(2));
+                }
+                rows = chunk_rows.into_iter();
             }
-            if exhausted {
-                return Ok(Page { items, next: None });
-            }
-        }
+        });
+        let found = found.map(|row| {
+            let row = row?;
+            let approval: Approval = decode(row.get(0))?;
+            let (created, arrival): (i64, i64) = (row.get(1), row.get(2));
+            let key = [created.to_be_bytes(), arrival.to_be_bytes()].concat();
+            Ok(filter.matches(&approval, now_ms).then_some((key, approval)))
+        });
+        page_of(found.filter_map(Result::transpose), page_size, APPROVALS)
     }
 
     pub(super) fn list_audit(
@@ -114,7 +105,10 @@ impl PgStore {
         page_size: usize,
         page_token: Option<&str>,
     ) -> Result<Page<AuditEntry>> {
-        let after = page_token.map(parse_audit_token).transpose()?.unwrap_or(0);
+        let [after] = match page_token {
+            Some(t) => token_numbers(AUDIT, t)?,
+            None => [0],
+        };
         let limit = page_size as i64 + 1;
         let sql = match query {
             AuditQuery::Request(_) => {
@@ -127,21 +121,11 @@ impl PgStore {
             }
         };
         let (AuditQuery::Request(owner) | AuditQuery::Run(owner)) = query;
-        let client = self.db.client_blocking()?;
-        let rows =
-            wait(client.prepared_query(sql, &[owner, &after, &limit])).map_err(super::db_error)?;
-        let mut items: Vec<AuditEntry> = rows
-            .iter()
-            .map(|r| decode(r.get(0)))
-            .collect::<Result<_>>()?;
-        let next = if items.len() > page_size {
-            items.truncate(page_size);
-            items
-                .last()
-                .map(|e| arbor_shared::page::token(AUDIT, &(e.id as i64).to_be_bytes()))
-        } else {
-            None
-        };
-        Ok(Page { items, next })
+        let rows = self.rows(sql, &[owner, &after, &limit])?;
+        let found = rows.iter().map(|r| {
+            let entry: AuditEntry = decode(r.get(0))?;
+            Ok(((entry.id as i64).to_be_bytes(), entry))
+        });
+        page_of(found, page_size, AUDIT)
     }
 }

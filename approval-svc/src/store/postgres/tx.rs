@@ -99,13 +99,14 @@ impl<'c> PgTx<'c> {
     }
 
     /// Waits for `statement`, with `BEGIN` ahead of it in the same round trip when it is the
-    /// transaction's first, and the writes kept until then (the traces kept by
-    /// [`put_trace`](Self::put_trace) first, then `deferred`) sent in that round trip too,
-    /// ahead of it. The first error in that order is answered.
+    /// transaction's first, and the writes kept until then (the traces first, then `deferred`
+    /// and `unsent`) sent in that round trip too, ahead of it. The first error in that order
+    /// is answered.
     fn run<R>(
         &self,
         statement: impl Future<Output = Result<R, tokio_postgres::Error>>,
     ) -> Result<R, tokio_postgres::Error> {
+        self.defer_unsent();
         let traces = std::mem::take(&mut *self.traces.borrow_mut());
         if !traces.is_empty() {
             // One write for all of them, ahead of the others.
@@ -136,15 +137,6 @@ impl<'c> PgTx<'c> {
             written?;
             answer
         })
-    }
-
-    /// Writes a request's W3C `traceparent` with the transaction, in the round trip of its
-    /// next statement (together with every other kept until then; the last one of a request
-    /// wins).
-    fn keep_trace(&self, request_id: &str, traceparent: &str) {
-        let mut traces = self.traces.borrow_mut();
-        traces.retain(|(id, _)| id != request_id);
-        traces.push((request_id.to_string(), traceparent.to_string()));
     }
 
     /// Commits, then notifies the other replicas of every approval changed; answers once the
@@ -210,7 +202,6 @@ impl<'c> PgTx<'c> {
         arrivals: bool,
         traced: bool,
     ) -> Result<HashMap<String, String>, Fail> {
-        self.defer_unsent();
         let (client, n) = (self.client, ids.len() as i64);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
         let (rows, numbers) = self.run(async {
@@ -368,7 +359,6 @@ impl Records for PgTx<'_> {
         if let Some(read) = self.ahead.borrow_mut().remove(request_id) {
             return Ok(read);
         }
-        self.defer_unsent();
         let row = self.run(self.client.prepared_query_opt(
             "SELECT record::text FROM approval_records WHERE request_id = $1 FOR UPDATE",
             &[&request_id],
@@ -383,7 +373,6 @@ impl Records for PgTx<'_> {
         if let Some(n) = self.arrivals.borrow_mut().pop_front() {
             return Ok(n);
         }
-        self.defer_unsent();
         let row = self.run(
             self.client
                 .prepared_query_one("SELECT nextval('approval_arrivals')", &[]),
@@ -422,14 +411,6 @@ impl Records for PgTx<'_> {
         Ok(entry)
     }
 
-    /// Kept, with the record write before it if one is waiting, in one statement.
-    fn append(&self, mut entry: AuditEntry) -> Result<(), Fail> {
-        let audit = self.audit_params(&mut entry)?;
-        let (sql, params) = self.audit_statement(Audits::One, audit);
-        self.defer(sql, params);
-        Ok(())
-    }
-
     /// All of them, with the record write before them if one is waiting, in one statement
     /// when they are of one request and at most three.
     fn audit_all(&self, entries: Vec<AuditEntry>) -> Result<(), Fail> {
@@ -437,10 +418,9 @@ impl Records for PgTx<'_> {
             .windows(2)
             .all(|w| (&w[0].request_id, &w[0].run_id) == (&w[1].request_id, &w[1].run_id));
         let (Some(audits), true) = (Audits::of(entries.len()), one_request) else {
-            for entry in entries {
-                self.append(entry)?;
-            }
-            return Ok(());
+            return entries
+                .into_iter()
+                .try_for_each(|e| self.audit_all(vec![e]));
         };
         // The first entry's parameters, then each other's action and entry (see `Audits`).
         let mut entries = entries.into_iter();
@@ -458,8 +438,12 @@ impl Records for PgTx<'_> {
         Ok(())
     }
 
+    /// In the round trip of the next statement, with every other kept until then (the last
+    /// one of a request wins).
     fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<(), Fail> {
-        self.keep_trace(request_id, traceparent);
+        let mut traces = self.traces.borrow_mut();
+        traces.retain(|(id, _)| id != request_id);
+        traces.push((request_id.to_string(), traceparent.to_string()));
         Ok(())
     }
 
@@ -513,7 +497,6 @@ impl Records for PgTx<'_> {
     /// transactions never wait for each other in a circle), and returns their ids. The index
     /// `approval_records_open_by_run` serves it: its predicate is this condition on `state`.
     fn cancellable_of_run(&self, run_id: &str, _looked: &[String]) -> Result<Vec<String>, Fail> {
-        self.defer_unsent();
         let rows = self.run(self.client.prepared_query(CANCELLABLE_OF_RUN, &[&run_id]))?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }

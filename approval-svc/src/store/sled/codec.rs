@@ -98,15 +98,6 @@ pub fn read_id(bytes: &[u8]) -> u64 {
     <[u8; 8]>::try_from(bytes).map_or(0, u64::from_be_bytes)
 }
 
-/// The page token that continues `list` after `last_key` (`arbor_shared::page`).
-pub fn page_token(list: &str, last_key: &[u8]) -> String {
-    arbor_shared::page::token(list, last_key)
-}
-
-pub fn parse_page_token(list: &str, token: &str) -> Result<Vec<u8>> {
-    arbor_shared::page::key(list, token).ok_or(Error::BadPageToken)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,19 +152,5 @@ mod tests {
         assert_eq!(created_key_id(&c).as_deref(), Some("000"));
         let d = deadline_key(7, "r1");
         assert_eq!(split_deadline_key(&d), Some((7, "r1".into())));
-    }
-
-    #[test]
-    fn bad_page_tokens_are_invalid_arguments() {
-        assert_eq!(
-            parse_page_token("approvals", "xyz").unwrap_err().code(),
-            tonic::Code::InvalidArgument
-        );
-        assert_eq!(
-            parse_page_token("approvals", &page_token("approvals", b"k1")).unwrap(),
-            b"k1"
-        );
-        assert!(parse_page_token("audit", &page_token("approvals", b"k1")).is_err());
-        assert!(parse_page_token("approvals", &hex::encode(b"k1")).is_err());
     }
 }

@@ -51,9 +51,8 @@ impl From<FlushError> for Error {
 /// How long `open` waits for a previous instance in this process to release the database.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Opens the store in `data_dir` for `approval-svc serve`. Another store on the same directory
-/// in this process (a restarted `run`) may still be letting go of sled's lock; that is waited
-/// for, up to `OPEN_TIMEOUT`.
+/// Opens the store in `data_dir`, waiting (up to `OPEN_TIMEOUT`) for another store on it in this
+/// process (a restarted `run`) to let go of sled's lock.
 pub async fn open(data_dir: &Path) -> Result<SledStore> {
     let deadline = tokio::time::Instant::now() + OPEN_TIMEOUT;
     loop {
@@ -85,17 +84,48 @@ fn trace_key(request_id: &str) -> Vec<u8> {
     k
 }
 
-#[derive(Clone)]
-struct Trees {
-    pub approvals: sled::Tree,
-    pub by_created: sled::Tree,
-    pub by_run: sled::Tree,
-    pub deadlines: sled::Tree,
-    pub outbox: sled::Tree,
-    pub audit: sled::Tree,
-    pub audit_by_request: sled::Tree,
-    pub audit_by_run: sled::Tree,
-    pub meta: sled::Tree,
+/// Every tree of the store, as a field and by its name on disk: [`Trees`] holds them, a
+/// transaction's [`Tx`] their transactional views, written once for both.
+macro_rules! trees {
+    ($($field:ident: $name:literal),* $(,)?) => {
+        #[derive(Clone)]
+        struct Trees {
+            $($field: sled::Tree,)*
+        }
+
+        /// The transactional view of every tree a state change touches.
+        pub struct Tx<'a> {
+            $($field: &'a TransactionalTree,)*
+            now: u64,
+        }
+
+        impl Trees {
+            fn open(db: &sled::Db) -> Result<Self> {
+                Ok(Self { $($field: db.open_tree($name)?,)* })
+            }
+
+            /// Runs `f` as one sled transaction over every tree.
+            fn run<T, E>(
+                &self,
+                f: impl Fn(&Tx<'_>) -> std::result::Result<T, ConflictableTransactionError<E>>,
+            ) -> std::result::Result<T, TransactionError<E>> {
+                let now = now_ms();
+                ($(&self.$field,)*).transaction(|($($field,)*)| f(&Tx { $($field,)* now }))
+            }
+        }
+    };
+}
+
+trees! {
+    approvals: "approvals",
+    by_created: "approvals_by_created",
+    by_run: "approvals_by_run",
+    deadlines: "pending_deadlines",
+    outbox: "delivery_outbox",
+    audit: "audit",
+    audit_by_request: "audit_by_request",
+    audit_by_run: "audit_by_run",
+    meta: "meta",
 }
 
 /// Approvals in a sled database.
@@ -105,13 +135,11 @@ pub struct SledStore {
     trees: Trees,
     gc: GroupCommit,
     batches: BatchCommit<Trees>,
-    /// The data directory's integrity marker .
     integrity: Option<Arc<Integrity>>,
 }
 
-/// Upper bound of sled's page cache. sled's default is 1 GiB, which lets the resident set grow
-/// towards a gigabyte as the store grows; the approvals people work on are the recent ones. Same
-/// bound as the runner's default.
+/// Upper bound of sled's page cache (sled's default, 1 GiB, lets the resident set grow towards
+/// it); the approvals people work on are the recent ones.
 const CACHE_BYTES: u64 = 64 << 20;
 
 /// What the integrity marker measures the store's progress by: the last audit entry's id. Every
@@ -127,20 +155,6 @@ impl std::fmt::Debug for SledStore {
 
 /// `meta` key of every delegation.
 const DELEGATIONS_KEY: &[u8] = b"delegations";
-
-/// The transactional view of every tree a state change touches.
-pub struct Tx<'a> {
-    approvals: &'a TransactionalTree,
-    by_created: &'a TransactionalTree,
-    by_run: &'a TransactionalTree,
-    deadlines: &'a TransactionalTree,
-    outbox: &'a TransactionalTree,
-    audit: &'a TransactionalTree,
-    audit_by_request: &'a TransactionalTree,
-    audit_by_run: &'a TransactionalTree,
-    meta: &'a TransactionalTree,
-    now: u64,
-}
 
 fn lift<T>(r: Result<T>) -> TxResult<T> {
     r.map_err(ConflictableTransactionError::Abort)
@@ -271,8 +285,7 @@ impl Records for Tx<'_> {
 }
 
 impl SledStore {
-    /// Opens the store in `path`, refusing a database that lost durable data or cannot be read
-    /// (see `arbor_shared::sled_backend::integrity`).
+    /// Opens the store in `path`, refusing a database that lost durable data or cannot be read.
     pub fn open(path: &Path) -> Result<Self> {
         Integrity::precheck(path).map_err(|e| Error::Storage(e.to_string()))?;
         let db = arbor_shared::sled_backend::sled_config(path, CACHE_BYTES).open()?;
@@ -339,17 +352,7 @@ impl SledStore {
     }
 
     fn from_db(db: sled::Db, path: &Path) -> Result<Self> {
-        let trees = Trees {
-            approvals: db.open_tree("approvals")?,
-            by_created: db.open_tree("approvals_by_created")?,
-            by_run: db.open_tree("approvals_by_run")?,
-            deadlines: db.open_tree("pending_deadlines")?,
-            outbox: db.open_tree("delivery_outbox")?,
-            audit: db.open_tree("audit")?,
-            audit_by_request: db.open_tree("audit_by_request")?,
-            audit_by_run: db.open_tree("audit_by_run")?,
-            meta: db.open_tree("meta")?,
-        };
+        let trees = Trees::open(&db)?;
         count_pending_once(&trees)?;
         let gc = GroupCommit::start(db.clone(), path.to_path_buf());
         let batches = BatchCommit::start(trees.clone(), gc.clone());
@@ -369,41 +372,6 @@ impl SledStore {
             Err(TransactionError::Abort(e)) => Err(e),
             Err(TransactionError::Storage(e)) => Err(e.into()),
         }
-    }
-}
-
-impl Trees {
-    /// Runs `f` as one sled transaction over every tree.
-    fn run<T, E>(
-        &self,
-        f: impl Fn(&Tx<'_>) -> std::result::Result<T, ConflictableTransactionError<E>>,
-    ) -> std::result::Result<T, TransactionError<E>> {
-        let now = now_ms();
-        (
-            &self.approvals,
-            &self.by_created,
-            &self.by_run,
-            &self.deadlines,
-            &self.outbox,
-            &self.audit,
-            &self.audit_by_request,
-            &self.audit_by_run,
-            &self.meta,
-        )
-            .transaction(|(a, c, r, d, o, au, aq, ar, m)| {
-                f(&Tx {
-                    approvals: a,
-                    by_created: c,
-                    by_run: r,
-                    deadlines: d,
-                    outbox: o,
-                    audit: au,
-                    audit_by_request: aq,
-                    audit_by_run: ar,
-                    meta: m,
-                    now,
-                })
-            })
     }
 }
 
@@ -574,7 +542,6 @@ impl ApprovalStore for SledStore {
             .and_then(|v| String::from_utf8(v.to_vec()).ok()))
     }
 
-    /// Records the progress reached (the last audit id) in the integrity marker.
     async fn record_progress(&self) -> Result<()> {
         let Some(integrity) = &self.integrity else {
             return Ok(());

@@ -7,7 +7,7 @@ use super::{SledStore, codec};
 use crate::{
     error::Result,
     model::{Approval, AuditEntry, AuditQuery, Filter, Page},
-    store::ApprovalStore,
+    store::{APPROVALS, AUDIT, ApprovalStore, page_key, page_of},
 };
 
 /// The later of two lower bounds over the same key space.
@@ -19,10 +19,6 @@ fn later_start(a: Bound<Vec<u8>>, b: Option<Vec<u8>>) -> Bound<Vec<u8>> {
     }
 }
 
-/// The lists' names in their page tokens, so one list's token is refused by the other.
-const APPROVALS: &str = "approvals";
-const AUDIT: &str = "audit";
-
 impl SledStore {
     pub(super) fn list_approvals(
         &self,
@@ -31,46 +27,26 @@ impl SledStore {
         page_token: Option<&str>,
         now_ms: u64,
     ) -> Result<Page<Approval>> {
-        let after = page_token
-            .map(|t| codec::parse_page_token(APPROVALS, t))
-            .transpose()?;
+        let after = page_token.map(|t| page_key(APPROVALS, t)).transpose()?;
         // The index is ordered by creation time, so the age bounds become a key range.
-        let oldest = if filter.max_age_ms > 0 {
-            now_ms.saturating_sub(filter.max_age_ms)
-        } else {
-            0
-        };
+        let oldest = now_ms.saturating_sub(filter.max_age_ms);
+        let oldest = if filter.max_age_ms > 0 { oldest } else { 0 };
         let start = later_start(Bound::Included(codec::created_bound(oldest)), after);
-        let end = if filter.min_age_ms > 0 {
-            let newest = now_ms.saturating_sub(filter.min_age_ms);
-            Bound::Excluded(codec::created_bound(newest.saturating_add(1)))
-        } else {
-            Bound::Unbounded
+        let end = match filter.min_age_ms {
+            0 => Bound::Unbounded,
+            age => Bound::Excluded(codec::created_bound(
+                now_ms.saturating_sub(age).saturating_add(1),
+            )),
         };
-        let mut items = Vec::new();
-        let mut last_key = Vec::new();
-        for entry in self.trees.by_created.range((start, end)) {
+        let found = self.trees.by_created.range((start, end)).map(|entry| {
             let (key, _) = entry?;
             let Some(id) = codec::created_key_id(&key) else {
-                continue;
+                return Ok(None);
             };
-            let Some(approval) = self.get(&id)? else {
-                continue;
-            };
-            if !filter.matches(&approval, now_ms) {
-                continue;
-            }
-            if items.len() == page_size {
-                // One more match exists, so a next page does.
-                return Ok(Page {
-                    items,
-                    next: Some(codec::page_token(APPROVALS, &last_key)),
-                });
-            }
-            last_key = key.to_vec();
-            items.push(approval);
-        }
-        Ok(Page { items, next: None })
+            let approval = self.get(&id)?.filter(|a| filter.matches(a, now_ms));
+            Ok(approval.map(|a| (key.to_vec(), a)))
+        });
+        page_of(found.filter_map(Result::transpose), page_size, APPROVALS)
     }
 
     pub(super) fn list_audit(
@@ -85,31 +61,16 @@ impl SledStore {
         };
         let prefix = codec::owner_prefix(owner);
         let start = match page_token {
-            Some(t) => {
-                Bound::Excluded(codec::owned_key(owner, &codec::parse_page_token(AUDIT, t)?))
-            }
+            Some(t) => Bound::Excluded(codec::owned_key(owner, &page_key(AUDIT, t)?)),
             None => Bound::Included(prefix.clone()),
         };
-        let mut items = Vec::new();
-        let mut last_id = Vec::new();
-        for entry in index.range((start, Bound::Unbounded)) {
-            let (key, _) = entry?;
-            if !key.starts_with(&prefix) {
-                break;
-            }
-            let id = &key[prefix.len()..];
-            let Some(bytes) = self.trees.audit.get(id)? else {
-                continue;
-            };
-            if items.len() == page_size {
-                return Ok(Page {
-                    items,
-                    next: Some(codec::page_token(AUDIT, &last_id)),
-                });
-            }
-            last_id = id.to_vec();
-            items.push(codec::decode(&bytes)?);
-        }
-        Ok(Page { items, next: None })
+        let found = (index.range((start, Bound::Unbounded)))
+            .take_while(|e| e.as_ref().map_or(true, |(k, _)| k.starts_with(&prefix)))
+            .map(|entry| {
+                let id = entry?.0[prefix.len()..].to_vec();
+                let entry = self.trees.audit.get(&id)?.map(|b| codec::decode(&b));
+                entry.transpose().map(|e| e.map(|e| (id, e)))
+            });
+        page_of(found.filter_map(Result::transpose), page_size, AUDIT)
     }
 }

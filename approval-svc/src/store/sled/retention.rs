@@ -12,7 +12,7 @@ use super::{SledStore, codec, trace_key};
 use crate::{
     error::Result,
     model::{Approval, AuditEntry},
-    store::Compacted,
+    store::{ApprovalStore, Compacted},
 };
 
 /// Approvals deleted per transaction, so one pass never holds sled's write lock for long.
@@ -61,7 +61,7 @@ impl SledStore {
                 let Some(id) = codec::created_key_id(&key) else {
                     continue;
                 };
-                match self.load(&id)? {
+                match self.get(&id)? {
                     Some(a) if deletable(&a, cutoff_ms) => batch.push(self.doomed(id)?),
                     _ => {}
                 }
@@ -79,14 +79,6 @@ impl SledStore {
                 _ => return Ok(total),
             }
         }
-    }
-
-    fn load(&self, id: &str) -> Result<Option<Approval>> {
-        self.trees
-            .approvals
-            .get(id.as_bytes())?
-            .map(|b| codec::decode(&b))
-            .transpose()
     }
 
     fn doomed(&self, id: String) -> Result<Doomed> {
