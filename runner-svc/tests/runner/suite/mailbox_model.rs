@@ -12,7 +12,7 @@ use arbor_runner_svc::mailbox::{
     EnqueueRequest, Mailbox, MailboxConfig, MailboxError, MailboxStore, ManualClock,
 };
 use arbor_shared::domain::JobStatus;
-use proptest::prelude::*;
+use proptest::{prelude::*, test_runner::FileFailurePersistence};
 
 const LEASE_MS: u64 = 1_000;
 const START_MS: u64 = 1_700_000_000_000;
@@ -224,12 +224,20 @@ fn pick(model: &Model, i: u8) -> Option<String> {
     }
 }
 
-/// The model check over random sequences: as many cases as the backend's fixture asks for (the
-/// full count on sled, a sample on PostgreSQL, where every case creates a schema). The seeds in
-/// `mailbox_model.proptest-regressions` run first on every backend.
+/// The model check over random sequences: as many cases as the backend asks for (the full
+/// count on sled, a sample on PostgreSQL, where every case creates a schema). The seeds in
+/// `mailbox_model.proptest-regressions`, beside this file, run first on every backend.
 pub fn mailbox_matches_the_model(b: Backend) {
+    let config = ProptestConfig {
+        // Beside the source file, named after it: proptest's default would look in a
+        // directory parallel to the crate's test root instead.
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..ProptestConfig::with_cases(b.model_cases())
+    };
     proptest!(
-        ProptestConfig::with_cases(b.model_cases()),
+        config,
         |(ops in proptest::collection::vec(op(), 1..80))| {
             check(b, ops)?;
         }
