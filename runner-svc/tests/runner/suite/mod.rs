@@ -59,7 +59,7 @@ macro_rules! suite {
             mt4 a_stalled_worker_loses_its_lease_and_its_late_write_is_refused,
         });
         $crate::suite::suite!(@file $backend; mailbox_concurrency {
-            sync sixteen_claimers_take_ten_thousand_jobs_exactly_once,
+            sync sixteen_claimers_take_every_job_exactly_once,
             sync a_second_ack_with_the_same_token_is_refused,
             mt2 pool_claims_sharing_batches_take_every_job_once,
             current a_lone_pool_claimer_takes_jobs_in_claim_order,
