@@ -32,7 +32,7 @@ async fn every_example_tree_in_the_reference_registers() {
         .map(|f| std::fs::read_to_string(format!("{docs}{f}")).expect("a reference page"))
         .join("\n");
     let dir = tempfile::tempdir().unwrap();
-    let runner = common::open_runner(dir.path(), |_| {}).await;
+    let runner = common::Backend::Sled.open_runner(dir.path(), |_| {}).await;
     let mut ids = Vec::new();
     for block in json_blocks(&doc) {
         let value: serde_json::Value = serde_json::from_str(&block)

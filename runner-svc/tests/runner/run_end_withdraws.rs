@@ -48,10 +48,11 @@ const TREE: &str = r#"{"id": "dies", "version": 1, "root": {"type": "parallel", 
 
 /// A runner whose `panics-once` tool fails its first call, with `tree` registered.
 async fn runner_with(dir: &std::path::Path, tree: &str) -> Arc<Runner> {
-    let runner = common::open_runner(dir, |tools| {
-        tools.register(PanicsOnce(AtomicBool::new(false)))
-    })
-    .await;
+    let runner = common::Backend::Sled
+        .open_runner(dir, |tools| {
+            tools.register(PanicsOnce(AtomicBool::new(false)))
+        })
+        .await;
     runner.register_tree(tree, TreeFormat::Json).await.unwrap();
     runner
 }

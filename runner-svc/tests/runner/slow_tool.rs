@@ -34,7 +34,9 @@ impl Tool for Slow {
 #[tokio::test(flavor = "current_thread")]
 async fn a_slow_tool_leaves_the_runtime_free() {
     let dir = tempfile::tempdir().unwrap();
-    let runner = common::open_runner(dir.path(), |tools| tools.register(Slow)).await;
+    let runner = common::Backend::Sled
+        .open_runner(dir.path(), |tools| tools.register(Slow))
+        .await;
     runner
         .register_tree(
             r#"{"id": "slow", "version": 1, "root": {"type": "tool", "name": "t", "tool": "slow", "output": "out"}}"#,

@@ -1,13 +1,9 @@
 //! Helpers the runner's integration tests share.
 //!
-//! **The storage conformance suite.** The tests of this directory that exercise the mailbox
-//! (`mailbox_model`, `mailbox_concurrency`, `lease_takeover`, `interrupt`), the event log and its
-//! cursors (`slow_subscriber`, `retention`) and the state counts (`state_counts`) reach storage
-//! only through `store::Store`, opened by [`open_store`]: they are written against the storage
-//! seam, not against sled. A new backend passes the same suite by being what [`open_store`]
-//! returns: `tests/runner_postgres/main.rs` compiles the same files once more into a second test
-//! binary, and in that binary [`open_store`] and [`store_url`] give a PostgreSQL store (a
-//! schema of its own per directory, on the throwaway cluster of `arbor-testkit`).
+//! **The backends.** [`Backend`] names the store a test runs on: sled (the embedded store in a
+//! directory) or PostgreSQL (a schema of its own per directory, on the throwaway cluster of
+//! `arbor-testkit`). The storage conformance suite (`suite/`) is written against a `Backend`
+//! passed in, and `suite!` instantiates it once per backend; tests outside it name one.
 
 #![allow(clippy::unwrap_used, clippy::panic, dead_code)]
 
@@ -55,50 +51,144 @@ pub async fn approve_first(runner: &Runner, run_id: &str, decision_id: &str) {
         .unwrap();
 }
 
-/// Whether this test binary runs the suite on PostgreSQL (`runner_postgres`) or on sled: each
-/// binary says so at its root.
-pub fn on_postgres() -> bool {
-    crate::ON_POSTGRES
+/// A store the runner can run on; tests of the storage conformance suite are given one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// sled, the embedded store, in the test's directory.
+    Sled,
+    /// PostgreSQL: a schema of its own per test directory, on the shared throwaway cluster.
+    Postgres,
 }
 
-/// On PostgreSQL: the URL of the database standing for `dir` (a schema of its own, created
-/// the first time `dir` is named; the same one afterwards, like a reopened directory).
-/// `None` on sled.
-pub fn store_url(dir: &std::path::Path) -> Option<String> {
-    use std::{collections::HashMap, path::PathBuf, sync::Mutex};
-    static SCHEMAS: Mutex<Option<HashMap<PathBuf, String>>> = Mutex::new(None);
-    if !on_postgres() {
-        return None;
+impl Backend {
+    /// On PostgreSQL: the URL of the database standing for `dir` (a schema of its own, created
+    /// the first time `dir` is named; the same one afterwards, like a reopened directory).
+    /// `None` on sled.
+    pub fn store_url(self, dir: &std::path::Path) -> Option<String> {
+        use std::{collections::HashMap, path::PathBuf, sync::Mutex};
+        static SCHEMAS: Mutex<Option<HashMap<PathBuf, String>>> = Mutex::new(None);
+        if self == Self::Sled {
+            return None;
+        }
+        let mut schemas = SCHEMAS.lock().unwrap();
+        let schemas = schemas.get_or_insert_with(HashMap::new);
+        Some(
+            schemas
+                .entry(dir.to_path_buf())
+                .or_insert_with(|| {
+                    let cluster = arbor_testkit::PgCluster::shared();
+                    // Temporary directories have unique names, so the schema named after one
+                    // is new too.
+                    let name: String = dir
+                        .to_string_lossy()
+                        .chars()
+                        .filter(char::is_ascii_alphanumeric)
+                        .collect::<String>()
+                        .to_lowercase();
+                    let schema = format!("t{}_{name}", std::process::id());
+                    cluster
+                        .psql(&cluster.url(), &format!("CREATE SCHEMA {schema}"))
+                        .unwrap();
+                    format!("{}?options=-c%20search_path%3D{schema}", cluster.url())
+                })
+                .clone(),
+        )
     }
-    let mut schemas = SCHEMAS.lock().unwrap();
-    let schemas = schemas.get_or_insert_with(HashMap::new);
-    Some(
-        schemas
-            .entry(dir.to_path_buf())
-            .or_insert_with(|| {
-                let cluster = arbor_testkit::PgCluster::shared();
-                // Temporary directories have unique names; this binary compiles this module
-                // once per suite file, so a counter here would not be.
-                let name: String = dir
-                    .to_string_lossy()
-                    .chars()
-                    .filter(char::is_ascii_alphanumeric)
-                    .collect::<String>()
-                    .to_lowercase();
-                let schema = format!("t{}_{name}", std::process::id());
-                cluster
-                    .psql(&cluster.url(), &format!("CREATE SCHEMA {schema}"))
-                    .unwrap();
-                format!("{}?options=-c%20search_path%3D{schema}", cluster.url())
-            })
-            .clone(),
-    )
-}
 
-/// The store under test, on a new or existing database in `dir` (sled, the embedded backend,
-/// or PostgreSQL in `runner_postgres`).
-pub fn open_store(dir: &std::path::Path) -> arbor_runner_svc::store::Store {
-    open_blocking(store_config(dir, store_url(dir), Duration::ZERO))
+    /// The store under test, on a new or existing database standing for `dir`.
+    pub fn open_store(self, dir: &std::path::Path) -> arbor_runner_svc::store::Store {
+        open_blocking(store_config(dir, self.store_url(dir), Duration::ZERO))
+    }
+
+    /// [`Backend::open_store`] on a database whose previous handle is still letting go of it.
+    pub async fn reopen_store(self, dir: &std::path::Path) -> arbor_runner_svc::store::Store {
+        let config = store_config(dir, self.store_url(dir), Duration::from_secs(10));
+        arbor_runner_svc::store::open(&config).await.unwrap()
+    }
+
+    /// How many random sequences the mailbox model check runs: all of them on sled; a sample
+    /// on PostgreSQL, where each one creates a schema (the logic above the seam is the same).
+    pub fn model_cases(self) -> u32 {
+        match self {
+            Self::Sled => 256,
+            Self::Postgres => 16,
+        }
+    }
+
+    /// A runner on a new database standing for `dir`, with the built-in tools plus what
+    /// `register` adds, and no workers: a test claims and processes jobs itself, or spawns
+    /// workers.
+    pub async fn open_runner(
+        self,
+        dir: &std::path::Path,
+        register: impl FnOnce(&mut arbor_runner_svc::engine::ToolRegistry),
+    ) -> std::sync::Arc<Runner> {
+        self.open_runner_with(
+            dir,
+            register,
+            arbor_runner_svc::runs::RunnerOptions::default(),
+        )
+        .await
+    }
+
+    /// [`Backend::open_runner`] with `options`.
+    pub async fn open_runner_with(
+        self,
+        dir: &std::path::Path,
+        register: impl FnOnce(&mut arbor_runner_svc::engine::ToolRegistry),
+        options: arbor_runner_svc::runs::RunnerOptions,
+    ) -> std::sync::Arc<Runner> {
+        use arbor_runner_svc::{
+            engine::{GuardConfig, LedgerTool, ToolRegistry},
+            mailbox::SystemClock,
+        };
+        let store = self.open_store(dir);
+        let mut tools = ToolRegistry::with_builtins(
+            LedgerTool::new(store.clone()).unwrap(),
+            GuardConfig::default(),
+        );
+        register(&mut tools);
+        Runner::open(
+            store,
+            std::sync::Arc::new(SystemClock::default()),
+            std::sync::Arc::new(tools),
+            options,
+        )
+        .await
+        .unwrap()
+    }
+
+    /// Serves the database standing for `dir` (new, or the one a stopped [`Served`] left).
+    pub async fn serve(self, dir: &std::path::Path) -> Served {
+        let cfg = arbor_runner_svc::ServeConfig {
+            data_dir: dir.to_path_buf(),
+            store_url: self.store_url(dir),
+            workers: 2,
+            drain: Duration::from_secs(5),
+            ..arbor_runner_svc::ServeConfig::default()
+        };
+        let runner = arbor_runner_svc::open_runner(&cfg).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (health, health_svc) = tonic_health::server::health_reporter();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(arbor_runner_svc::serve_runner(
+            cfg,
+            runner.clone(),
+            listener,
+            async move {
+                let _ = stopped.await;
+            },
+            health,
+            health_svc,
+        ));
+        Served {
+            runner,
+            addr,
+            stop,
+            server,
+        }
+    }
 }
 
 /// What the runner's opener (`store::open`) is given for the store standing for `dir`: the
@@ -141,92 +231,14 @@ pub fn open_postgres(url: &str) -> arbor_runner_svc::store::Store {
     ))
 }
 
-/// [`open_store`] on a database whose previous handle is still letting go of it.
-pub async fn reopen_store(dir: &std::path::Path) -> arbor_runner_svc::store::Store {
-    let config = store_config(dir, store_url(dir), Duration::from_secs(10));
-    arbor_runner_svc::store::open(&config).await.unwrap()
-}
-
-/// A runner on a new database in `dir`, with the built-in tools plus what `register` adds, and
-/// no workers: a test claims and processes jobs itself, or spawns workers.
-pub async fn open_runner(
-    dir: &std::path::Path,
-    register: impl FnOnce(&mut arbor_runner_svc::engine::ToolRegistry),
-) -> std::sync::Arc<Runner> {
-    open_runner_with(
-        dir,
-        register,
-        arbor_runner_svc::runs::RunnerOptions::default(),
-    )
-    .await
-}
-
-/// [`open_runner`] with `options`.
-pub async fn open_runner_with(
-    dir: &std::path::Path,
-    register: impl FnOnce(&mut arbor_runner_svc::engine::ToolRegistry),
-    options: arbor_runner_svc::runs::RunnerOptions,
-) -> std::sync::Arc<Runner> {
-    use arbor_runner_svc::{
-        engine::{GuardConfig, LedgerTool, ToolRegistry},
-        mailbox::SystemClock,
-    };
-    let store = open_store(dir);
-    let mut tools = ToolRegistry::with_builtins(
-        LedgerTool::new(store.clone()).unwrap(),
-        GuardConfig::default(),
-    );
-    register(&mut tools);
-    Runner::open(
-        store,
-        std::sync::Arc::new(SystemClock::default()),
-        std::sync::Arc::new(tools),
-        options,
-    )
-    .await
-    .unwrap()
-}
-
 /// A runner served over gRPC on an ephemeral port of 127.0.0.1 (RunnerService and
-/// WorkerService on one port, run workers and the task lease reaper running), on the store of
-/// `dir` — sled there, or its PostgreSQL schema in `runner_postgres`.
+/// WorkerService on one port, run workers and the task lease reaper running), on the store
+/// [`Backend::serve`] opened.
 pub struct Served {
     pub runner: std::sync::Arc<Runner>,
     pub addr: std::net::SocketAddr,
     stop: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<Result<(), arbor_runner_svc::ServeError>>,
-}
-
-/// Serves the database in `dir` (new, or the one a stopped [`Served`] left).
-pub async fn serve(dir: &std::path::Path) -> Served {
-    let cfg = arbor_runner_svc::ServeConfig {
-        data_dir: dir.to_path_buf(),
-        store_url: store_url(dir),
-        workers: 2,
-        drain: Duration::from_secs(5),
-        ..arbor_runner_svc::ServeConfig::default()
-    };
-    let runner = arbor_runner_svc::open_runner(&cfg).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (health, health_svc) = tonic_health::server::health_reporter();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(arbor_runner_svc::serve_runner(
-        cfg,
-        runner.clone(),
-        listener,
-        async move {
-            let _ = stopped.await;
-        },
-        health,
-        health_svc,
-    ));
-    Served {
-        runner,
-        addr,
-        stop,
-        server,
-    }
 }
 
 impl Served {
@@ -235,7 +247,7 @@ impl Served {
     }
 
     /// Shuts the server down (streams end, workers stop, the store is flushed) and lets go of
-    /// the store, so that [`serve`] can open it again.
+    /// the store, so that [`Backend::serve`] can open it again.
     pub async fn stop(self) {
         let _ = self.stop.send(());
         self.server.await.unwrap().unwrap();

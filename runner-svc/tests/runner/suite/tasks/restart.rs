@@ -3,10 +3,9 @@
 
 use super::rig::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn leased_and_queued_tasks_survive_a_runner_restart() {
+pub async fn leased_and_queued_tasks_survive_a_runner_restart(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(backend, dir.path()).await;
     let doc = json!({"type": "sequence", "name": "main", "children": [
         {"type": "selector", "name": "pick", "children": [
             {"type": "sequence", "name": "held", "children": [
@@ -30,7 +29,7 @@ async fn leased_and_queued_tasks_survive_a_runner_restart() {
     let lease_before = rig.task(&held).await.lease_until.unwrap();
 
     rig.served.stop().await;
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(backend, dir.path()).await;
     let mut w = rig.w();
 
     // The held lease is as it was, and its token still works.

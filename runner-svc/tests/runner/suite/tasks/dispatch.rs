@@ -4,10 +4,9 @@
 
 use super::rig::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_stream_holds_at_most_max_in_flight_tasks_and_every_run_gets_its_output() {
+pub async fn a_stream_holds_at_most_max_in_flight_tasks_and_every_run_gets_its_output(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     rig.register(tree("flow", remote(WORK, json!({})))).await;
     let mut runs = HashMap::new();
     for n in 0..5 {
@@ -82,10 +81,9 @@ async fn a_stream_holds_at_most_max_in_flight_tasks_and_every_run_gets_its_outpu
     rig.served.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_completions_with_one_token_reach_the_run_once() {
+pub async fn concurrent_completions_with_one_token_reach_the_run_once(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     let doc = json!({"type": "sequence", "name": "main", "children": [
         remote(WORK, json!({})),
         {"type": "tool", "name": "record", "tool": "ledger.append",
@@ -139,10 +137,9 @@ async fn concurrent_completions_with_one_token_reach_the_run_once() {
     rig.served.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_long_poll_returns_once_a_task_is_queued_and_empty_after_its_wait() {
+pub async fn a_long_poll_returns_once_a_task_is_queued_and_empty_after_its_wait(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     rig.register(tree("polled", remote(WORK, json!({})))).await;
 
     let started = Instant::now();
@@ -191,10 +188,9 @@ async fn a_long_poll_returns_once_a_task_is_queued_and_empty_after_its_wait() {
 /// A poll that goes away while its dispatch commits (a worker whose connection is cut drops the
 /// RPC) leaves the task leased to it, as a dispatch does, and its TASK_DISPATCHED event is
 /// streamed at once: on an otherwise idle runner no later commit would publish it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dispatch_whose_poller_went_away_is_streamed_at_once() {
+pub async fn a_dispatch_whose_poller_went_away_is_streamed_at_once(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     rig.register(tree("gone", remote(WORK, json!({})))).await;
     let run = rig.submit("gone", json!({"n": 1})).await;
     rig.task_becomes(&run, S::Queued).await;

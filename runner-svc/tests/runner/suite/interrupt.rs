@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common;
+use crate::common::{self, Backend};
 
 use std::{sync::Arc, time::Duration};
 
@@ -27,10 +27,9 @@ const BUSY: &str = r#"{"id": "busy", "version": 1, "root": {"type": "sequence", 
 const WAIT: Duration = Duration::from_secs(20);
 const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "name": "s", "key": "x", "value": 1}}"#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn interrupt_supersedes_queued_work_and_cancels_the_running_run() {
+pub async fn interrupt_supersedes_queued_work_and_cancels_the_running_run(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let store = common::open_store(dir.path());
+    let store = b.open_store(dir.path());
     let ledger = arbor_runner_svc::engine::LedgerTool::new(store.clone()).unwrap();
     let (hold, entered_rx, release_tx) = common::Hold::new();
     let mut tools = ToolRegistry::with_builtins(ledger, GuardConfig::default());

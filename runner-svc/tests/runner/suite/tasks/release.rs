@@ -5,10 +5,9 @@
 
 use super::rig::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_released_task_is_taken_by_another_worker_on_the_same_attempt() {
+pub async fn a_released_task_is_taken_by_another_worker_on_the_same_attempt(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     rig.register(tree("release", remote(WORK, json!({"attempts": 2}))))
         .await;
     let run = rig.submit("release", json!({"n": 5})).await;
@@ -90,10 +89,9 @@ async fn a_released_task_is_taken_by_another_worker_on_the_same_attempt() {
     rig.served.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_release_by_anyone_but_the_lease_holder_is_refused_and_changes_nothing() {
+pub async fn a_release_by_anyone_but_the_lease_holder_is_refused_and_changes_nothing(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     rig.register(tree("release-fence", remote(WORK, json!({}))))
         .await;
     let run = rig.submit("release-fence", json!({"n": 1})).await;
@@ -142,10 +140,11 @@ async fn a_release_by_anyone_but_the_lease_holder_is_refused_and_changes_nothing
     rig.served.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_release_after_the_lease_ran_out_or_the_run_cancelled_the_task_queues_nothing() {
+pub async fn a_release_after_the_lease_ran_out_or_the_run_cancelled_the_task_queues_nothing(
+    b: Backend,
+) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     rig.register(tree("release-late", remote(WORK, json!({}))))
         .await;
     let mut w = rig.w();
@@ -185,10 +184,9 @@ async fn a_release_after_the_lease_ran_out_or_the_run_cancelled_the_task_queues_
     rig.served.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_page_size_above_the_maximum_is_clamped_not_refused() {
+pub async fn a_page_size_above_the_maximum_is_clamped_not_refused(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     rig.register(tree("pages", remote(WORK, json!({})))).await;
     let mut runs = Vec::new();
     for n in 0..3 {

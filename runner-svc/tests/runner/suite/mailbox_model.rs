@@ -1,9 +1,10 @@
-//! Property test: the sled mailbox behaves like a small in-memory model of the DESIGN §5 status
-//! machine under random operation sequences, including expired leases and stale tokens.
+//! Property test: the mailbox, on each backend, behaves like a small in-memory model of the
+//! DESIGN §5 status machine under random operation sequences, including expired leases and
+//! stale tokens.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common;
+use crate::common::Backend;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -11,7 +12,7 @@ use arbor_runner_svc::mailbox::{
     EnqueueRequest, Mailbox, MailboxConfig, MailboxError, MailboxStore, ManualClock,
 };
 use arbor_shared::domain::JobStatus;
-use proptest::prelude::*;
+use proptest::{prelude::*, test_runner::FileFailurePersistence};
 
 const LEASE_MS: u64 = 1_000;
 const START_MS: u64 = 1_700_000_000_000;
@@ -223,18 +224,29 @@ fn pick(model: &Model, i: u8) -> Option<String> {
     }
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
-
-    #[test]
-    fn sled_mailbox_matches_the_model(ops in proptest::collection::vec(op(), 1..80)) {
-        check(ops)?;
-    }
+/// The model check over random sequences: as many cases as the backend asks for (the full
+/// count on sled, a sample on PostgreSQL, where every case creates a schema). The seeds in
+/// `mailbox_model.proptest-regressions`, beside this file, run first on every backend.
+pub fn mailbox_matches_the_model(b: Backend) {
+    let config = ProptestConfig {
+        // Beside the source file, named after it: proptest's default would look in a
+        // directory parallel to the crate's test root instead.
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..ProptestConfig::with_cases(b.model_cases())
+    };
+    proptest!(
+        config,
+        |(ops in proptest::collection::vec(op(), 1..80))| {
+            check(b, ops)?;
+        }
+    );
 }
 
-fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
+fn check(b: Backend, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
-    let store = common::open_store(dir.path());
+    let store = b.open_store(dir.path());
     let counted = store.clone();
     let clock = Arc::new(ManualClock::new(START_MS));
     let (mb, _) = Mailbox::open(store, clock.clone(), cfg()).unwrap();
@@ -498,201 +510,203 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
 }
 
 /// A sequence proptest once found: dedupe ownership across interrupts and requeues.
-#[test]
-fn regression_dedupe_holder_after_interrupts_and_requeues() {
-    check(vec![
-        Op::Ack(57),
-        Op::Enqueue {
-            mailbox: 2,
-            priority: -2,
-            dedupe: Some(0),
-            dedupe_while_claimed: false,
-            delay_ms: 0,
-        },
-        Op::Extend(3),
-        Op::Enqueue {
-            mailbox: 2,
-            priority: -2,
-            dedupe: Some(2),
-            dedupe_while_claimed: true,
-            delay_ms: 2933,
-        },
-        Op::Claim,
-        Op::Enqueue {
-            mailbox: 0,
-            priority: -1,
-            dedupe: Some(0),
-            dedupe_while_claimed: false,
-            delay_ms: 0,
-        },
-        Op::Reap,
-        Op::Claim,
-        Op::Advance(2212),
-        Op::Advance(1735),
-        Op::Advance(2097),
-        Op::Enqueue {
-            mailbox: 0,
-            priority: 0,
-            dedupe: Some(1),
-            dedupe_while_claimed: false,
-            delay_ms: 0,
-        },
-        Op::Advance(80),
-        Op::Claim,
-        Op::Advance(989),
-        Op::Claim,
-        Op::Reap,
-        Op::Enqueue {
-            mailbox: 2,
-            priority: -2,
-            dedupe: Some(2),
-            dedupe_while_claimed: false,
-            delay_ms: 0,
-        },
-        Op::Advance(235),
-        Op::Advance(1863),
-        Op::Reap,
-        Op::Advance(2369),
-        Op::Enqueue {
-            mailbox: 1,
-            priority: -1,
-            dedupe: None,
-            dedupe_while_claimed: false,
-            delay_ms: 0,
-        },
-        Op::Claim,
-        Op::Enqueue {
-            mailbox: 1,
-            priority: 1,
-            dedupe: Some(0),
-            dedupe_while_claimed: true,
-            delay_ms: 2861,
-        },
-        Op::Extend(17),
-        Op::Cancel(180),
-        Op::Advance(304),
-        Op::Enqueue {
-            mailbox: 0,
-            priority: -1,
-            dedupe: Some(2),
-            dedupe_while_claimed: true,
-            delay_ms: 0,
-        },
-        Op::Enqueue {
-            mailbox: 0,
-            priority: 1,
-            dedupe: Some(0),
-            dedupe_while_claimed: true,
-            delay_ms: 484,
-        },
-        Op::Enqueue {
-            mailbox: 1,
-            priority: 1,
-            dedupe: None,
-            dedupe_while_claimed: true,
-            delay_ms: 0,
-        },
-        Op::Enqueue {
-            mailbox: 1,
-            priority: -2,
-            dedupe: None,
-            dedupe_while_claimed: true,
-            delay_ms: 0,
-        },
-        Op::Enqueue {
-            mailbox: 2,
-            priority: -2,
-            dedupe: None,
-            dedupe_while_claimed: true,
-            delay_ms: 2995,
-        },
-        Op::AckStale(6),
-        Op::Reap,
-        Op::Ack(21),
-        Op::Enqueue {
-            mailbox: 2,
-            priority: 0,
-            dedupe: None,
-            dedupe_while_claimed: true,
-            delay_ms: 1887,
-        },
-        Op::Enqueue {
-            mailbox: 0,
-            priority: 2,
-            dedupe: None,
-            dedupe_while_claimed: true,
-            delay_ms: 0,
-        },
-        Op::Claim,
-        Op::Claim,
-        Op::Interrupt(0),
-        Op::Ack(115),
-        Op::Requeue(129),
-        Op::Claim,
-        Op::Claim,
-        Op::Enqueue {
-            mailbox: 0,
-            priority: 1,
-            dedupe: None,
-            dedupe_while_claimed: true,
-            delay_ms: 2857,
-        },
-        Op::Claim,
-        Op::Enqueue {
-            mailbox: 0,
-            priority: -2,
-            dedupe: None,
-            dedupe_while_claimed: true,
-            delay_ms: 471,
-        },
-        Op::Enqueue {
-            mailbox: 0,
-            priority: -2,
-            dedupe: Some(0),
-            dedupe_while_claimed: true,
-            delay_ms: 2887,
-        },
-        Op::Extend(235),
-        Op::Interrupt(2),
-        Op::Interrupt(1),
-        Op::Nack(19, true),
-        Op::Requeue(232),
-        Op::Claim,
-        Op::Nack(103, true),
-        Op::Enqueue {
-            mailbox: 0,
-            priority: 1,
-            dedupe: None,
-            dedupe_while_claimed: true,
-            delay_ms: 0,
-        },
-        Op::Advance(1941),
-        Op::Ack(78),
-        Op::Enqueue {
-            mailbox: 0,
-            priority: 2,
-            dedupe: Some(0),
-            dedupe_while_claimed: false,
-            delay_ms: 0,
-        },
-        Op::Enqueue {
-            mailbox: 1,
-            priority: -2,
-            dedupe: Some(0),
-            dedupe_while_claimed: true,
-            delay_ms: 0,
-        },
-        Op::Claim,
-        Op::Claim,
-        Op::Requeue(26),
-        Op::Claim,
-        Op::Extend(69),
-        Op::Reap,
-        Op::Advance(421),
-        Op::Advance(1788),
-        Op::Claim,
-        Op::Advance(1721),
-        Op::Advance(1411),
-    ])
+pub fn regression_dedupe_holder_after_interrupts_and_requeues(b: Backend) {
+    check(
+        b,
+        vec![
+            Op::Ack(57),
+            Op::Enqueue {
+                mailbox: 2,
+                priority: -2,
+                dedupe: Some(0),
+                dedupe_while_claimed: false,
+                delay_ms: 0,
+            },
+            Op::Extend(3),
+            Op::Enqueue {
+                mailbox: 2,
+                priority: -2,
+                dedupe: Some(2),
+                dedupe_while_claimed: true,
+                delay_ms: 2933,
+            },
+            Op::Claim,
+            Op::Enqueue {
+                mailbox: 0,
+                priority: -1,
+                dedupe: Some(0),
+                dedupe_while_claimed: false,
+                delay_ms: 0,
+            },
+            Op::Reap,
+            Op::Claim,
+            Op::Advance(2212),
+            Op::Advance(1735),
+            Op::Advance(2097),
+            Op::Enqueue {
+                mailbox: 0,
+                priority: 0,
+                dedupe: Some(1),
+                dedupe_while_claimed: false,
+                delay_ms: 0,
+            },
+            Op::Advance(80),
+            Op::Claim,
+            Op::Advance(989),
+            Op::Claim,
+            Op::Reap,
+            Op::Enqueue {
+                mailbox: 2,
+                priority: -2,
+                dedupe: Some(2),
+                dedupe_while_claimed: false,
+                delay_ms: 0,
+            },
+            Op::Advance(235),
+            Op::Advance(1863),
+            Op::Reap,
+            Op::Advance(2369),
+            Op::Enqueue {
+                mailbox: 1,
+                priority: -1,
+                dedupe: None,
+                dedupe_while_claimed: false,
+                delay_ms: 0,
+            },
+            Op::Claim,
+            Op::Enqueue {
+                mailbox: 1,
+                priority: 1,
+                dedupe: Some(0),
+                dedupe_while_claimed: true,
+                delay_ms: 2861,
+            },
+            Op::Extend(17),
+            Op::Cancel(180),
+            Op::Advance(304),
+            Op::Enqueue {
+                mailbox: 0,
+                priority: -1,
+                dedupe: Some(2),
+                dedupe_while_claimed: true,
+                delay_ms: 0,
+            },
+            Op::Enqueue {
+                mailbox: 0,
+                priority: 1,
+                dedupe: Some(0),
+                dedupe_while_claimed: true,
+                delay_ms: 484,
+            },
+            Op::Enqueue {
+                mailbox: 1,
+                priority: 1,
+                dedupe: None,
+                dedupe_while_claimed: true,
+                delay_ms: 0,
+            },
+            Op::Enqueue {
+                mailbox: 1,
+                priority: -2,
+                dedupe: None,
+                dedupe_while_claimed: true,
+                delay_ms: 0,
+            },
+            Op::Enqueue {
+                mailbox: 2,
+                priority: -2,
+                dedupe: None,
+                dedupe_while_claimed: true,
+                delay_ms: 2995,
+            },
+            Op::AckStale(6),
+            Op::Reap,
+            Op::Ack(21),
+            Op::Enqueue {
+                mailbox: 2,
+                priority: 0,
+                dedupe: None,
+                dedupe_while_claimed: true,
+                delay_ms: 1887,
+            },
+            Op::Enqueue {
+                mailbox: 0,
+                priority: 2,
+                dedupe: None,
+                dedupe_while_claimed: true,
+                delay_ms: 0,
+            },
+            Op::Claim,
+            Op::Claim,
+            Op::Interrupt(0),
+            Op::Ack(115),
+            Op::Requeue(129),
+            Op::Claim,
+            Op::Claim,
+            Op::Enqueue {
+                mailbox: 0,
+                priority: 1,
+                dedupe: None,
+                dedupe_while_claimed: true,
+                delay_ms: 2857,
+            },
+            Op::Claim,
+            Op::Enqueue {
+                mailbox: 0,
+                priority: -2,
+                dedupe: None,
+                dedupe_while_claimed: true,
+                delay_ms: 471,
+            },
+            Op::Enqueue {
+                mailbox: 0,
+                priority: -2,
+                dedupe: Some(0),
+                dedupe_while_claimed: true,
+                delay_ms: 2887,
+            },
+            Op::Extend(235),
+            Op::Interrupt(2),
+            Op::Interrupt(1),
+            Op::Nack(19, true),
+            Op::Requeue(232),
+            Op::Claim,
+            Op::Nack(103, true),
+            Op::Enqueue {
+                mailbox: 0,
+                priority: 1,
+                dedupe: None,
+                dedupe_while_claimed: true,
+                delay_ms: 0,
+            },
+            Op::Advance(1941),
+            Op::Ack(78),
+            Op::Enqueue {
+                mailbox: 0,
+                priority: 2,
+                dedupe: Some(0),
+                dedupe_while_claimed: false,
+                delay_ms: 0,
+            },
+            Op::Enqueue {
+                mailbox: 1,
+                priority: -2,
+                dedupe: Some(0),
+                dedupe_while_claimed: true,
+                delay_ms: 0,
+            },
+            Op::Claim,
+            Op::Claim,
+            Op::Requeue(26),
+            Op::Claim,
+            Op::Extend(69),
+            Op::Reap,
+            Op::Advance(421),
+            Op::Advance(1788),
+            Op::Claim,
+            Op::Advance(1721),
+            Op::Advance(1411),
+        ],
+    )
     .unwrap();
 }

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common;
+use crate::common::{self, Backend};
 
 use std::sync::{Arc, Barrier};
 
@@ -11,10 +11,9 @@ use arbor_runner_svc::store::{Abort, T, TxError};
 
 /// Sixteen callers write one new key at once with different values: exactly one writes, every
 /// other one is handed the winner's value, and the winner's value is what stays.
-#[test]
-fn of_racing_writers_of_a_new_key_one_wins_and_the_others_get_its_value() {
+pub fn of_racing_writers_of_a_new_key_one_wins_and_the_others_get_its_value(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let store = common::open_store(dir.path());
+    let store = b.open_store(dir.path());
     for round in 0..20 {
         let key = format!("receipt-{round}");
         let start = Arc::new(Barrier::new(16));
@@ -43,10 +42,9 @@ fn of_racing_writers_of_a_new_key_one_wins_and_the_others_get_its_value() {
 }
 
 /// Writers of different new keys at once never hold each other up or lose a write.
-#[test]
-fn racing_writers_of_different_keys_all_write() {
+pub fn racing_writers_of_different_keys_all_write(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let store = common::open_store(dir.path());
+    let store = b.open_store(dir.path());
     let start = Arc::new(Barrier::new(8));
     let writers: Vec<_> = (0..8)
         .map(|w| {
@@ -69,10 +67,9 @@ fn racing_writers_of_different_keys_all_write() {
 
 /// A read of several keys answers each key's value, in the order asked, across tables, with
 /// `None` for a key that is absent or deleted, as reading them one by one would.
-#[test]
-fn a_read_of_several_keys_answers_each_in_the_order_asked() {
+pub fn a_read_of_several_keys_answers_each_in_the_order_asked(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let store = common::open_store(dir.path());
+    let store = b.open_store(dir.path());
     store
         .transact(|t| {
             t.tree(T::Runs).insert(b"run-1", b"record")?;
@@ -116,10 +113,9 @@ fn a_read_of_several_keys_answers_each_in_the_order_asked() {
 
 /// A scan told how many entries its caller wants answers the same entries, in the same order,
 /// whatever the number: fewer or more than there are, or than a page holds.
-#[test]
-fn a_scan_told_how_many_are_wanted_answers_the_same_entries() {
+pub fn a_scan_told_how_many_are_wanted_answers_the_same_entries(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let store = common::open_store(dir.path());
+    let store = b.open_store(dir.path());
     store
         .transact(|t| {
             for i in (0..700u32).rev() {
@@ -154,10 +150,9 @@ fn a_scan_told_how_many_are_wanted_answers_the_same_entries() {
 /// Reading keys together with the entries under a prefix answers what reading them apart
 /// would: each key's value in the order asked, and every entry under the prefix (not those of
 /// a key that merely starts alike, not a deleted one), in key order.
-#[test]
-fn keys_read_with_a_prefix_answer_as_read_apart() {
+pub fn keys_read_with_a_prefix_answer_as_read_apart(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let store = common::open_store(dir.path());
+    let store = b.open_store(dir.path());
     store
         .transact(|t| {
             t.tree(T::Runs).insert(b"run-1", b"record")?;
@@ -210,10 +205,9 @@ fn keys_read_with_a_prefix_answer_as_read_apart() {
 /// Commits queued together share one transaction, and a store whose reads are round trips reads
 /// the rows they name (`commit_reading`) together, before any of them runs: yet each body reads
 /// what the bodies before it in the transaction wrote, deleted, or (one that aborted) left alone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_body_reads_what_the_bodies_before_it_in_its_batch_left() {
+pub async fn a_body_reads_what_the_bodies_before_it_in_its_batch_left(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let store = common::open_store(dir.path());
+    let store = b.open_store(dir.path());
     store
         .transact(|t| {
             for key in [b"changed", b"deleted", b"aborted"] {
@@ -254,7 +248,7 @@ async fn a_body_reads_what_the_bodies_before_it_in_its_batch_left() {
     .await;
     // The held commit, then the six in one transaction; sled runs that transaction again
     // without the body that aborted, PostgreSQL undoes that body's writes within it.
-    let transactions = if common::on_postgres() { 2 } else { 3 };
+    let transactions = if b == Backend::Postgres { 2 } else { 3 };
     assert_eq!(
         store.stats().batches - batches,
         transactions,

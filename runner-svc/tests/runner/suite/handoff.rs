@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common;
+use crate::common::{self, Backend};
 
 use std::time::Duration;
 
@@ -52,10 +52,9 @@ async fn wait_idle(runner: &Runner, workers: usize) {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_submission_and_a_decision_hand_their_job_to_the_waiting_worker() {
+pub async fn a_submission_and_a_decision_hand_their_job_to_the_waiting_worker(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let runner = common::open_runner(dir.path(), |_| {}).await;
+    let runner = b.open_runner(dir.path(), |_| {}).await;
     runner.register_tree(GATED, TreeFormat::Json).await.unwrap();
     let stop = CancellationToken::new();
     let _workers = pool::spawn(runner.clone(), 1, stop.clone());
@@ -103,11 +102,12 @@ async fn a_submission_and_a_decision_hand_their_job_to_the_waiting_worker() {
     stop.cancel();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_whose_thread_is_busy_stays_queued_until_the_thread_is_free() {
+pub async fn a_job_whose_thread_is_busy_stays_queued_until_the_thread_is_free(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let (hold, entered_rx, release_tx) = common::Hold::new();
-    let runner = common::open_runner(dir.path(), |tools| tools.register(hold)).await;
+    let runner = b
+        .open_runner(dir.path(), |tools| tools.register(hold))
+        .await;
     runner.register_tree(HELD, TreeFormat::Json).await.unwrap();
     runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
     let stop = CancellationToken::new();
@@ -157,10 +157,9 @@ async fn a_job_whose_thread_is_busy_stays_queued_until_the_thread_is_free() {
 /// A step that sets a timer wakes a worker to learn when it is due (the worker that ran the step
 /// does not look at the queue after every job), and a worker that knows of a timer runs it when
 /// due even when a job it was handed meanwhile kept it busy.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_timer_set_by_a_step_runs_when_due_after_its_worker_ran_something_else() {
+pub async fn a_timer_set_by_a_step_runs_when_due_after_its_worker_ran_something_else(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let runner = common::open_runner(dir.path(), |_| {}).await;
+    let runner = b.open_runner(dir.path(), |_| {}).await;
     runner.register_tree(WAITS, TreeFormat::Json).await.unwrap();
     runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
     let stop = CancellationToken::new();
@@ -194,15 +193,14 @@ async fn a_timer_set_by_a_step_runs_when_due_after_its_worker_ran_something_else
 /// or whose deadline passes, drops the RPC) does not take the hand-off with it: the job the
 /// transaction claimed still reaches the worker taken for it, and runs at once — not after the
 /// claim's lease (30 s) runs out.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hand_off_whose_caller_went_away_still_reaches_its_worker() {
+pub async fn a_hand_off_whose_caller_went_away_still_reaches_its_worker(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let options = RunnerOptions::default();
     assert!(
         options.mailbox.lease > WAIT,
         "a lease longer than the test waits"
     );
-    let runner = common::open_runner_with(dir.path(), |_| {}, options).await;
+    let runner = b.open_runner_with(dir.path(), |_| {}, options).await;
     runner.register_tree(QUICK, TreeFormat::Json).await.unwrap();
     let stop = CancellationToken::new();
     let _workers = pool::spawn(runner.clone(), 1, stop.clone());

@@ -3,10 +3,9 @@
 
 use super::rig::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_retryable_failure_waits_out_its_backoff_then_the_next_attempt_succeeds() {
+pub async fn a_retryable_failure_waits_out_its_backoff_then_the_next_attempt_succeeds(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     rig.register(tree("flaky", remote(WORK, json!({})))).await;
     let run = rig.submit("flaky", json!({"n": 5})).await;
     let mut w = rig.w();
@@ -60,10 +59,9 @@ async fn a_retryable_failure_waits_out_its_backoff_then_the_next_attempt_succeed
     rig.served.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_failure_that_is_not_retryable_fails_the_run_at_once() {
+pub async fn a_failure_that_is_not_retryable_fails_the_run_at_once(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     rig.register(tree("fatal", remote(WORK, json!({})))).await;
     let run = rig.submit("fatal", json!({"n": 5})).await;
     let a = rig.take("w-1", &[WORK], 30_000).await;
@@ -100,10 +98,9 @@ async fn a_failure_that_is_not_retryable_fails_the_run_at_once() {
     rig.served.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_thrown_business_error_lands_on_the_blackboard_and_a_selector_falls_back() {
+pub async fn a_thrown_business_error_lands_on_the_blackboard_and_a_selector_falls_back(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     let root = json!({"type": "selector", "name": "route", "children": [
         {"type": "tool", "name": "reserve", "tool": "rs.reserve", "args": {"sku": "x-1"},
          "output": "reservation", "error_output": "reserve_error"},

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common;
+use crate::common::{self, Backend};
 
 use std::time::Duration;
 
@@ -21,12 +21,11 @@ use arbor_shared::{
 const QUICK: &str = r#"{"id": "quick", "version": 1, "root": {"type": "set", "name": "s", "key": "x", "value": 1}}"#;
 const HOUR: Duration = Duration::from_secs(3600);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acked_events_finished_runs_and_final_jobs_are_compacted() {
+pub async fn acked_events_finished_runs_and_final_jobs_are_compacted(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = ServeConfig {
         data_dir: dir.path().to_path_buf(),
-        store_url: common::store_url(dir.path()),
+        store_url: b.store_url(dir.path()),
         workers: 2,
         ..ServeConfig::default()
     };
@@ -146,8 +145,7 @@ async fn acked_events_finished_runs_and_final_jobs_are_compacted() {
 
 /// Tasks of task workers go with the runs they served: an ended task is compacted once it is
 /// past the finished-retention age, a task still waiting for a worker never is.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ended_tasks_are_compacted_and_waiting_ones_kept() {
+pub async fn ended_tasks_are_compacted_and_waiting_ones_kept(b: Backend) {
     use arbor_runner_svc::{
         runs::{ResolveInput, tasks::TaskFilter},
         tasks::TaskState,
@@ -155,7 +153,7 @@ async fn ended_tasks_are_compacted_and_waiting_ones_kept() {
     use arbor_shared::domain::{DecisionSource, Verdict};
 
     let dir = tempfile::tempdir().unwrap();
-    let runner = common::open_runner(dir.path(), |_| {}).await;
+    let runner = b.open_runner(dir.path(), |_| {}).await;
     let workers = arbor_runner_svc::pool::spawn(
         runner.clone(),
         2,

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common;
+use crate::common::{self, Backend};
 
 use arbor_runner_svc::{ServeConfig, engine::TreeFormat, open_runner, pool, runs::SubmitInput};
 use arbor_shared::domain::RunStatus;
@@ -15,12 +15,11 @@ use tokio_util::sync::CancellationToken;
 const RUNS: usize = 48;
 const ROUNDS: usize = 3;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_reads_the_events_this_process_just_committed_from_memory() {
+pub async fn a_stream_reads_the_events_this_process_just_committed_from_memory(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let runner = open_runner(&ServeConfig {
         data_dir: dir.path().to_path_buf(),
-        store_url: common::store_url(dir.path()),
+        store_url: b.store_url(dir.path()),
         workers: 8,
         ..ServeConfig::default()
     })

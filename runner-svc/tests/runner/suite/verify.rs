@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common;
+use crate::common::Backend;
 
 use std::sync::{
     Arc,
@@ -27,10 +27,9 @@ fn submit() -> SubmitInput {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_store_check_sees_no_damage_in_writes_made_while_it_reads() {
+pub async fn the_store_check_sees_no_damage_in_writes_made_while_it_reads(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let runner = common::open_runner(dir.path(), |_| {}).await;
+    let runner = b.open_runner(dir.path(), |_| {}).await;
     runner.register_tree(GATED, TreeFormat::Json).await.unwrap();
     for _ in 0..300 {
         runner.submit(submit()).await.unwrap();

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common;
+use crate::common::Backend;
 
 use std::time::Duration;
 
@@ -25,12 +25,11 @@ fn big_tree() -> String {
     .to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_subscriber_that_stops_reading_is_dropped_and_resumes_from_its_cursor() {
+pub async fn a_subscriber_that_stops_reading_is_dropped_and_resumes_from_its_cursor(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = ServeConfig {
         data_dir: dir.path().to_path_buf(),
-        store_url: common::store_url(dir.path()),
+        store_url: b.store_url(dir.path()),
         workers: 2,
         stream_lag_timeout: Duration::from_millis(300),
         ..ServeConfig::default()

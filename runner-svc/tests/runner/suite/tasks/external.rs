@@ -3,10 +3,9 @@
 
 use super::rig::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_external_node_is_a_task_that_a_worker_or_a_resolve_answers() {
+pub async fn an_external_node_is_a_task_that_a_worker_or_a_resolve_answers(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     let backup = json!({"type": "external", "name": "backup", "execution_kind": "rs.backup",
                         "task": {"db": {"$ref": "db"}}, "output": "snapshot"});
     rig.register(tree("backup", backup)).await;

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common;
+use crate::common::Backend;
 
 use std::{
     sync::{
@@ -58,10 +58,9 @@ const TREE: &str = r#"{
   ]}
 }"#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_stalled_worker_loses_its_lease_and_its_late_write_is_refused() {
+pub async fn a_stalled_worker_loses_its_lease_and_its_late_write_is_refused(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let store = common::open_store(dir.path());
+    let store = b.open_store(dir.path());
     let ledger = LedgerTool::new(store.clone()).unwrap();
     let (release_tx, release_rx) = mpsc::channel();
     let (entered_tx, entered_rx) = mpsc::channel();

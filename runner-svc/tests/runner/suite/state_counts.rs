@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common;
+use crate::common::{self, Backend};
 use common::{approve_first, wait_status};
 
 use std::{sync::Arc, time::Duration};
@@ -45,10 +45,9 @@ fn stored_equals_scan(store: &Store) -> Tally {
     stored
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn counts_follow_runs_through_suspension_resume_cancel_and_retention() {
+pub async fn counts_follow_runs_through_suspension_resume_cancel_and_retention(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let store = common::open_store(dir.path());
+    let store = b.open_store(dir.path());
     let ledger = LedgerTool::new(store.clone()).unwrap();
     let tools = ToolRegistry::with_builtins(ledger, GuardConfig::default());
     let runner = Runner::open(

@@ -4,10 +4,9 @@
 
 use super::rig::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cancelling_a_run_cancels_its_queued_task_and_flags_its_leased_one() {
+pub async fn cancelling_a_run_cancels_its_queued_task_and_flags_its_leased_one(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     rig.register(tree("cancel", remote(WORK, json!({})))).await;
     let mut runs = rig.runs.clone();
     let cancel = |run_id: &str| pb::CancelRunRequest {
@@ -71,10 +70,9 @@ async fn until_cancel_requested(w: &mut Workers, a: &pb::TaskActivation) {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_timeout_or_an_interrupt_cancels_a_leased_task() {
+pub async fn a_timeout_or_an_interrupt_cancels_a_leased_task(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     let limited = json!({"type": "timeout", "name": "limit", "ms": 1500,
                          "child": remote(WORK, json!({}))});
     rig.register(tree("limited", limited)).await;

@@ -4,10 +4,9 @@
 
 use super::rig::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_wrong_token_is_aborted_and_changes_nothing_and_bad_fields_are_invalid() {
+pub async fn a_wrong_token_is_aborted_and_changes_nothing_and_bad_fields_are_invalid(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     rig.register(tree("fence", remote(WORK, json!({})))).await;
     let run = rig.submit("fence", json!({"n": 1})).await;
     let a = rig.take("w-fence", &[WORK], 30_000).await;
@@ -210,10 +209,11 @@ async fn a_wrong_token_is_aborted_and_changes_nothing_and_bad_fields_are_invalid
     rig.served.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_expired_lease_is_tried_again_with_its_details_and_the_old_token_is_aborted() {
+pub async fn an_expired_lease_is_tried_again_with_its_details_and_the_old_token_is_aborted(
+    b: Backend,
+) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     rig.register(tree("expiry", remote(WORK, json!({})))).await;
     let run = rig.submit("expiry", json!({"n": 4})).await;
     let mut w = rig.w();
@@ -282,10 +282,9 @@ async fn an_expired_lease_is_tried_again_with_its_details_and_the_old_token_is_a
     rig.served.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn with_one_attempt_an_expired_lease_fails_the_run() {
+pub async fn with_one_attempt_an_expired_lease_fails_the_run(b: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let rig = Rig::start(dir.path()).await;
+    let rig = Rig::start(b, dir.path()).await;
     rig.register(tree("expiry-once", remote(WORK, json!({"attempts": 1}))))
         .await;
     let run = rig.submit("expiry-once", json!({"n": 4})).await;

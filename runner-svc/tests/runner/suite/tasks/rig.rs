@@ -1,6 +1,7 @@
 //! The harness of the task worker tests: a runner served on an ephemeral port, its RunnerService
 //! and WorkerService clients, the worker calls the tests make, and readers of the runner's state.
 
+pub use crate::common::Backend;
 pub use std::{
     collections::HashMap,
     time::{Duration, Instant},
@@ -29,14 +30,14 @@ pub type Workers = WorkerServiceClient<Channel>;
 
 /// A served runner, its clients, and the runner itself for reading state.
 pub struct Rig {
-    pub served: super::common::Served,
+    pub served: crate::common::Served,
     pub runs: RunnerServiceClient<Channel>,
     pub workers: Workers,
 }
 
 impl Rig {
-    pub async fn start(dir: &std::path::Path) -> Self {
-        let served = super::common::serve(dir).await;
+    pub async fn start(b: Backend, dir: &std::path::Path) -> Self {
+        let served = b.serve(dir).await;
         let runs = RunnerServiceClient::connect(served.url()).await.unwrap();
         let workers = WorkerServiceClient::connect(served.url()).await.unwrap();
         Self {
