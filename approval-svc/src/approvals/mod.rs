@@ -505,7 +505,7 @@ impl<S: ApprovalStore> Approvals<S> {
 
 /// What the policy does with a new request: decides it (allow, deny), hands it to the stages
 /// of the approval rule that matches it, or leaves it to any approver.
-fn plan(policy: &Policy, directory: &Directory, a: &Approval) -> Plan {
+pub fn plan(policy: &Policy, directory: &Directory, a: &Approval) -> Plan {
     if let Some(d) = policy.evaluate(&Subject::from(a)).decision() {
         return Plan::Decide(d);
     }

@@ -27,6 +27,9 @@ use tonic::Code;
 
 use crate::support;
 
+mod governance;
+pub use governance::*;
+
 /// How the suite gets at a backend.
 pub trait Backend: 'static {
     type Store: ApprovalStore;
@@ -79,6 +82,14 @@ macro_rules! suite {
             delivery_attempts_recorded_together_are_each_booked,
             a_batch_of_decisions_is_taken_as_one_at_a_time,
             text_with_nul_characters_is_kept_as_given,
+            two_of_a_group_decide_once_and_the_submitter_is_not_one,
+            a_veto_or_counted_rejections_decide_reject,
+            a_stage_too_small_for_its_quorum_rejects_at_once,
+            a_stage_deadline_escalates_to_the_next_stage,
+            a_delegate_fills_the_delegators_seat,
+            a_claim_held_by_another_is_refused,
+            an_edit_makes_votes_stale_and_a_stale_digest_changes_nothing,
+            sixteen_voters_at_once_decide_once,
         );
     };
     (@cases $backend:ty; $($case:ident),* $(,)?) => {
