@@ -27,6 +27,8 @@ use arbor_tests::{
 use serde_json::json;
 use tonic::{Code, Status};
 
+mod governance;
+
 type Call = Pin<Box<dyn Future<Output = Result<(), Status>> + Send>>;
 
 struct Case {
@@ -257,6 +259,7 @@ async fn every_row(cluster: &Cluster, tokens: Tokens) {
 
     let mut cases = runner_cases(&fx);
     cases.extend(approval_cases(&fx));
+    cases.extend(governance::cases(&fx));
     cases.extend(credential_cases(&fx));
     println!("bad input: {} cases", cases.len());
     let mut failures = Vec::new();
