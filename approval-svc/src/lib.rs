@@ -19,6 +19,7 @@ pub mod retention;
 pub mod runner;
 pub mod server;
 pub mod store;
+pub mod webhooks;
 
 pub use config::{ServeConfig, Tuning};
 pub use error::Error;

@@ -8,11 +8,13 @@ use serde_json::{Map, Value as Json};
 
 use super::{
     ACTOR_RUNNER, ACTOR_SERVICE, ACTOR_TIMEOUT, DeliveryOutcome, Put, Resolved, backend::Records,
+    webhooks::enqueue,
 };
 use crate::{
     error::Error,
     lifecycle::{ApprovalState, Transition},
     model::{Approval, AuditAction, AuditEntry, NewDecision},
+    webhooks::EventKind,
 };
 
 type Outcome<R, T> = Result<T, <R as Records>::Fail>;
@@ -106,6 +108,7 @@ pub(super) fn put_deciding<R: Records>(
     let Some((decision, decision_id)) = decision else {
         tx.save(None, &approval)?;
         tx.append(requested)?;
+        enqueue(tx, EventKind::Requested, &approval)?;
         return Ok(Put {
             approval,
             created: true,
@@ -117,6 +120,9 @@ pub(super) fn put_deciding<R: Records>(
     n.version = approval.version;
     tx.save(None, &n)?;
     tx.audit_all(vec![requested, entry])?;
+    // Told as it happened: requested, then decided.
+    enqueue(tx, EventKind::Requested, &approval)?;
+    enqueue(tx, EventKind::Decided, &n)?;
     Ok(Put {
         approval: n,
         created: true,
@@ -165,6 +171,7 @@ pub(super) fn resolve<R: Records>(
     let (n, entry) = decided(tx, &a, decision, decision_id)?;
     tx.save(Some(&a), &n)?;
     tx.append(entry)?;
+    enqueue(tx, EventKind::Decided, &n)?;
     Ok(Resolved {
         approval: n,
         duplicate: false,
@@ -220,7 +227,9 @@ pub(super) fn expire<R: Records>(
     .into_decision(decision_id.to_string(), tx.now());
     let entry = AuditEntry::about(&n, AuditAction::Expired, ACTOR_TIMEOUT).with_decision(&d);
     n.decision = Some(d);
-    write(tx, &a, n, entry)
+    let n = write(tx, &a, n, entry)?;
+    enqueue(tx, EventKind::Expired, &n)?;
+    Ok(n)
 }
 
 /// Counts a delivery attempt of the decision the approval holds; `None` when it holds

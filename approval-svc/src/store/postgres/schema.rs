@@ -11,7 +11,7 @@ use arbor_shared::postgres::Schema;
 
 pub const SCHEMA: Schema = Schema {
     component: "approval",
-    migrations: &[V1, V2, V3],
+    migrations: &[V1, V2, V3, super::webhooks::MIGRATION],
 };
 
 const V1: &str = "

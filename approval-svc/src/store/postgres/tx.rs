@@ -32,7 +32,8 @@ use super::{
 use crate::{
     error::Error,
     model::{Approval, AuditEntry},
-    store::backend::Records,
+    store::{backend::Records, webhooks::Queued},
+    webhooks::Routes,
 };
 
 /// How a transaction body fails: a business outcome, or the database.
@@ -78,11 +79,13 @@ pub struct PgTx<'c> {
     /// Arrival numbers taken ahead from the sequence, handed out in order.
     arrivals: RefCell<VecDeque<u64>>,
     begin: LazyBegin,
+    /// Which webhook endpoints want which events.
+    routes: &'c Routes,
 }
 
 impl<'c> PgTx<'c> {
     /// A transaction whose times are `now` (the database's clock, as the store reads it).
-    pub fn begin(client: &'c Object, instance: &'c str, now: u64) -> Self {
+    pub fn begin(client: &'c Object, instance: &'c str, now: u64, routes: &'c Routes) -> Self {
         Self {
             client,
             now,
@@ -94,6 +97,7 @@ impl<'c> PgTx<'c> {
             ahead: RefCell::default(),
             arrivals: RefCell::default(),
             begin: LazyBegin::new("BEGIN"),
+            routes,
         }
     }
 
@@ -454,6 +458,17 @@ impl Records for PgTx<'_> {
         }
         let (sql, params) = self.audit_statement(audits, audit);
         self.defer(sql, params);
+        Ok(())
+    }
+
+    fn webhook_routes(&self) -> &Routes {
+        self.routes
+    }
+
+    /// Kept until the next statement, like an audit entry.
+    fn put_webhook(&self, endpoint: &str, message: &Queued) -> Result<(), Fail> {
+        let (sql, params) = super::webhooks::insert(endpoint, message)?;
+        self.defer(sql.into(), params);
         Ok(())
     }
 

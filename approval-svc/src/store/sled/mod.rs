@@ -10,6 +10,7 @@
 mod codec;
 mod query;
 mod retention;
+mod webhooks;
 
 use std::{collections::HashMap, path::Path, sync::Arc, time::Duration};
 
@@ -28,11 +29,13 @@ use super::{
     ApprovalStore, Compacted,
     backend::{Backend, Records},
     rules,
+    webhooks::{Queued, RouteCell, routes_in},
 };
 use crate::{
     error::{Error, Result},
     lifecycle::ApprovalState,
     model::{Approval, AuditEntry, AuditQuery, Filter, Page},
+    webhooks::Routes,
 };
 
 impl From<sled::Error> for Error {
@@ -95,6 +98,8 @@ struct Trees {
     pub audit_by_request: sled::Tree,
     pub audit_by_run: sled::Tree,
     pub meta: sled::Tree,
+    /// Which webhook endpoints want which events.
+    pub routes: RouteCell,
 }
 
 /// Approvals in a sled database.
@@ -136,6 +141,7 @@ pub struct Tx<'a> {
     audit_by_run: &'a TransactionalTree,
     meta: &'a TransactionalTree,
     now: u64,
+    routes: &'a Routes,
 }
 
 fn lift<T>(r: Result<T>) -> TxResult<T> {
@@ -217,6 +223,14 @@ impl Records for Tx<'_> {
         self.audit_by_run
             .insert(codec::owned_key(&entry.run_id, &key), &[][..])?;
         Ok(entry)
+    }
+
+    fn webhook_routes(&self) -> &Routes {
+        self.routes
+    }
+
+    fn put_webhook(&self, endpoint: &str, message: &Queued) -> TxResult<()> {
+        webhooks::put(self, endpoint, message)
     }
 
     fn put_trace(&self, request_id: &str, traceparent: &str) -> TxResult<()> {
@@ -316,6 +330,7 @@ impl SledStore {
             audit_by_request: db.open_tree("audit_by_request")?,
             audit_by_run: db.open_tree("audit_by_run")?,
             meta: db.open_tree("meta")?,
+            routes: RouteCell::default(),
         };
         count_pending_once(&trees)?;
         let gc = GroupCommit::start(db.clone(), path.to_path_buf());
@@ -346,6 +361,7 @@ impl Trees {
         f: impl Fn(&Tx<'_>) -> std::result::Result<T, ConflictableTransactionError<E>>,
     ) -> std::result::Result<T, TransactionError<E>> {
         let now = now_ms();
+        let routes = routes_in(&self.routes);
         (
             &self.approvals,
             &self.by_created,
@@ -369,6 +385,7 @@ impl Trees {
                     audit_by_run: ar,
                     meta: m,
                     now,
+                    routes,
                 })
             })
     }
