@@ -21,6 +21,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once at start-up: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the service.

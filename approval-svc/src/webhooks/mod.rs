@@ -149,10 +149,10 @@ pub fn payload(kind: EventKind, a: &Approval, now_ms: u64, routes: &Routes) -> S
         obj.insert(
             "decision".into(),
             json!({
-                "kind": d.kind.as_str(),
+                "kind": d.kind.as_str().to_uppercase(),
                 "decided_by": d.decided_by,
                 "reason": d.reason,
-                "source": crate::metrics::source_label(d.source),
+                "source": crate::metrics::source_label(d.source).to_uppercase(),
             }),
         );
     }
