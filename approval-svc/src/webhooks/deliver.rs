@@ -127,6 +127,7 @@ impl<S: ApprovalStore> EndpointDelivery<S> {
                             self.logged(&kind, || {
                                 format!("webhook {} not delivered: {why}", queued.message.id)
                             });
+                            self.show_backlog();
                             if !self.pause(backoff.next_delay()).await {
                                 return self.stopped();
                             }
