@@ -83,6 +83,16 @@ impl<S: ApprovalStore> EndpointDelivery<S> {
         let name = self.endpoint.name.clone();
         let mut backoff = Backoff::new(self.retry.min, self.retry.max);
         tracing::info!(endpoint = %name, "delivering webhooks");
+        // Every outcome is exported from the start, so rate() and absent() behave.
+        for outcome in ["delivered", "rejected", "failed"] {
+            let _ = self
+                .metrics
+                .webhook_deliveries
+                .get_or_create(&WebhookLabels {
+                    endpoint: name.clone(),
+                    outcome,
+                });
+        }
         while !self.shutdown.is_cancelled() {
             let page = match self.store.webhook_page(&name, PAGE) {
                 Ok(page) => page,

@@ -27,6 +27,9 @@ use tonic::Code;
 
 use crate::support;
 
+mod webhooks;
+pub use webhooks::*;
+
 /// How the suite gets at a backend.
 pub trait Backend: 'static {
     type Store: ApprovalStore;
@@ -79,6 +82,7 @@ macro_rules! suite {
             delivery_attempts_recorded_together_are_each_booked,
             a_batch_of_decisions_is_taken_as_one_at_a_time,
             text_with_nul_characters_is_kept_as_given,
+            webhooks_are_queued_with_their_change_and_only_with_it,
         );
     };
     (@cases $backend:ty; $($case:ident),* $(,)?) => {
