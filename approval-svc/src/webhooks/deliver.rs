@@ -104,7 +104,10 @@ impl<S: ApprovalStore> EndpointDelivery<S> {
                     continue;
                 }
             };
-            self.show_backlog();
+            // Counted once a page (and after a failure, when new messages may have come), and
+            // counted down as messages go: a count per message would read a long backlog over
+            // and over while it drains.
+            let mut backlog = self.show_backlog();
             if page.is_empty() {
                 self.idle().await;
                 continue;
@@ -137,14 +140,18 @@ impl<S: ApprovalStore> EndpointDelivery<S> {
                             self.logged(&kind, || {
                                 format!("webhook {} not delivered: {why}", queued.message.id)
                             });
-                            self.show_backlog();
+                            backlog = self.show_backlog();
                             if !self.pause(backoff.next_delay()).await {
                                 return self.stopped();
                             }
                         }
                     }
                 }
-                self.show_backlog();
+                backlog = backlog.map(|n| n.saturating_sub(1));
+                if let Some(n) = backlog {
+                    self.backlog_gauge()
+                        .set(i64::try_from(n).unwrap_or(i64::MAX));
+                }
                 if self.shutdown.is_cancelled() {
                     break;
                 }
@@ -167,11 +174,12 @@ impl<S: ApprovalStore> EndpointDelivery<S> {
             .clone()
     }
 
-    fn show_backlog(&self) {
-        if let Ok(n) = self.store.webhook_backlog(&self.endpoint.name) {
-            self.backlog_gauge()
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
+    /// Counts the messages waiting and shows the count; `None` when they cannot be counted.
+    fn show_backlog(&self) -> Option<u64> {
+        let n = self.store.webhook_backlog(&self.endpoint.name).ok()?;
+        self.backlog_gauge()
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+        Some(n)
     }
 
     fn count(&self, outcome: &'static str) {
