@@ -2,11 +2,17 @@
 //! the test that verifies every signature with the published `standardwebhooks` crate. Messages
 //! queued while the endpoint hangs are shown as its backlog, survive a SIGKILL of approval-svc,
 //! and after the restart reach the receiver, which fails its first answers and deduplicates by
-//! `webhook-id`: every event is seen exactly once.
+//! `webhook-id`: every event is seen exactly once. A bad webhooks file stops start-up.
+
+use std::time::Duration;
 
 use arbor_shared::proto::approval::v1 as apb;
 use arbor_testkit::webhooks::WebhookReceiver;
-use arbor_tests::{Cluster, Profile, WAIT, eventually, flow, gate_tree, scrape::scrape};
+use arbor_tests::{
+    Binaries, Cluster, Profile, WAIT, eventually, flow, gate_tree,
+    process::{free_port, run_to_exit},
+    scrape::scrape,
+};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -90,4 +96,56 @@ async fn webhooks_pending_across_a_sigkill_reach_the_receiver_once_each() {
         (1..=2).contains(&failures),
         "failures are logged, once per interval: {failures} lines"
     );
+}
+
+/// A mistake in the webhooks file stops start-up, non-zero, naming the file, the endpoint and
+/// the accepted values, and never showing the secret.
+#[tokio::test]
+async fn a_bad_webhooks_file_stops_start_up_and_says_what_is_accepted() {
+    let bins = Binaries::get(Profile::Debug);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("webhooks.toml");
+    for (toml, wanted) in [
+        (
+            format!(
+                "link_base = \"https://inbox.example\"\n[[endpoint]]\nname = \"chat\"\n\
+                 url = \"https://hooks.example/x\"\nsecret = \"{SECRET}\"\n\
+                 events = [\"decided\", \"approved\"]\n"
+            ),
+            vec![
+                "endpoint \"chat\"",
+                "\"approved\"",
+                "requested, voted, stage_opened",
+            ],
+        ),
+        (
+            "[[endpoint]]\nname = \"chat\"\nurl = \"https://hooks.example/x\"\n\
+             secret = \"whsec_c2hvcnQ=\"\nevents = [\"decided\"]\n"
+                .to_string(),
+            vec!["endpoint \"chat\"", "secret decodes to 5 bytes", "24 to 64"],
+        ),
+    ] {
+        std::fs::write(&file, toml).unwrap();
+        let args = vec![
+            "serve".to_string(),
+            "--listen".into(),
+            format!("127.0.0.1:{}", free_port()),
+            "--data-dir".into(),
+            dir.path().join("data").display().to_string(),
+            "--metrics-listen".into(),
+            "off".into(),
+            "--webhooks".into(),
+            file.display().to_string(),
+        ];
+        let exited = run_to_exit(&bins.approval, &args, Duration::from_secs(20)).await;
+        assert!(
+            !exited.timed_out && exited.code.is_some_and(|c| c != 0),
+            "{exited:?}"
+        );
+        for w in wanted.into_iter().chain([file.to_str().unwrap()]) {
+            assert!(exited.stderr.contains(w), "{w:?} in {}", exited.stderr);
+        }
+        assert!(!exited.stderr.contains("MfKQ9r8"), "{}", exited.stderr);
+        assert!(!exited.stderr.contains("panicked"), "{}", exited.stderr);
+    }
 }
