@@ -193,12 +193,11 @@ impl<S: ApprovalStore> EndpointDelivery<S> {
     }
 
     /// Logs a failure of kind `kind`, at most once per `LOG_EVERY` with how many were passed
-    /// over; never the secret or the payload.
+    /// over; never the secret, the payload or the URL (some services put a token in it).
     fn logged(&self, kind: &str, message: impl FnOnce() -> String) {
         if let Some(passed_over) = self.log.admit(kind) {
             tracing::warn!(
                 endpoint = %self.endpoint.name,
-                url = %self.endpoint.url,
                 passed_over,
                 "{}",
                 message()
