@@ -39,6 +39,8 @@ pub struct ServeConfig {
     /// The name this replica goes by in `GetLeader`, the `arbor_approval_leader` gauge and the
     /// log; `None`: its host name and the port it serves (see [`crate::leader::default_name`]).
     pub replica_name: Option<String>,
+    /// Signed webhooks: the endpoints and the events each wants (none by default).
+    pub webhooks: crate::webhooks::WebhookConfig,
 }
 
 impl ServeConfig {
@@ -60,6 +62,7 @@ impl ServeConfig {
             tls: None,
             runner_tls: None,
             replica_name: None,
+            webhooks: Default::default(),
         }
     }
 }

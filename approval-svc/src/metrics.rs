@@ -13,7 +13,7 @@ use arbor_shared::{
 };
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
 
@@ -26,6 +26,19 @@ pub struct SourceLabels {
 pub struct DecisionLabels {
     pub source: &'static str,
     pub decision: &'static str,
+}
+
+/// A webhook endpoint, by its name in the webhooks file.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    pub endpoint: String,
+}
+
+/// How one delivery to a webhook endpoint went (`delivered`, `rejected`, `failed`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookLabels {
+    pub endpoint: String,
+    pub outcome: &'static str,
 }
 
 /// People take minutes to days; policies and timeouts milliseconds. Seconds, 10 ms to 1 week.
@@ -60,6 +73,9 @@ pub struct Metrics {
     /// Seconds from the request's arrival here to its decision, by source.
     pub decision_latency: Family<SourceLabels, Histogram, fn() -> Histogram>,
     pub decisions: Family<DecisionLabels, Counter>,
+    /// Gauge: webhook messages waiting for each endpoint (kept by the leader's delivery).
+    pub webhook_backlog: Family<EndpointLabels, Gauge>,
+    pub webhook_deliveries: Family<WebhookLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -79,6 +95,8 @@ impl Default for Metrics {
             retained_audit_entries: AtomicU64::new(0),
             decision_latency: Family::new_with_constructor(latency_histogram),
             decisions: Family::default(),
+            webhook_backlog: Family::default(),
+            webhook_deliveries: Family::default(),
         }
     }
 }
@@ -162,6 +180,16 @@ pub fn registry(
         "arbor_approval_decisions",
         "Decisions taken (duplicates not counted), by source and decision.",
         metrics.decisions.clone(),
+    );
+    registry.register(
+        "arbor_approval_webhook_backlog",
+        "Webhook messages waiting for delivery, by endpoint (kept by the leader).",
+        metrics.webhook_backlog.clone(),
+    );
+    registry.register(
+        "arbor_approval_webhook_deliveries",
+        "Webhook delivery attempts, by endpoint and outcome (delivered, rejected, failed).",
+        metrics.webhook_deliveries.clone(),
     );
     registry.register_collector(Box::new(ScrapeCollector::new(move |s| {
         let m = &*metrics;

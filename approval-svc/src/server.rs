@@ -140,6 +140,7 @@ async fn serve<S: ApprovalStore>(
         replica = %replica,
         "approval-svc starting"
     );
+    store.route_webhooks(cfg.webhooks.routes());
     let approvals = Approvals::new(Arc::new(store), cfg.policy.clone())
         .named(replica)
         .with_directory(cfg.auth.directory());
@@ -325,7 +326,15 @@ async fn lead<S: ApprovalStore>(leader: Leader<S>, stop: CancellationToken) {
 
 impl<S: ApprovalStore> Leader<S> {
     fn start(&self, round: CancellationToken) -> Vec<JoinHandle<()>> {
-        vec![
+        let approvals = self.approvals.clone();
+        let webhooks = crate::webhooks::deliver::start(
+            self.approvals.shared_store(),
+            self.approvals.shared_metrics(),
+            &self.cfg.webhooks,
+            move || approvals.subscribe(),
+            round.clone(),
+        );
+        let mut loops = vec![
             tokio::spawn(
                 Subscriber {
                     approvals: self.approvals.clone(),
@@ -361,6 +370,8 @@ impl<S: ApprovalStore> Leader<S> {
                 }
                 .run(),
             ),
-        ]
+        ];
+        loops.extend(webhooks);
+        loops
     }
 }

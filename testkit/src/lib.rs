@@ -19,6 +19,7 @@
 
 mod bins;
 pub mod proxy;
+pub mod webhooks;
 
 use std::{
     io::Read as _,

@@ -22,6 +22,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once at start-up: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the service.
@@ -201,6 +203,9 @@ pub struct ServeArgs {
     /// Approval policy (TOML); without it every approval waits for a person.
     #[arg(long, env = "ARBOR_POLICY")]
     pub policy: Option<PathBuf>,
+    /// Signed webhooks (TOML): endpoints, their secrets and the events each wants.
+    #[arg(long, env = "ARBOR_WEBHOOKS")]
+    pub webhooks: Option<PathBuf>,
     /// Bearer tokens of the callers (TOML); without it only loopback is served.
     #[arg(long, env = "ARBOR_TOKENS")]
     pub tokens: Option<PathBuf>,
@@ -266,6 +271,9 @@ impl ServeArgs {
         }
         if let Some(path) = &self.policy {
             cfg.policy = Policy::from_file(path)?;
+        }
+        if let Some(path) = &self.webhooks {
+            cfg.webhooks = arbor_approval_svc::webhooks::WebhookConfig::from_file(path)?;
         }
         if let Some(path) = &self.tokens {
             cfg.auth = Authenticator::from_file(path)?;

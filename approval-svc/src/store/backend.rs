@@ -6,10 +6,12 @@
 
 use std::{collections::HashMap, future::Future};
 
+use super::webhooks::Queued;
 use crate::{
     error::{Error, Result},
     governance::seat::Delegation,
     model::{Approval, AuditEntry},
+    webhooks::Routes,
 };
 
 /// How one transaction of a backend is run.
@@ -83,6 +85,12 @@ pub trait Records {
 
     /// Removes a delegation; whether there was one.
     fn delete_delegation(&self, id: &str) -> Result<Option<Delegation>, Self::Fail>;
+
+    /// Which webhook endpoint wants which events (see `webhooks::enqueue`).
+    fn webhook_routes(&self) -> &Routes;
+
+    /// Queues `message` for the webhook endpoint `endpoint` with the transaction.
+    fn put_webhook(&self, endpoint: &str, message: &Queued) -> Result<(), Self::Fail>;
 
     /// Writes a request's W3C `traceparent` with the transaction.
     fn put_trace(&self, request_id: &str, traceparent: &str) -> Result<(), Self::Fail>;

@@ -16,6 +16,7 @@ mod ops;
 mod postgres;
 mod rules;
 mod sled;
+pub mod webhooks;
 
 use std::{collections::HashSet, future::Future};
 
@@ -32,6 +33,7 @@ pub use self::postgres::{OPEN_PATIENCE as PG_OPEN_PATIENCE, PgStore};
 pub use self::sled::{SledStore, open};
 
 pub use self::backend::{Backend, Records};
+pub use self::webhooks::WebhookOutbox;
 pub use rules::Plan;
 
 use crate::{
@@ -146,7 +148,7 @@ impl Leadership {
 /// Durable approvals. Writes resolve once durable; reads see every answered write. The writes
 /// are written once, here, over the [`Backend`] seam (see `ops` for what a batch does); a
 /// backend implements the reads, notifications and leadership.
-pub trait ApprovalStore: Backend {
+pub trait ApprovalStore: Backend + WebhookOutbox {
     /// Stores a runner request as PENDING. Idempotent by request id: a known id, including a
     /// pruned tombstone or a cancelled one, returns the stored record unchanged.
     fn put_request(

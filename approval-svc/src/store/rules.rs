@@ -8,11 +8,13 @@ use serde_json::{Map, Value as Json};
 
 use super::{
     ACTOR_RUNNER, ACTOR_SERVICE, ACTOR_TIMEOUT, DeliveryOutcome, Put, Resolved, backend::Records,
+    webhooks::enqueue,
 };
 use crate::{
     error::Error,
     lifecycle::{ApprovalState, Transition},
     model::{Approval, AuditAction, AuditEntry, NewDecision},
+    webhooks::EventKind,
 };
 
 type Outcome<R, T> = Result<T, <R as Records>::Fail>;
@@ -137,7 +139,12 @@ pub(super) fn put_deciding<R: Records>(
             e.ext.args_digest = g.proposal.digest.clone();
             e.with_reason(format!("eligible: {}", g.eligible.join(", ")))
         });
+        let governed = opened.is_some();
         tx.audit_all(std::iter::once(requested).chain(opened).collect())?;
+        enqueue(tx, EventKind::Requested, &approval)?;
+        if governed {
+            enqueue(tx, EventKind::StageOpened, &approval)?;
+        }
         return Ok(Put {
             approval,
             created: true,
@@ -149,6 +156,9 @@ pub(super) fn put_deciding<R: Records>(
     n.version = approval.version;
     tx.save(None, &n)?;
     tx.audit_all(vec![requested, entry])?;
+    // Told as it happened: requested, then decided.
+    enqueue(tx, EventKind::Requested, &approval)?;
+    enqueue(tx, EventKind::Decided, &n)?;
     Ok(Put {
         approval: n,
         created: true,
@@ -218,8 +228,10 @@ pub(super) fn resolve<R: Records>(
         return settle_vote(tx, &a, counted, decision_id, Transition::Decide);
     }
     let (n, entry) = decided(tx, &a, decision, decision_id, Transition::Decide)?;
+    let n = write(tx, &a, n, entry)?;
+    enqueue(tx, EventKind::Decided, &n)?;
     Ok(Resolved {
-        approval: write(tx, &a, n, entry)?,
+        approval: n,
         duplicate: false,
         traceparent: None,
     })
@@ -252,12 +264,32 @@ fn settle_vote<R: Records>(
         }
     };
     tx.save(Some(a), &n)?;
+    let events: Vec<EventKind> = entries
+        .iter()
+        .filter_map(|e| webhook_of(e.action))
+        .collect();
     tx.audit_all(entries)?;
+    for event in events {
+        enqueue(tx, event, &n)?;
+    }
     Ok(Resolved {
         approval: n,
         duplicate: false,
         traceparent: None,
     })
+}
+
+/// The webhook event an audit entry of a governed change is told as.
+fn webhook_of(action: AuditAction) -> Option<EventKind> {
+    match action {
+        AuditAction::Voted => Some(EventKind::Voted),
+        AuditAction::StageOpened => Some(EventKind::StageOpened),
+        AuditAction::Escalated => Some(EventKind::Escalated),
+        AuditAction::Reminded => Some(EventKind::Reminded),
+        AuditAction::Decided => Some(EventKind::Decided),
+        AuditAction::Expired => Some(EventKind::Expired),
+        _ => None,
+    }
 }
 
 /// `a` decided with `decision` (its id `decision_id`) by `event` (a decision or the deadline),
@@ -318,7 +350,9 @@ pub(super) fn expire<R: Records>(
         expected_digest: String::new(),
     };
     let (n, entry) = decided(tx, &a, &d, decision_id, Transition::Expire)?;
-    write(tx, &a, n, entry)
+    let n = write(tx, &a, n, entry)?;
+    enqueue(tx, EventKind::Expired, &n)?;
+    Ok(n)
 }
 
 /// Counts a delivery attempt of the decision the approval holds; `None` when it holds

@@ -15,3 +15,4 @@ mod retention;
 mod runner_loop;
 mod store_postgres;
 mod store_sled;
+mod webhooks;

@@ -928,6 +928,7 @@ async fn a_version_2_database_is_upgraded_with_everything_in_it() {
         "ALTER TABLE approval_records ALTER COLUMN record TYPE jsonb USING record::jsonb; \
          ALTER TABLE approval_audit ALTER COLUMN entry TYPE jsonb USING entry::jsonb; \
          DROP TABLE approval_delegations; \
+         DROP TABLE approval_webhooks; \
          UPDATE arbor_schema SET version = 2 WHERE component = 'approval'",
     )
     .await;
@@ -940,7 +941,7 @@ async fn a_version_2_database_is_upgraded_with_everything_in_it() {
     assert_eq!(sql(column_types).await, "text text");
     assert_eq!(
         sql("SELECT version FROM arbor_schema WHERE component = 'approval'").await,
-        "4"
+        "5"
     );
     assert_eq!(store.get("r1").unwrap().unwrap(), decided);
     assert_eq!(store.get("r2").unwrap().unwrap(), pending);

@@ -14,7 +14,7 @@ use std::{
 };
 
 use arbor_shared::proto::{approval::v1 as apb, runner::v1 as rpb};
-use arbor_testkit::PgCluster;
+use arbor_testkit::{PgCluster, webhooks::WebhookReceiver};
 use arbor_tests::{
     Cluster, Profile, WAIT, eventually, flow, gate_tree, process::workspace_root, scrape::scrape,
 };
@@ -130,14 +130,19 @@ async fn every_metric_the_docs_name_is_emitted_and_every_emitted_one_is_document
     }
 
     let mut emitted = BTreeMap::new();
-    let sled = Cluster::start(Profile::Debug).await;
+    // An endpoint, so that the webhook metrics are emitted too.
+    let receiver = WebhookReceiver::start(HOOK_SECRET).await;
+    let hooks = tempfile::tempdir().unwrap();
+    let webhooks = webhooks_args(hooks.path(), &receiver);
+    let sled = Cluster::start_with(Profile::Debug, Vec::new(), webhooks.clone()).await;
     emitted.extend(families_after_one_approval(&sled).await);
     drop(sled);
     let url = tokio::task::spawn_blocking(|| PgCluster::shared().fresh_database("docs_metrics"))
         .await
         .unwrap();
     let store = vec!["--store".to_string(), url];
-    let postgres = Cluster::start_with(Profile::Debug, store.clone(), store).await;
+    let postgres =
+        Cluster::start_with(Profile::Debug, store.clone(), [store, webhooks].concat()).await;
     emitted.extend(families_after_one_approval(&postgres).await);
 
     let family_of = |name: &str| -> Option<String> {
@@ -170,6 +175,20 @@ async fn every_metric_the_docs_name_is_emitted_and_every_emitted_one_is_document
         undocumented.is_empty(),
         "metrics emitted but named in no doc: {undocumented:?}"
     );
+}
+
+const HOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// `--webhooks` with a file in `dir` naming `receiver` as the one endpoint.
+fn webhooks_args(dir: &Path, receiver: &WebhookReceiver) -> Vec<String> {
+    let file = dir.join("webhooks.toml");
+    let toml = format!(
+        "link_base = \"https://inbox.example\"\n[[endpoint]]\nname = \"docs\"\n\
+         url = \"{}\"\nsecret = \"{HOOK_SECRET}\"\nevents = [\"decided\"]\n",
+        receiver.url()
+    );
+    std::fs::write(&file, toml).unwrap();
+    vec!["--webhooks".into(), file.display().to_string()]
 }
 
 /// One gated run approved and finished, approval-svc's cursor acked, then the metric families

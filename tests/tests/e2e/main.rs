@@ -29,4 +29,5 @@ mod run_end_withdraws;
 mod soak;
 mod submit_crash;
 mod tls;
+mod webhooks;
 mod workers;

@@ -19,6 +19,7 @@ mod query;
 mod schema;
 mod statements;
 mod tx;
+mod webhooks;
 
 use std::{
     collections::HashSet,
@@ -38,10 +39,14 @@ use serde::{Serialize, de::DeserializeOwned};
 use tokio::sync::{mpsc, watch};
 
 use self::tx::{Fail, PgTx};
-use super::{ApprovalStore, Backend, Compacted, Leadership};
+use super::{
+    ApprovalStore, Backend, Compacted, Leadership,
+    webhooks::{RouteCell, routes_in},
+};
 use crate::{
     error::{Error, Result},
     model::{Approval, AuditEntry, AuditQuery, Filter, Page},
+    webhooks::Routes,
 };
 
 /// The most rows one page of the outbox holds: a literal, so that [`OUTBOX_PAGE`] spells it out
@@ -169,6 +174,8 @@ pub struct PgStore {
     commits: Arc<AtomicU64>,
     reachable: watch::Receiver<bool>,
     clock: ServerClock,
+    /// Which webhook endpoints want which events.
+    routes: RouteCell,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -201,6 +208,7 @@ impl PgStore {
             instance: uuid::Uuid::new_v4().simple().to_string().into(),
             commits: Arc::new(AtomicU64::new(0)),
             reachable,
+            routes: RouteCell::default(),
         })
     }
 
@@ -222,6 +230,7 @@ fn transact_blocking<T>(
     db: &Database,
     instance: &str,
     clock: &ServerClock,
+    routes: &Routes,
     body: &impl Fn(&PgTx<'_>) -> Result<T, Fail>,
 ) -> Result<T> {
     let mut attempt = 0;
@@ -233,7 +242,7 @@ fn transact_blocking<T>(
         // A failure, and whether it came before the COMMIT went out.
         let ran = (|| -> Result<Result<T, Error>, (DbError, bool)> {
             let client = db.client_blocking().map_err(|e| (e, true))?;
-            let tx = PgTx::begin(&client, instance, clock.now_ms());
+            let tx = PgTx::begin(&client, instance, clock.now_ms(), routes);
             let outcome = body(&tx);
             let result = match outcome {
                 Ok(v) => tx.commit().map(|()| Ok(v)).map_err(|e| (e, false)),
@@ -273,14 +282,15 @@ impl Backend for PgStore {
         _durable: bool,
         body: impl Fn(&PgTx<'_>) -> Result<T, Fail> + Send + 'static,
     ) -> Result<T> {
-        let (db, instance, commits, clock) = (
+        let (db, instance, commits, clock, routes) = (
             self.db.clone(),
             self.instance.clone(),
             self.commits.clone(),
             self.clock.clone(),
+            self.routes.clone(),
         );
         tokio::task::spawn_blocking(move || {
-            let outcome = transact_blocking(&db, &instance, &clock, &body);
+            let outcome = transact_blocking(&db, &instance, &clock, routes_in(&routes), &body);
             if outcome.is_ok() {
                 commits.fetch_add(1, Ordering::Relaxed);
             }

@@ -11,7 +11,7 @@ use arbor_shared::postgres::Schema;
 
 pub const SCHEMA: Schema = Schema {
     component: "approval",
-    migrations: &[V1, V2, V3, V4],
+    migrations: &[V1, V2, V3, super::webhooks::MIGRATION, V5],
 };
 
 const V1: &str = "
@@ -84,7 +84,7 @@ ALTER TABLE approval_audit ALTER COLUMN entry TYPE text USING entry::text;
 ";
 
 /// Delegations (approval governance): few rows, each the record as JSON text.
-const V4: &str = "
+const V5: &str = "
 CREATE TABLE approval_delegations (
     id text PRIMARY KEY,
     record text NOT NULL

@@ -33,7 +33,8 @@ use crate::{
     error::Error,
     governance::seat::Delegation,
     model::{Approval, AuditEntry},
-    store::backend::Records,
+    store::{backend::Records, webhooks::Queued},
+    webhooks::Routes,
 };
 
 /// How a transaction body fails: a business outcome, or the database.
@@ -79,11 +80,13 @@ pub struct PgTx<'c> {
     /// Arrival numbers taken ahead from the sequence, handed out in order.
     arrivals: RefCell<VecDeque<u64>>,
     begin: LazyBegin,
+    /// Which webhook endpoints want which events.
+    routes: &'c Routes,
 }
 
 impl<'c> PgTx<'c> {
     /// A transaction whose times are `now` (the database's clock, as the store reads it).
-    pub fn begin(client: &'c Object, instance: &'c str, now: u64) -> Self {
+    pub fn begin(client: &'c Object, instance: &'c str, now: u64, routes: &'c Routes) -> Self {
         Self {
             client,
             now,
@@ -95,6 +98,7 @@ impl<'c> PgTx<'c> {
             ahead: RefCell::default(),
             arrivals: RefCell::default(),
             begin: LazyBegin::new("BEGIN"),
+            routes,
         }
     }
 
@@ -435,6 +439,17 @@ impl Records for PgTx<'_> {
         }
         let (sql, params) = self.audit_statement(audits, audit);
         self.defer(sql, params);
+        Ok(())
+    }
+
+    fn webhook_routes(&self) -> &Routes {
+        self.routes
+    }
+
+    /// Kept until the next statement, like an audit entry.
+    fn put_webhook(&self, endpoint: &str, message: &Queued) -> Result<(), Fail> {
+        let (sql, params) = super::webhooks::insert(endpoint, message)?;
+        self.defer(sql.into(), params);
         Ok(())
     }
 

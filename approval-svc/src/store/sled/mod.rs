@@ -10,6 +10,7 @@
 mod codec;
 mod query;
 mod retention;
+mod webhooks;
 
 use std::{collections::HashMap, path::Path, sync::Arc, time::Duration};
 
@@ -28,12 +29,14 @@ use super::{
     ApprovalStore, Compacted,
     backend::{Backend, Records},
     rules,
+    webhooks::{Queued, RouteCell, routes_in},
 };
 use crate::{
     error::{Error, Result},
     governance::seat::Delegation,
     lifecycle::ApprovalState,
     model::{Approval, AuditEntry, AuditQuery, Filter, Page},
+    webhooks::Routes,
 };
 
 impl From<sled::Error> for Error {
@@ -91,17 +94,20 @@ macro_rules! trees {
         #[derive(Clone)]
         struct Trees {
             $($field: sled::Tree,)*
+            /// Which webhook endpoints want which events.
+            routes: RouteCell,
         }
 
         /// The transactional view of every tree a state change touches.
         pub struct Tx<'a> {
             $($field: &'a TransactionalTree,)*
             now: u64,
+            routes: &'a Routes,
         }
 
         impl Trees {
             fn open(db: &sled::Db) -> Result<Self> {
-                Ok(Self { $($field: db.open_tree($name)?,)* })
+                Ok(Self { $($field: db.open_tree($name)?,)* routes: RouteCell::default() })
             }
 
             /// Runs `f` as one sled transaction over every tree.
@@ -110,7 +116,8 @@ macro_rules! trees {
                 f: impl Fn(&Tx<'_>) -> std::result::Result<T, ConflictableTransactionError<E>>,
             ) -> std::result::Result<T, TransactionError<E>> {
                 let now = now_ms();
-                ($(&self.$field,)*).transaction(|($($field,)*)| f(&Tx { $($field,)* now }))
+                let routes = routes_in(&self.routes);
+                ($(&self.$field,)*).transaction(|($($field,)*)| f(&Tx { $($field,)* now, routes }))
             }
         }
     };
@@ -235,6 +242,14 @@ impl Records for Tx<'_> {
         self.audit_by_run
             .insert(codec::owned_key(&entry.run_id, &key), &[][..])?;
         Ok(entry)
+    }
+
+    fn webhook_routes(&self) -> &Routes {
+        self.routes
+    }
+
+    fn put_webhook(&self, endpoint: &str, message: &Queued) -> TxResult<()> {
+        webhooks::put(self, endpoint, message)
     }
 
     fn put_trace(&self, request_id: &str, traceparent: &str) -> TxResult<()> {

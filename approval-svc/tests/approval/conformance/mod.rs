@@ -29,6 +29,8 @@ use crate::support;
 
 mod governance;
 pub use governance::*;
+mod webhooks;
+pub use webhooks::*;
 
 /// How the suite gets at a backend.
 pub trait Backend: 'static {
@@ -90,6 +92,7 @@ macro_rules! suite {
             a_claim_held_by_another_is_refused,
             an_edit_makes_votes_stale_and_a_stale_digest_changes_nothing,
             sixteen_voters_at_once_decide_once,
+            webhooks_are_queued_with_their_change_and_only_with_it,
         );
     };
     (@cases $backend:ty; $($case:ident),* $(,)?) => {
