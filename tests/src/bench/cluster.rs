@@ -23,6 +23,8 @@ pub type Approvals = ApprovalServiceClient<InterceptedService<Channel, BearerTok
 
 pub const SUBMITTER: &str = "bench-submitter-token";
 pub const APPROVER: &str = "bench-approver-token";
+/// The two other approvers of the `bench-approvers` group (the 2-of-3 rule).
+pub const APPROVERS: [&str; 3] = [APPROVER, "bench-approver-2-token", "bench-approver-3-token"];
 pub const OPERATOR: &str = "bench-operator-token";
 pub const SERVICE: &str = "bench-approval-svc-token";
 pub const WORKER: &str = "bench-worker-token";
@@ -175,11 +177,36 @@ pub struct Spec<'a> {
     pub replicas: usize,
     /// Start approval-svc at all.
     pub approval: bool,
-    /// The policy approves every `gate` node of `bench-*` trees.
-    pub auto_approve: bool,
+    /// What the policy does with every `gate` node of `bench-*` trees.
+    pub rules: Rules,
     pub runner_args: &'a [&'a str],
     /// Names the database (PostgreSQL), so a slow configuration can be found in the server log.
     pub name: &'a str,
+}
+
+/// The approval policy of a bench cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rules {
+    /// Every approval waits for a person.
+    Ask,
+    /// A rule approves every `gate` node of `bench-*` trees.
+    AutoApprove,
+    /// An approval rule asks two of the three principals of `bench-approvers`.
+    TwoOfThree,
+}
+
+impl Rules {
+    fn text(self) -> &'static str {
+        match self {
+            Self::Ask => "default = \"ask\"\n",
+            Self::AutoApprove => {
+                "default = \"ask\"\n\n[[node]]\nname = \"bench-auto-approve\"\ntree = \"bench-*\"\nnode = \"gate\"\naction = \"allow\"\n"
+            }
+            Self::TwoOfThree => {
+                "default = \"ask\"\n\n[[approval]]\nname = \"bench-two-of-three\"\ntree = \"bench-*\"\nnode = \"gate\"\n[[approval.stage]]\nname = \"bench\"\napprovers = [\"group:bench-approvers\"]\nrequired = 2\n"
+            }
+        }
+    }
 }
 
 pub struct BenchCluster {
@@ -192,14 +219,20 @@ pub struct BenchCluster {
 fn write_tokens(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("tokens.toml");
     let entry = |name: &str, role: &str, token: &str| {
+        let groups = match role {
+            "approver" => "groups = [\"bench-approvers\"]\n",
+            _ => "",
+        };
         format!(
-            "[[principal]]\nname = \"{name}\"\nroles = [\"{role}\"]\ntoken_sha256 = \"{}\"\n\n",
+            "[[principal]]\nname = \"{name}\"\nroles = [\"{role}\"]\n{groups}token_sha256 = \"{}\"\n\n",
             hash_token(token)
         )
     };
     let text = [
         entry("bench", "submitter", SUBMITTER),
-        entry("person", "approver", APPROVER),
+        entry("person", "approver", APPROVERS[0]),
+        entry("person-2", "approver", APPROVERS[1]),
+        entry("person-3", "approver", APPROVERS[2]),
         entry("ops", "operator", OPERATOR),
         entry("approval-svc", "service", SERVICE),
         entry("worker", "worker", WORKER),
@@ -214,11 +247,15 @@ impl BenchCluster {
     /// One runner-svc (with `runner_args`) and one approval-svc on the embedded store; with
     /// `auto_approve` the policy approves every `gate` node of `bench-*` trees.
     pub async fn start(auto_approve: bool, runner_args: &[&str]) -> BenchCluster {
+        let rules = match auto_approve {
+            true => Rules::AutoApprove,
+            false => Rules::Ask,
+        };
         Self::start_spec(&Spec {
             store: &Store::Sled,
             replicas: 1,
             approval: true,
-            auto_approve,
+            rules,
             runner_args,
             name: "bench",
         })
@@ -236,12 +273,7 @@ impl BenchCluster {
         let service_token = dir.path().join("service.token");
         std::fs::write(&service_token, SERVICE).expect("service token");
         let policy = dir.path().join("policy.toml");
-        let rules = if spec.auto_approve {
-            "default = \"ask\"\n\n[[node]]\nname = \"bench-auto-approve\"\ntree = \"bench-*\"\nnode = \"gate\"\naction = \"allow\"\n"
-        } else {
-            "default = \"ask\"\n"
-        };
-        std::fs::write(&policy, rules).expect("policy file");
+        std::fs::write(&policy, spec.rules.text()).expect("policy file");
         let db = match spec.store {
             Store::Sled => None,
             Store::Postgres(pg) => Some(Db {

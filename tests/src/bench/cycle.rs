@@ -16,7 +16,7 @@ use arbor_shared::proto::{approval::v1 as apb, runner::v1 as rpb};
 use tokio::sync::oneshot;
 
 use super::{
-    cluster::{APPROVER, BenchCluster, READER, SUBMITTER, Spec, Store},
+    cluster::{APPROVER, APPROVERS, BenchCluster, READER, Rules, SUBMITTER, Spec, Store},
     procstat,
 };
 
@@ -27,6 +27,8 @@ pub enum Decider {
     Policy,
     /// A simulated person follows WatchApprovals and resolves each request.
     Person,
+    /// An approval rule asks two of three people; two simulated people vote on each request.
+    TwoOfThree,
 }
 
 impl Decider {
@@ -34,6 +36,7 @@ impl Decider {
         match self {
             Self::Policy => "policy",
             Self::Person => "person",
+            Self::TwoOfThree => "2-of-3",
         }
     }
 }
@@ -138,7 +141,11 @@ pub async fn run(
         store,
         replicas,
         approval: true,
-        auto_approve: decider == Decider::Policy,
+        rules: match decider {
+            Decider::Policy => Rules::AutoApprove,
+            Decider::Person => Rules::Ask,
+            Decider::TwoOfThree => Rules::TwoOfThree,
+        },
         runner_args: &[],
         name: &name,
     })
@@ -160,12 +167,19 @@ pub async fn run(
     let tracks = Tracks::default();
     let follower = tokio::spawn(follow(cluster.runner_at(0, READER).await, tracks.clone()));
     let person = match decider {
-        Decider::Person => {
+        Decider::Person | Decider::TwoOfThree => {
+            // Each of the people who vote, on every approval-svc replica.
+            let voters = match decider {
+                Decider::Person => &APPROVERS[..1],
+                _ => &APPROVERS[..2],
+            };
             let mut resolvers = Vec::new();
             for i in 0..replicas {
-                resolvers.push(cluster.approvals_at(i, APPROVER).await);
+                for token in voters {
+                    resolvers.push(cluster.approvals_at(i, token).await);
+                }
             }
-            Some(tokio::spawn(person(resolvers)))
+            Some(tokio::spawn(person(resolvers, voters.len())))
         }
         Decider::Policy => None,
     };
@@ -448,9 +462,11 @@ async fn follow(mut runner: super::cluster::Runner, tracks: Tracks) {
     }
 }
 
-/// A person at a screen: sees every new pending approval (on replica 0's watch) and approves
-/// it, the resolves spread round-robin over the approval-svc replicas.
-async fn person(resolvers: Vec<super::cluster::Approvals>) {
+/// People at their screens: each new pending approval (seen on replica 0's watch) is approved by
+/// `voters` of them at once (one, or two for the 2-of-3 rule), the resolves spread round-robin
+/// over the approval-svc replicas (`resolvers` holds each voter's client on each replica, voters
+/// next to each other).
+async fn person(resolvers: Vec<super::cluster::Approvals>, voters: usize) {
     let mut watch = resolvers[0]
         .clone()
         .watch_approvals(apb::WatchApprovalsRequest {
@@ -467,20 +483,27 @@ async fn person(resolvers: Vec<super::cluster::Approvals>) {
         let Some(approval) = change.approval else {
             continue;
         };
-        if approval.state != apb::ApprovalState::Pending as i32 {
+        // A new request only: a vote's change of a pending approval is no new work.
+        if approval.state != apb::ApprovalState::Pending as i32
+            || change.change != apb::ChangeKind::Created as i32
+        {
             continue;
         }
-        let mut approvals = resolvers[next % resolvers.len()].clone();
+        let replica = next % (resolvers.len() / voters);
         next += 1;
-        tokio::spawn(async move {
-            let _ = approvals
-                .resolve(apb::ResolveRequest {
-                    request_id: approval.request_id,
-                    decision: arbor_shared::proto::runner::v1::DecisionKind::Approve as i32,
-                    reason: "looks right".into(),
-                    ..Default::default()
-                })
-                .await;
-        });
+        for v in 0..voters {
+            let mut approvals = resolvers[replica * voters + v].clone();
+            let request_id = approval.request_id.clone();
+            tokio::spawn(async move {
+                let _ = approvals
+                    .resolve(apb::ResolveRequest {
+                        request_id,
+                        decision: arbor_shared::proto::runner::v1::DecisionKind::Approve as i32,
+                        reason: "looks right".into(),
+                        ..Default::default()
+                    })
+                    .await;
+            });
+        }
     }
 }

@@ -93,7 +93,7 @@ pub async fn run(store: &Store, replicas: usize, runs: usize, concurrency: usize
         store,
         replicas,
         approval: false,
-        auto_approve: false,
+        rules: super::cluster::Rules::Ask,
         runner_args: &[],
         name: &name,
     })

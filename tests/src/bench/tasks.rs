@@ -156,7 +156,7 @@ async fn start(store: &Store, name: &str, repeat: usize) -> (BenchCluster, Runne
         store,
         replicas: 1,
         approval: true,
-        auto_approve: false,
+        rules: super::cluster::Rules::Ask,
         runner_args: &[],
         name,
     };

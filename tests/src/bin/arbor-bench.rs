@@ -57,6 +57,15 @@ struct Args {
     /// Runs in flight (cycle, langgraph).
     #[arg(long, value_delimiter = ',', default_values_t = [1, 64])]
     concurrency: Vec<usize>,
+    /// Who decides (cycle): a policy rule, one person, or two of three people under an
+    /// approval rule (`two-of-three`).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "policy,person"
+    )]
+    deciders: Vec<DeciderName>,
     /// The stores to run on (cycle, tasks).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "sled")]
     store: Vec<StoreName>,
@@ -109,6 +118,13 @@ enum Section {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DeciderName {
+    Policy,
+    Person,
+    TwoOfThree,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum StoreName {
     Sled,
     Postgres,
@@ -153,7 +169,15 @@ async fn main() {
             cycles,
             warmup: args.warmup,
             concurrency: concurrency.clone(),
-            deciders: vec![Decider::Policy, Decider::Person],
+            deciders: args
+                .deciders
+                .iter()
+                .map(|d| match d {
+                    DeciderName::Policy => Decider::Policy,
+                    DeciderName::Person => Decider::Person,
+                    DeciderName::TwoOfThree => Decider::TwoOfThree,
+                })
+                .collect(),
             stores: stores.clone(),
             replicas: args.runners.clone().unwrap_or_else(|| vec![1]),
             rounds: args.rounds as usize,
