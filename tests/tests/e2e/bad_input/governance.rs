@@ -275,3 +275,50 @@ pub(super) fn cases(fx: &Fixture) -> Vec<Case> {
         }),
     ]
 }
+
+/// A mistake in an approval rule stops approval-svc at start-up with the file, the rule's line
+/// and the accepted values, before it serves anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_approval_rule_stops_start_up_naming_the_file_the_line_and_what_is_accepted() {
+    use arbor_tests::{Binaries, Profile, process::run_to_exit};
+    let bins = Binaries::get(Profile::Debug);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.toml");
+    let cases = [
+        (
+            "default = \"ask\"\n\n[[approval]]\ntool = \"pay*\"\n[[approval.stage]]\napprovers = [\"team:x\"]\n",
+            vec!["approval[0] (line 3)", "user:NAME, group:NAME or role:NAME"],
+        ),
+        (
+            "[[approval]]\n[[approval.stage]]\napprovers = [\"user:a\"]\non_reject = \"never\"\n",
+            vec!["line 4", "veto", "count"],
+        ),
+        (
+            "[[approval]]\n[[approval.stage]]\napprovers = [\"user:a\"]\nrequired = \"most\"\n",
+            vec!["\"all\" or a percentage"],
+        ),
+    ];
+    for (text, wanted) in cases {
+        std::fs::write(&file, text).unwrap();
+        let args = vec![
+            "serve".to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--data-dir".into(),
+            dir.path().join("data").display().to_string(),
+            "--metrics-listen".into(),
+            "off".into(),
+            "--policy".into(),
+            file.display().to_string(),
+        ];
+        let exited = run_to_exit(&bins.approval, &args, std::time::Duration::from_secs(20)).await;
+        assert!(
+            !exited.timed_out && exited.code.is_some_and(|c| c != 0),
+            "{exited:?}"
+        );
+        for w in wanted.into_iter().chain([file.to_str().unwrap()]) {
+            assert!(exited.stderr.contains(w), "{w:?} in {}", exited.stderr);
+        }
+        assert!(!exited.stderr.contains("panicked"), "{}", exited.stderr);
+    }
+}
