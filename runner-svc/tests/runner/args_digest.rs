@@ -24,6 +24,10 @@ const TREE: &str = r#"{"id": "pay", "version": 1, "root": {"type": "tool", "name
   "tool": "ledger.append", "args": {"entry": {"amount": {"$ref": "amount"}}},
   "policy": "ask", "allow_edit": true, "allow_respond": true, "output": "receipt"}}"#;
 
+/// An approval gate that shows its approver `plan`.
+const GATE: &str = r#"{"id": "gate", "version": 1, "root": {"type": "approval", "name": "go",
+  "title": "Go?", "context": ["plan"], "child": {"type": "succeed"}}}"#;
+
 struct Rig {
     runner: Arc<Runner>,
     ledger: LedgerTool,
@@ -34,13 +38,18 @@ struct Rig {
 
 /// A run of `pay` for 5, waiting on its tool approval.
 async fn waiting() -> Rig {
+    waiting_on(TREE, json!({"amount": 5})).await
+}
+
+/// A run of `tree` (`pay` or `gate`) on `input`, waiting on its first approval.
+async fn waiting_on(tree: &str, input: Json) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let runner = common::Backend::Sled.open_runner(dir.path(), |_| {}).await;
-    runner.register_tree(TREE, TreeFormat::Json).await.unwrap();
-    let input = json!({"amount": 5}).as_object().cloned().unwrap();
+    let tree = runner.register_tree(tree, TreeFormat::Json).await.unwrap();
+    let input = input.as_object().cloned().unwrap();
     let run_id = runner
         .submit(SubmitInput {
-            tree_id: "pay".into(),
+            tree_id: tree.0.id.clone(),
             input,
             submitted_by: "alice".into(),
             ..Default::default()
@@ -240,4 +249,24 @@ async fn without_a_digest_nothing_is_checked_and_the_event_still_binds() {
         rig.resolved_digests().await,
         vec![digest::of(&json!({"entry": {"amount": 5}}))]
     );
+}
+
+/// A gate's approval is bound to the context its approver was shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_approval_is_bound_to_its_context() {
+    let plan = json!({"service": "billing", "replicas": 3});
+    let rig = waiting_on(GATE, json!({"plan": plan})).await;
+    let other = digest::of(&json!({"plan": {"service": "billing", "replicas": 30}}));
+    refused(
+        rig.decide("d-1", DecisionKind::Approve, Json::Null, &other)
+            .await,
+    );
+    rig.still_waits().await;
+
+    let shown = digest::of(&json!({"plan": plan}));
+    rig.decide("d-2", DecisionKind::Approve, Json::Null, &shown)
+        .await
+        .unwrap();
+    assert_eq!(rig.finish().await, Vec::<Json>::new());
+    assert_eq!(rig.resolved_digests().await, vec![shown]);
 }
