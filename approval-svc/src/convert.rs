@@ -128,7 +128,7 @@ impl From<&Approval> for pb::Approval {
             request: Some(request),
             decision: a.decision.as_ref().map(|d| pb::Decision {
                 voters: a.ext.voters.clone(),
-                args_digest: a.ext.decided_digest.clone(),
+                args_digest: a.decided_digest(),
                 ..d.into()
             }),
             created_at: Some(timestamp(a.created_at_ms)),
@@ -318,5 +318,6 @@ pub fn runner_resolve(a: &Approval, d: &Decision) -> runner_pb::ResolveRequest {
         reason: d.reason.clone(),
         decided_by: d.decided_by.clone(),
         source: d.source.into(),
+        args_digest: a.decided_digest(),
     }
 }

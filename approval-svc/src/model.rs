@@ -96,6 +96,28 @@ impl Approval {
         }
     }
 
+    /// The digest of what the decision lets the run go on with, which the runner checks and
+    /// records: the digest the votes were bound to when governed, else APPROVE the request's,
+    /// EDIT the new arguments', RESPOND the result's; empty for REJECT and when undecided.
+    pub fn decided_digest(&self) -> String {
+        if !self.ext.decided_digest.is_empty() {
+            return self.ext.decided_digest.clone();
+        }
+        let Some(d) = &self.decision else {
+            return String::new();
+        };
+        match d.kind {
+            // The digest taken on arrival: it outlives the request's pruned arguments.
+            DecisionKind::Approve if !self.ext.args_digest.is_empty() => {
+                self.ext.args_digest.clone()
+            }
+            DecisionKind::Approve => self.request.args_digest(),
+            DecisionKind::Edit => arbor_shared::digest::of(&d.args),
+            DecisionKind::Respond => arbor_shared::digest::of(&d.result),
+            DecisionKind::Reject => String::new(),
+        }
+    }
+
     /// The claim that holds at `now_ms`, if any.
     pub fn claim_at(&self, now_ms: u64) -> Option<&Claim> {
         self.ext.claim.as_ref().filter(|c| c.holds(now_ms))

@@ -279,6 +279,7 @@ impl From<&Event> for pb::Event {
                 decided_by,
                 category,
                 source,
+                args_digest,
             } => D::ApprovalResolved(pb::ApprovalResolved {
                 request_id: request_id.clone(),
                 decision_id: decision_id.clone(),
@@ -288,6 +289,26 @@ impl From<&Event> for pb::Event {
                 category: (*category).into(),
                 source: (*source).into(),
                 decision_kind: action.wire_kind(),
+                args_digest: args_digest.clone(),
+            }),
+            EventDetail::ApprovalResolvedUnbound {
+                request_id,
+                decision_id,
+                action,
+                reason,
+                decided_by,
+                category,
+                source,
+            } => D::ApprovalResolved(pb::ApprovalResolved {
+                request_id: request_id.clone(),
+                decision_id: decision_id.clone(),
+                action: action.action().into(),
+                reason: reason.clone(),
+                decided_by: decided_by.clone(),
+                category: (*category).into(),
+                source: (*source).into(),
+                decision_kind: action.wire_kind(),
+                args_digest: String::new(),
             }),
             EventDetail::ExecutionResumed {
                 request_ids,
@@ -462,6 +483,7 @@ impl TryFrom<&pb::Event> for Event {
                 category: SuspensionCategory::from_wire(d.category, "approval_resolved.category")?,
                 source: DecisionSource::from_wire_opt(d.source, "approval_resolved.source")?
                     .unwrap_or_default(),
+                args_digest: d.args_digest.clone(),
             },
             D::ExecutionResumed(d) => EventDetail::ExecutionResumed {
                 request_ids: d.request_ids.clone(),

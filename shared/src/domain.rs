@@ -335,7 +335,9 @@ pub enum EventDetail {
         payload: Json,
         node_locator: String,
     },
-    ApprovalResolved {
+    /// An `ApprovalResolved` as builds before args digests wrote it: still read, no longer
+    /// written. (Postcard names variants by position, so this one keeps its place.)
+    ApprovalResolvedUnbound {
         request_id: String,
         decision_id: String,
         action: Verdict,
@@ -401,6 +403,20 @@ pub enum EventDetail {
         task: TaskRef,
         reason: String,
     },
+    /// A decision entered the run's inbox. (Last, after `TaskReleased`, for the same reason.)
+    ApprovalResolved {
+        request_id: String,
+        decision_id: String,
+        action: Verdict,
+        reason: String,
+        decided_by: String,
+        category: SuspensionCategory,
+        source: DecisionSource,
+        /// The digest of what the run goes on with (see [`crate::digest`]): an approval's
+        /// arguments, edited arguments or stand-in result; empty for a reject, user input and
+        /// external results.
+        args_digest: String,
+    },
 }
 
 /// Which task and attempt an event is about.
@@ -455,7 +471,9 @@ impl EventDetail {
             Self::RunStarted { .. } => EventKind::RunStarted,
             Self::ApprovalRequested(_) => EventKind::ApprovalRequested,
             Self::ExecutionSuspended { .. } => EventKind::ExecutionSuspended,
-            Self::ApprovalResolved { .. } => EventKind::ApprovalResolved,
+            Self::ApprovalResolved { .. } | Self::ApprovalResolvedUnbound { .. } => {
+                EventKind::ApprovalResolved
+            }
             Self::ExecutionResumed { .. } => EventKind::ExecutionResumed,
             Self::ApprovalConsumed { .. } => EventKind::ApprovalConsumed,
             Self::CheckpointSaved { .. } => EventKind::CheckpointSaved,
@@ -479,5 +497,72 @@ impl EventDetail {
 impl Event {
     pub fn kind(&self) -> EventKind {
         self.detail.kind()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(detail: EventDetail) -> Event {
+        Event {
+            seq: 7,
+            run_id: "run".into(),
+            thread_id: "thread".into(),
+            time_ms: 1_700_000_000_000,
+            detail,
+            traceparent: String::new(),
+        }
+    }
+
+    /// An APPROVAL_RESOLVED written before args digests, laid out by hand as that build stored
+    /// it (variant 4 with seven fields), still reads, as the same kind, with no digest.
+    #[test]
+    fn an_approval_resolved_event_written_before_digests_still_reads() {
+        let mut old =
+            postcard::to_allocvec(&(7u64, "run", "thread", 1_700_000_000_000u64)).unwrap();
+        old.push(4);
+        let fields = ("r-1", "d-1", Verdict::Edit, "fine", "bob");
+        old.extend(postcard::to_allocvec(&fields).unwrap());
+        let rest = (
+            SuspensionCategory::RequireApproval,
+            DecisionSource::Person,
+            "",
+        );
+        old.extend(postcard::to_allocvec(&rest).unwrap());
+
+        let read: Event = postcard::from_bytes(&old).unwrap();
+        let unbound = EventDetail::ApprovalResolvedUnbound {
+            request_id: "r-1".into(),
+            decision_id: "d-1".into(),
+            action: Verdict::Edit,
+            reason: "fine".into(),
+            decided_by: "bob".into(),
+            category: SuspensionCategory::RequireApproval,
+            source: DecisionSource::Person,
+        };
+        assert_eq!(read, event(unbound));
+        assert_eq!(read.kind(), EventKind::ApprovalResolved);
+    }
+
+    /// What is written now round-trips with its digest, and no stored variant changed place.
+    #[test]
+    fn an_approval_resolved_event_keeps_its_digest() {
+        let bound = event(EventDetail::ApprovalResolved {
+            request_id: "r-1".into(),
+            decision_id: "d-1".into(),
+            action: Verdict::Approve,
+            reason: String::new(),
+            decided_by: "bob".into(),
+            category: SuspensionCategory::RequireApproval,
+            source: DecisionSource::Person,
+            args_digest: crate::digest::of(&serde_json::json!({"amount": 5})),
+        });
+        let bytes = postcard::to_allocvec(&bound).unwrap();
+        assert_eq!(postcard::from_bytes::<Event>(&bytes).unwrap(), bound);
+        assert_eq!(bound.kind(), EventKind::ApprovalResolved);
+        // Variant 16 (after TaskReleased, the last one before): the bytes after the header.
+        let header = postcard::to_allocvec(&(7u64, "run", "thread", 1_700_000_000_000u64)).unwrap();
+        assert_eq!(bytes[header.len()], 16);
     }
 }

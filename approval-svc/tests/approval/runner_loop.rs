@@ -8,6 +8,7 @@
 use crate::support;
 
 use arbor_approval_svc::{policy::Policy, runner::SUBSCRIBER_ID};
+use arbor_shared::digest;
 use arbor_shared::proto::{
     approval::v1::{self as pb, ApprovalState, AuditAction},
     runner::v1::{self as runner_pb, DecisionKind, DecisionSource, ResolveAction},
@@ -91,7 +92,7 @@ async fn a_decision_travels_to_the_run_and_is_pruned_once_consumed() {
         .into_inner()
         .approval
         .unwrap();
-    let decision_id = decided.decision.unwrap().decision_id;
+    let decision_id = decided.decision.clone().unwrap().decision_id;
 
     let call = wait_resolves(&runner, "r1", 1).await.remove(0);
     assert_eq!(call.run_id, "run-1");
@@ -102,6 +103,9 @@ async fn a_decision_travels_to_the_run_and_is_pruned_once_consumed() {
     assert_eq!(call.reason, "one is enough");
     let result = arbor_shared::json::from_optional_value(call.result.as_ref());
     assert_eq!(result, serde_json::json!({"replicas": 1}));
+    // The runner runs the edit only with arguments of the digest decided on.
+    assert_eq!(call.args_digest, digest::of(&result));
+    assert_eq!(decided.decision.unwrap().args_digest, call.args_digest);
     let delivered = wait_for(&client, "r1", "delivery recorded", |a| {
         a.delivery_attempts == 1
     })
@@ -114,6 +118,51 @@ async fn a_decision_travels_to_the_run_and_is_pruned_once_consumed() {
     wait_cursor(&runner, consumed).await;
     assert_eq!(actions(&audit_actions(&mut client, "r1").await), CONSUMED);
     assert_eq!(runner.resolves_for("r1").len(), 1, "delivered exactly once");
+    svc.stop().await;
+}
+
+/// Each decision tells the runner the digest of what the run is to go on with: an approve the
+/// request's arguments (kept after they are pruned), a response its result, a reject none.
+#[tokio::test]
+async fn the_runner_is_told_the_digest_each_decision_runs_with() {
+    let (_dir, runner, svc, mut client) = setup().await;
+    let answer = serde_json::json!({"status": "skipped"});
+    for (id, kind) in [
+        ("approve", DecisionKind::Approve),
+        ("respond", DecisionKind::Respond),
+        ("reject", DecisionKind::Reject),
+    ] {
+        runner.push_request(tool_request(id, &format!("run-{id}"), "ledger.append"));
+        wait_for(&client, id, "pending", state(ApprovalState::Pending)).await;
+        let result =
+            (kind == DecisionKind::Respond).then(|| arbor_shared::json::to_proto_value(&answer));
+        client
+            .resolve(pb::ResolveRequest {
+                result,
+                ..resolve_req(id, kind)
+            })
+            .await
+            .unwrap();
+    }
+    let asked = digest::of(&serde_json::json!({"entry": {"replicas": 3}}));
+    for (id, want) in [
+        ("approve", asked.clone()),
+        ("respond", digest::of(&answer)),
+        ("reject", String::new()),
+    ] {
+        let call = wait_resolves(&runner, id, 1).await.remove(0);
+        assert_eq!(call.args_digest, want, "{id}");
+    }
+
+    let decision_id = get(&mut client, "approve")
+        .await
+        .decision
+        .unwrap()
+        .decision_id;
+    runner.push_consumed("run-approve", "approve", &decision_id);
+    let pruned = wait_for(&client, "approve", "pruned", state(ApprovalState::Pruned)).await;
+    assert!(pruned.request.unwrap().tool_args.is_none());
+    assert_eq!(pruned.decision.unwrap().args_digest, asked);
     svc.stop().await;
 }
 

@@ -339,6 +339,21 @@ fn event_line(e: &pb::Event) -> String {
                 request_id,
                 action,
                 decided_by,
+                args_digest,
+                ..
+            } if !args_digest.is_empty() => {
+                format!("request={request_id} action={action:?} by={decided_by} args={args_digest}")
+            }
+            EventDetail::ApprovalResolved {
+                request_id,
+                action,
+                decided_by,
+                ..
+            }
+            | EventDetail::ApprovalResolvedUnbound {
+                request_id,
+                action,
+                decided_by,
                 ..
             } => format!("request={request_id} action={action:?} by={decided_by}"),
             EventDetail::ApprovalConsumed { request_id, .. } => format!("request={request_id}"),

@@ -439,6 +439,7 @@ impl RunnerService for RunnerGrpc {
                 source,
                 may_resolve_approvals: principal.has(Role::Service),
                 trace,
+                args_digest: r.args_digest,
             })
             .instrument(span.clone())
             .await?;

@@ -3,14 +3,18 @@
 //! answered from the run's note of its last settled requests: the same decision is still a
 //! duplicate, another one still refused.
 
-use arbor_shared::domain::{
-    DecisionSource, EventDetail, JobKind, JobOrigin, SuspensionCategory, SuspensionState, Verdict,
+use arbor_shared::{
+    digest,
+    domain::{
+        DecisionKind, DecisionSource, EventDetail, JobKind, JobOrigin, SuspensionCategory,
+        SuspensionState, Verdict,
+    },
 };
 use serde_json::Value as Json;
 
 use super::{RunRecord, RunView, Runner, handoff::Claimer, records, submit::check_id};
 use crate::{
-    engine::{Decision, TaskKind, validate_decision},
+    engine::{Decision, SuspensionRecord, TaskKind, validate_decision},
     error::RunnerError,
     events::{self, NewEvent},
     mailbox::{EnqueueRequest, Job, tx as mtx},
@@ -35,6 +39,9 @@ pub struct ResolveInput {
     pub may_resolve_approvals: bool,
     /// The caller's trace context: the run's next steps belong to it. `None` keeps the run's.
     pub trace: Option<arbor_shared::trace::TraceContext>,
+    /// Approvals: the digest the decider approved; a decision whose arguments have another is
+    /// refused. Empty: not checked.
+    pub args_digest: String,
 }
 
 /// What Resolve did.
@@ -58,6 +65,12 @@ impl Runner {
         }
         if input.decision_id.is_empty() || input.decision_id.len() > 128 {
             return Err(RunnerError::invalid("decision_id", "must be 1-128 bytes"));
+        }
+        if !input.args_digest.is_empty() && !is_digest(&input.args_digest) {
+            return Err(RunnerError::invalid(
+                "args_digest",
+                "must be `sha256:` and 64 lowercase hex digits",
+            ));
         }
         let now = self.now_ms();
         let order = self.store.next_id()?;
@@ -168,6 +181,22 @@ impl Runner {
                         });
                     }
                 };
+                // What the run goes on with, and so what the decider must have approved.
+                // A reject runs nothing, so it has nothing to bind.
+                let ran_with = ran_with(record, &normalised);
+                let binds = matches!(
+                    normalised.action.kind(),
+                    Some(DecisionKind::Approve | DecisionKind::Edit | DecisionKind::Respond)
+                );
+                if binds && !input.args_digest.is_empty() && ran_with != input.args_digest {
+                    return abort(RunnerError::DecisionNotOffered {
+                        request_id: input.request_id.clone(),
+                        reason: format!(
+                            "what this decision runs with has digest {ran_with}, not the approved {}",
+                            input.args_digest
+                        ),
+                    });
+                }
                 // An `external` node's task no longer waits for a worker.
                 match tasks::tx::get(tx, &input.request_id)? {
                     Some(task) if task.kind == TaskKind::Tool => {
@@ -199,6 +228,7 @@ impl Runner {
                             decided_by: input.decided_by.clone(),
                             category: record.category,
                             source: input.source,
+                            args_digest: ran_with,
                         },
                     }],
                     now,
@@ -255,6 +285,31 @@ pub(crate) fn deliver(
     }
 }
 
+/// The digest of what an approval decision lets the run go on with: APPROVE, the suspended tool
+/// call's arguments (a gate: its context); EDIT, the new arguments; RESPOND, the stand-in result.
+/// Empty for REJECT (nothing runs), user input and external results.
+fn ran_with(record: &SuspensionRecord, decision: &Decision) -> String {
+    if record.category != SuspensionCategory::RequireApproval {
+        return String::new();
+    }
+    match decision.action.kind() {
+        Some(DecisionKind::Approve) => record
+            .approval
+            .as_ref()
+            .map(|a| a.args_digest())
+            .unwrap_or_default(),
+        Some(DecisionKind::Edit | DecisionKind::Respond) => digest::of(&decision.result),
+        Some(DecisionKind::Reject) | None => String::new(),
+    }
+}
+
+/// `sha256:` and 64 lowercase hex digits, as [`digest::of`] writes them.
+fn is_digest(s: &str) -> bool {
+    s.strip_prefix(digest::PREFIX).is_some_and(|hex| {
+        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
+}
+
 /// The dedupe key of the job that wakes a run for its decisions.
 fn wake_key(run_id: &str) -> String {
     format!("wake:{run_id}")
@@ -296,6 +351,7 @@ mod tests {
             source: DecisionSource::Person,
             may_resolve_approvals: false,
             trace: None,
+            args_digest: String::new(),
         }
     }
 

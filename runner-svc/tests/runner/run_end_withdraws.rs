@@ -125,6 +125,7 @@ async fn a_dead_lettered_run_withdraws_its_open_approval_in_the_same_step() {
             source: DecisionSource::Person,
             may_resolve_approvals: false,
             trace: None,
+            args_digest: String::new(),
         })
         .await
         .unwrap();

@@ -2,6 +2,8 @@
 //! both real binaries: the ledger ends up holding exactly what the approver decided — the
 //! original arguments (APPROVE), the edited ones (EDIT), or no record at all (RESPOND, whose
 //! result becomes the tool's output; REJECT, after which `on_reject` says what the node returns).
+//! Each APPROVAL_RESOLVED carries the digest of what its run went on with: for a call that ran,
+//! the digest of the arguments its one ledger record was written with.
 //! A decision the node does not allow is FAILED_PRECONDITION at approval-svc and at the runner,
 //! and changes nothing: the approval stays PENDING and the run stays suspended on it.
 
@@ -10,6 +12,7 @@
 use std::collections::BTreeMap;
 
 use arbor_shared::{
+    digest,
     json::{from_proto_struct, to_proto_value},
     proto::{approval::v1 as apb, runner::v1 as rpb},
 };
@@ -289,17 +292,28 @@ async fn every_decision_kind_does_what_was_decided_for_every_tool_configuration(
         }
     }
 
-    // The runner's event says what was decided.
+    // The runner's event says what was decided, and the digest of what the run went on with.
+    let mut digests = BTreeMap::new();
     for (run_id, kind) in &resolved_kinds {
         let events = arbor_tests::flow::events_from(&mut cl.runner, run_id).await;
-        let resolved: Vec<i32> = events
+        let resolved: Vec<(i32, String)> = events
             .iter()
             .filter_map(|e| match &e.detail {
-                Some(rpb::event::Detail::ApprovalResolved(r)) => Some(r.decision_kind),
+                Some(rpb::event::Detail::ApprovalResolved(r)) => {
+                    Some((r.decision_kind, r.args_digest.clone()))
+                }
                 _ => None,
             })
             .collect();
-        assert_eq!(resolved, vec![*kind as i32], "{run_id}");
+        assert_eq!(resolved.len(), 1, "{run_id}: {resolved:?}");
+        let (decided, digest) = resolved[0].clone();
+        assert_eq!(decided, *kind as i32, "{run_id}");
+        match kind {
+            K::Respond => assert_eq!(digest, digest::of(&STAND_IN()), "{run_id}"),
+            K::Reject => assert_eq!(digest, "", "{run_id}"),
+            _ => {}
+        }
+        digests.insert(run_id.clone(), digest);
     }
 
     // The ledger, read from the stopped runner's files: exactly the decided side effects.
@@ -316,6 +330,10 @@ async fn every_decision_kind_does_what_was_decided_for_every_tool_configuration(
             Some(entry) => {
                 assert_eq!(records.len(), 1, "{run_id}: {records:?}");
                 assert_eq!(records[0]["entry"], *entry, "{run_id}");
+                // An auditor matches the approval to the execution: the event's digest is that
+                // of the arguments the one record was written with.
+                let ran_with = json!({"entry": records[0]["entry"].clone()});
+                assert_eq!(digests[run_id], digest::of(&ran_with), "{run_id}");
             }
         }
     }

@@ -46,6 +46,7 @@ pub async fn approve_first(runner: &Runner, run_id: &str, decision_id: &str) {
             source: DecisionSource::Person,
             may_resolve_approvals: true,
             trace: None,
+            args_digest: String::new(),
         })
         .await
         .unwrap();

@@ -199,6 +199,7 @@ pub async fn ended_tasks_are_compacted_and_waiting_ones_kept(b: Backend) {
             source: DecisionSource::Person,
             may_resolve_approvals: false,
             trace: None,
+            args_digest: String::new(),
         })
         .await
         .unwrap();
