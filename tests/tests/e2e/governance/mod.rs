@@ -320,6 +320,23 @@ impl Env {
             }
         }
     }
+    /// Whether run `run_id`'s approval is among what `who` may act on now (`actionable`).
+    pub async fn actionable(&self, who: &str, run_id: &str) -> bool {
+        let filter = apb::ApprovalFilter {
+            run_id: run_id.into(),
+            actionable: true,
+            ..Default::default()
+        };
+        let page = self
+            .approvals(who, 1)
+            .list_approvals(apb::ListApprovalsRequest {
+                filter: Some(filter),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{who}'s actionable approvals: {e}"));
+        !page.into_inner().approvals.is_empty()
+    }
 }
 
 /// The built-in reader (reads approvals and the audit, decides nothing).

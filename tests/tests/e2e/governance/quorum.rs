@@ -87,6 +87,8 @@ pub async fn two_of_three_without_the_submitter(env: Arc<Env>) -> Vec<Expect> {
     assert_eq!(progress(&a), "0 of 2 in payments");
     assert!(a.args_digest.starts_with("sha256:"), "{}", a.args_digest);
     refused(&env, "pam", &a, K::Approve, "", Code::PermissionDenied).await;
+    assert!(!env.actionable("pam", "quorum").await, "pam is excluded");
+    assert!(env.actionable("pete", "quorum").await);
 
     let a = vote(
         &mut env.approvals("pia", 0),

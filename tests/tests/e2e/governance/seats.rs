@@ -20,13 +20,22 @@ pub async fn a_delegate_fills_the_delegator_s_seat(env: Arc<Env>) -> Vec<Expect>
     let a = env.submit("delegated", &args).await;
     let id = a.request_id.clone();
     refused(&env, DELEGATE, &a, K::Approve, "", Code::PermissionDenied).await;
+    assert!(!env.actionable(DELEGATE, "delegated").await);
     let d = delegate(&mut env.approvals("pia", 0), DELEGATE, 3_600_000).await;
     assert_eq!((d.from.as_str(), d.to.as_str()), ("pia", DELEGATE));
+    assert!(
+        env.actionable(DELEGATE, "delegated").await,
+        "pia's seat is open"
+    );
 
     let a = vote(&mut env.approvals("pia", 1), &id, K::Approve, None, "")
         .await
         .unwrap();
     assert_eq!(progress(&a), "1 of 2 in payments");
+    assert!(
+        !env.actionable(DELEGATE, "delegated").await,
+        "pia filled her seat"
+    );
     let a = vote(&mut env.approvals(DELEGATE, 0), &id, K::Approve, None, "")
         .await
         .unwrap();
@@ -91,6 +100,8 @@ pub async fn a_claim_keeps_others_out(env: Arc<Env>) -> Vec<Expect> {
     assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
     assert!(err.message().contains("paul"), "names the holder: {err}");
     refused(&env, "pete", &a, K::Approve, "", Code::FailedPrecondition).await;
+    assert!(!env.actionable("pete", "claimed").await);
+    assert!(env.actionable("paul", "claimed").await);
 
     let a = vote(&mut env.approvals("paul", 1), &id, K::Approve, None, "")
         .await
