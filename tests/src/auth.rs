@@ -1,8 +1,12 @@
 //! Authentication fixtures: a tokens file with one principal per role (plus a principal holding
-//! two roles and an expired one), the token file approval-svc presents to the runner, and the
-//! service arguments that turn authentication on.
+//! two roles and an expired one, and any people a test adds, with their approver groups), the
+//! token file approval-svc presents to the runner, and the service arguments that turn
+//! authentication on.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use arbor_shared::auth::hash_token;
 
@@ -27,6 +31,27 @@ pub struct Tokens {
     pub worker: String,
     /// `rita`: reads everything, changes nothing (a dashboard).
     pub reader: String,
+    /// The token of each [`Person`] the test added, by name.
+    pub people: BTreeMap<String, String>,
+}
+
+/// A principal a test adds to the tokens file: a name (one already there gets a second token,
+/// with these roles and groups added to its own), roles and approver groups.
+#[derive(Debug, Clone)]
+pub struct Person {
+    pub name: String,
+    pub roles: Vec<&'static str>,
+    pub groups: Vec<String>,
+}
+
+impl Person {
+    pub fn new(name: &str, roles: &[&'static str], groups: &[&str]) -> Person {
+        Person {
+            name: name.to_string(),
+            roles: roles.to_vec(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+        }
+    }
 }
 
 pub const SUBMITTER: &str = "sam";
@@ -41,6 +66,11 @@ impl Tokens {
     /// Writes the tokens file and the runner token file into `dir`. Tokens are random per
     /// cluster, so a test can never pass by accident on a token another test wrote.
     pub fn write(dir: &Path) -> Tokens {
+        Self::write_with(dir, &[])
+    }
+
+    /// [`write`](Self::write), with `people` added.
+    pub fn write_with(dir: &Path, people: &[Person]) -> Tokens {
         let token = |who: &str| format!("{who}-{}", uuid::Uuid::new_v4().simple());
         let t = Tokens {
             file: dir.join("tokens.toml"),
@@ -53,6 +83,10 @@ impl Tokens {
             expired: token("old"),
             worker: token(WORKER),
             reader: token(READER),
+            people: people
+                .iter()
+                .map(|p| (p.name.clone(), token(&p.name)))
+                .collect(),
         };
         let entry = |name: &str, roles: &str, tok: &str, extra: &str| {
             format!(
@@ -80,11 +114,42 @@ impl Tokens {
                 "expires_at = \"2001-01-01T00:00:00Z\"",
             ),
         ]
+        .into_iter()
+        .chain(people.iter().map(|p| {
+            let quoted = |items: &[String]| {
+                items
+                    .iter()
+                    .map(|i| format!("{i:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let roles: Vec<String> = p.roles.iter().map(|r| r.to_string()).collect();
+            let groups = format!("groups = [{}]", quoted(&p.groups));
+            entry(&p.name, &quoted(&roles), &t.people[&p.name], &groups)
+        }))
+        .collect::<Vec<_>>()
         .join("\n");
         std::fs::write(&t.file, text).expect("write tokens file");
         std::fs::write(&t.runner_token_file, format!("{}\n", t.service))
             .expect("write runner token file");
         t
+    }
+
+    /// The token of `name`: a person the test added, or one of the built-in principals.
+    pub fn of(&self, name: &str) -> &str {
+        match name {
+            SUBMITTER => &self.submitter,
+            APPROVER => &self.approver,
+            OPERATOR => &self.operator,
+            SERVICE => &self.service,
+            SUBMITTER_APPROVER => &self.submitter_approver,
+            WORKER => &self.worker,
+            READER => &self.reader,
+            _ => self
+                .people
+                .get(name)
+                .unwrap_or_else(|| panic!("no principal {name:?} in the tokens file")),
+        }
     }
 
     /// Arguments that turn authentication on for runner-svc.

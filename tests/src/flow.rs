@@ -1,5 +1,6 @@
 //! Steps of the approval loop that several end-to-end tests share: register and submit (with
-//! or without a `traceparent`), wait for the approval, decide it, wait for the run, read events.
+//! or without a `traceparent`), wait for the approval, decide it (or vote on it, delegate a
+//! seat), wait for the run, read events and the audit.
 
 use arbor_shared::proto::{approval::v1 as apb, runner::v1 as rpb};
 
@@ -196,6 +197,24 @@ pub async fn watch_for(
     }
 }
 
+/// An `ApprovalService.Resolve` request: `kind` with `args` (an EDIT's), bound to
+/// `expected_digest` (empty: to whatever the approval holds now).
+pub fn resolve_request(
+    request_id: &str,
+    kind: rpb::DecisionKind,
+    args: Option<serde_json::Value>,
+    expected_digest: &str,
+) -> apb::ResolveRequest {
+    apb::ResolveRequest {
+        request_id: request_id.into(),
+        decision: kind as i32,
+        reason: format!("decided {kind:?}"),
+        args: args.map(|a| arbor_shared::json::to_proto_value(&a)),
+        expected_digest: expected_digest.into(),
+        ..Default::default()
+    }
+}
+
 /// Decides an approval through `ApprovalService.Resolve`.
 pub async fn decide(
     approvals: &mut crate::clients::ApprovalClient,
@@ -204,14 +223,91 @@ pub async fn decide(
     args: Option<serde_json::Value>,
 ) -> apb::ResolveResponse {
     approvals
-        .resolve(apb::ResolveRequest {
-            request_id: request_id.into(),
-            decision: kind as i32,
-            reason: format!("decided {kind:?}"),
-            args: args.map(|a| arbor_shared::json::to_proto_value(&a)),
-            ..Default::default()
-        })
+        .resolve(resolve_request(request_id, kind, args, ""))
         .await
         .unwrap_or_else(|e| panic!("ApprovalService.Resolve {request_id} {kind:?}: {e}"))
         .into_inner()
+}
+
+/// A vote (APPROVE, REJECT) or a proposal (EDIT with `args`) on a governed approval, bound to
+/// `expected_digest`; returns the approval as it stands after it (still PENDING until the
+/// quorum decides), or the refusal.
+pub async fn vote(
+    approvals: &mut crate::clients::ApprovalClient,
+    request_id: &str,
+    kind: rpb::DecisionKind,
+    args: Option<serde_json::Value>,
+    expected_digest: &str,
+) -> Result<apb::Approval, tonic::Status> {
+    let response = approvals
+        .resolve(resolve_request(request_id, kind, args, expected_digest))
+        .await?;
+    Ok(response
+        .into_inner()
+        .approval
+        .expect("Resolve answers the approval"))
+}
+
+/// One approval, as approval-svc holds it now.
+pub async fn get_approval(
+    approvals: &mut crate::clients::ApprovalClient,
+    request_id: &str,
+) -> apb::Approval {
+    approvals
+        .get_approval(apb::GetApprovalRequest {
+            request_id: request_id.into(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("GetApproval {request_id}: {e}"))
+        .into_inner()
+        .approval
+        .expect("approval")
+}
+
+/// Every audit entry of one request, oldest first, page by page.
+pub async fn audit_of(
+    approvals: &mut crate::clients::ApprovalClient,
+    request_id: &str,
+) -> Vec<apb::AuditEntry> {
+    let mut entries = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = approvals
+            .get_audit_log(apb::GetAuditLogRequest {
+                request_id: request_id.into(),
+                page_token,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("GetAuditLog {request_id}: {e}"))
+            .into_inner();
+        entries.extend(page.entries);
+        if page.next_page_token.is_empty() {
+            return entries;
+        }
+        page_token = page.next_page_token;
+    }
+}
+
+/// Lets `to` vote in the caller's seat for `for_ms` from now, on every request.
+pub async fn delegate(
+    approvals: &mut crate::clients::ApprovalClient,
+    to: &str,
+    for_ms: u64,
+) -> apb::Delegation {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64;
+    approvals
+        .delegate(apb::DelegateRequest {
+            to: to.into(),
+            ends: Some(arbor_shared::time::timestamp(now + for_ms)),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("Delegate to {to}: {e}"))
+        .into_inner()
+        .delegation
+        .expect("delegation")
 }

@@ -76,10 +76,21 @@ pub async fn register(runner: &mut RunnerClient, document: String) -> rpb::Tree 
 
 /// Submits a run of `tree_id` with a chosen run id.
 pub async fn submit(runner: &mut RunnerClient, tree_id: &str, run_id: &str) -> rpb::Run {
+    submit_input(runner, tree_id, run_id, serde_json::Map::new()).await
+}
+
+/// Submits a run of `tree_id` with a chosen run id and `input` as its initial blackboard.
+pub async fn submit_input(
+    runner: &mut RunnerClient,
+    tree_id: &str,
+    run_id: &str,
+    input: serde_json::Map<String, serde_json::Value>,
+) -> rpb::Run {
     runner
         .submit_run(rpb::SubmitRunRequest {
             tree_id: tree_id.into(),
             run_id: run_id.into(),
+            input: (!input.is_empty()).then(|| arbor_shared::json::to_proto_struct(&input)),
             ..Default::default()
         })
         .await

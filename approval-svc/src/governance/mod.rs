@@ -246,10 +246,17 @@ impl Governance {
             .collect()
     }
 
-    /// Everyone whose live vote decided: the voters the decision names.
+    /// Everyone whose live vote decided: the voters the decision names. A proposer's own
+    /// approval of their edit or response is not one unless the rule says `editor_counts`.
     pub fn voters(&self) -> Vec<String> {
         let mut voters: Vec<String> = Vec::new();
-        for v in self.votes.iter().filter(|v| !v.stale) {
+        let own_proposal = |v: &Vote| {
+            !self.editor_counts
+                && v.kind == DecisionKind::Approve
+                && v.seat == self.proposal.by
+                && v.digest == self.proposal.digest
+        };
+        for v in self.votes.iter().filter(|v| !v.stale && !own_proposal(v)) {
             let name = match v.by == v.seat {
                 true => v.by.clone(),
                 false => format!("{} for {}", v.by, v.seat),

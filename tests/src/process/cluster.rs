@@ -39,8 +39,18 @@ impl Cluster {
         runner_args: Vec<String>,
         approval_args: Vec<String>,
     ) -> (Cluster, crate::auth::Tokens) {
+        Self::start_secure_people(profile, &[], runner_args, approval_args).await
+    }
+
+    /// [`start_secure_with`](Self::start_secure_with), with `people` added to the tokens file.
+    pub async fn start_secure_people(
+        profile: Profile,
+        people: &[crate::auth::Person],
+        runner_args: Vec<String>,
+        approval_args: Vec<String>,
+    ) -> (Cluster, crate::auth::Tokens) {
         let mut cluster = Self::prepare(profile, runner_args, approval_args);
-        let tokens = crate::auth::Tokens::write(cluster.dir.path());
+        let tokens = crate::auth::Tokens::write_with(cluster.dir.path(), people);
         cluster.runner.extra_args.extend(tokens.runner_args());
         cluster.approval.extra_args.extend(tokens.approval_args());
         let runner_url = cluster.runner.url();

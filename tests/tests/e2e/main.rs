@@ -15,6 +15,7 @@ mod corrupt_store;
 mod database_stall;
 mod decisions;
 mod docs;
+mod governance;
 mod interaction;
 mod manifests;
 mod observability;

@@ -139,6 +139,11 @@ fn an_edit_makes_earlier_approvals_stale_and_the_editor_does_not_count() {
     );
     assert_eq!(vote(&mut g, "cat", DecisionKind::Approve), Tally::Pending);
     assert_eq!(vote(&mut g, "ann", DecisionKind::Approve), Tally::Passed);
+    assert_eq!(
+        g.voters(),
+        ["cat", "ann"],
+        "the editor's vote did not decide"
+    );
 }
 
 #[test]

@@ -106,8 +106,9 @@ impl Save {
     pub(super) const INSERT: &'static str = "INSERT INTO approval_records (request_id, run_id, state, \
          created_at_ms, arrival, updated_at_ms, deadline_ms, awaiting_delivery, record) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text)";
+    /// The deadline too: a governed approval's moves with its stages while it stays PENDING.
     pub(super) const UPDATE: &'static str = "UPDATE approval_records SET state = $2, updated_at_ms = $3, \
-         awaiting_delivery = $4, record = $5::text WHERE request_id = $1";
+         awaiting_delivery = $4, record = $5::text, deadline_ms = $6 WHERE request_id = $1";
 
     /// Its statement alone.
     pub(super) fn alone(&self) -> &'static str {
@@ -137,6 +138,7 @@ impl Save {
                 Box::new(self.updated),
                 Box::new(self.outbox),
                 Box::new(self.record),
+                Box::new(self.deadline),
             ],
         }
     }
