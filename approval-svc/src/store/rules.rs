@@ -334,6 +334,11 @@ pub(super) fn expire<R: Records>(
         let counted = crate::voting::stage_timeout(&a, tx.now());
         return Ok(settle_vote(tx, &a, counted, decision_id, Transition::Expire)?.approval);
     }
+    // A governed request whose stage is not due and which has no deadline of its own has
+    // nothing to expire (a timer that read a deadline since moved on).
+    if a.ext.governance.is_some() && a.request.deadline_ms == 0 {
+        return Ok(a);
+    }
     let kind = match a.request.on_timeout {
         TimeoutAction::Approve => DecisionKind::Approve,
         TimeoutAction::Reject => DecisionKind::Reject,
