@@ -8,6 +8,7 @@
 //! concurrency cases run on 2 runner + 2 approval replicas (each client call going to a
 //! different replica than the one before), the rest on one pair.
 
+mod cli;
 mod concurrency;
 mod digest;
 mod escalation;
@@ -399,6 +400,7 @@ async fn every_governance_case_on_sled() {
         cases.spawn(seats::a_claim_keeps_others_out(env.clone()));
         cases.spawn(digest::an_edit_makes_votes_stale(env.clone()));
         cases.spawn(concurrency::sixteen_vote_at_once(env.clone()));
+        cases.spawn(cli::a_person_votes_from_the_command_line(env.clone()));
     })
     .await;
 }
