@@ -165,7 +165,7 @@ pub fn stage_timeout(a: &Approval, now_ms: u64) -> Counted {
         OnTimeout::Escalate => {
             let next = g.current + 1;
             let opened = match (
-                spec.escalate_to.is_empty(),
+                !quorum::can_escalate(g, &submitter),
                 (next as usize) < g.stages.len(),
             ) {
                 (false, _) => {

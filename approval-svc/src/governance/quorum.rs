@@ -98,6 +98,20 @@ pub fn open(g: &mut Governance, index: u32, submitter: &str, now_ms: u64) -> Res
     widen(g, &approvers, submitter)
 }
 
+/// Whether escalating would add anyone to the open stage: an `escalate_to` principal who is
+/// not eligible yet and may be (not the submitter, not excluded, not counted before). Once
+/// they all joined, a stage's next deadline moves on to the next stage, or rejects.
+pub fn can_escalate(g: &Governance, submitter: &str) -> bool {
+    let roster = &g.rosters[g.current as usize];
+    let counted = g.counted_before();
+    roster.escalate_to.iter().any(|p| {
+        p != submitter
+            && !roster.excluded.contains(p)
+            && !counted.contains(&p.as_str())
+            && !g.eligible.contains(p)
+    })
+}
+
 /// The open stage's escalation: its `escalate_to` principals join it, votes kept.
 pub fn escalate(g: &mut Governance, submitter: &str) -> Result<(), String> {
     let more = g.rosters[g.current as usize].escalate_to.clone();

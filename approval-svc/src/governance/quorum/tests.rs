@@ -153,7 +153,12 @@ fn escalation_widens_a_stage_and_keeps_its_votes() {
     let (mut g, _) = start(&rule(stages), "d1".into(), &dir(), "", 0);
     assert_eq!(g.stage_deadline_ms, 3_600_000);
     vote(&mut g, "bob", DecisionKind::Approve);
+    assert!(can_escalate(&g, ""));
     escalate(&mut g, "").unwrap();
+    assert!(
+        !can_escalate(&g, ""),
+        "a second deadline finds nobody more to add"
+    );
     assert_eq!(g.eligible, ["bob", "cat", "max"]);
     assert_eq!(
         g.required, 3,
