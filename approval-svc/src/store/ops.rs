@@ -210,16 +210,8 @@ pub(super) async fn change<B: Backend>(
     change: impl Fn(&Approval, u64) -> Result<(Approval, Vec<AuditEntry>)> + Send + Sync + 'static,
 ) -> Result<Approval> {
     let request_id = request_id.to_string();
-    b.transact(true, move |tx| {
-        let a = rules::load(tx, &request_id)?;
-        let (mut n, entries) = change(&a, tx.now())?;
-        n.version = a.version + 1;
-        n.updated_at_ms = tx.now();
-        tx.save(Some(&a), &n)?;
-        tx.audit_all(entries)?;
-        Ok(n)
-    })
-    .await
+    b.transact(true, move |tx| rules::change(tx, &request_id, &change))
+        .await
 }
 
 /// Writes a delegation.

@@ -237,6 +237,28 @@ pub(super) fn resolve<R: Records>(
     })
 }
 
+/// `n`, a change of `a` that keeps its state, one version on at the transaction's time.
+fn stamped<R: Records>(tx: &R, a: &Approval, mut n: Approval) -> Approval {
+    (n.version, n.updated_at_ms) = (a.version + 1, tx.now());
+    n
+}
+
+/// One change to approval `request_id` that keeps its state (a claim, a comment): `f`, given
+/// the record and the transaction's time, answers the new record and its audit entries, or
+/// refuses and nothing is written.
+pub(super) fn change<R: Records>(
+    tx: &R,
+    request_id: &str,
+    f: &(dyn Fn(&Approval, u64) -> crate::error::Result<(Approval, Vec<AuditEntry>)> + Send + Sync),
+) -> Outcome<R, Approval> {
+    let a = load(tx, request_id)?;
+    let (n, entries) = f(&a, tx.now())?;
+    let n = stamped(tx, &a, n);
+    tx.save(Some(&a), &n)?;
+    tx.audit_all(entries)?;
+    Ok(n)
+}
+
 /// Writes what a vote or a stage's deadline did to `a`: the record with its entries, and, when
 /// the request is now decided, the decision (by `event`, DECIDE or EXPIRE) after them.
 fn settle_vote<R: Records>(
@@ -248,11 +270,7 @@ fn settle_vote<R: Records>(
 ) -> Outcome<R, Resolved> {
     use crate::voting::Counted;
     let (n, entries) = match counted {
-        Counted::Pending(mut n, entries) => {
-            n.version = a.version + 1;
-            n.updated_at_ms = tx.now();
-            (n, entries)
-        }
+        Counted::Pending(n, entries) => (stamped(tx, a, n), entries),
         Counted::Decide(n, mut entries, d) => {
             let (mut decided, entry) = decided(tx, &n, &d, decision_id, event)?;
             if let Some(g) = &n.ext.governance {
