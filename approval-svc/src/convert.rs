@@ -166,11 +166,7 @@ impl From<&Approval> for pb::Approval {
 
 /// What happens when `a`'s next deadline passes.
 fn on_deadline(a: &Approval) -> String {
-    let stage = a.ext.governance.as_ref().filter(|g| {
-        g.stage_deadline_ms > 0
-            && (a.request.deadline_ms == 0 || g.stage_deadline_ms <= a.request.deadline_ms)
-    });
-    match (stage, a.deadline_ms()) {
+    match (a.stage_deadline_first(), a.deadline_ms()) {
         (_, 0) => String::new(),
         (Some(g), _) => format!("{:?}", g.stage().on_timeout).to_lowercase(),
         (None, _) => match a.request.on_timeout {

@@ -137,6 +137,15 @@ impl Approval {
         }
     }
 
+    /// The governance whose open stage's deadline is the next one (it comes no later than the
+    /// request's own), if any: what [`deadline_ms`](Self::deadline_ms) passing carries out.
+    pub fn stage_deadline_first(&self) -> Option<&crate::governance::Governance> {
+        self.ext.governance.as_ref().filter(|g| {
+            let due = g.stage_deadline_ms;
+            due > 0 && (self.request.deadline_ms == 0 || due <= self.request.deadline_ms)
+        })
+    }
+
     /// Approve and reject are always possible (a person can always refuse); edit and respond
     /// only where the runner said the node supports them.
     pub fn allows(&self, kind: DecisionKind) -> bool {

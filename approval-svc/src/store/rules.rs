@@ -344,10 +344,9 @@ pub(super) fn expire<R: Records>(
     decision_id: &str,
 ) -> Outcome<R, Approval> {
     let a = load(tx, request_id)?;
-    let stage_due = a.ext.governance.as_ref().is_some_and(|g| {
-        let due = g.stage_deadline_ms;
-        due > 0 && due <= tx.now() && (a.request.deadline_ms == 0 || due <= a.request.deadline_ms)
-    });
+    let stage_due = a
+        .stage_deadline_first()
+        .is_some_and(|g| g.stage_deadline_ms <= tx.now());
     if stage_due && a.state == ApprovalState::Pending {
         let counted = crate::voting::stage_timeout(&a, tx.now());
         return Ok(settle_vote(tx, &a, counted, decision_id, Transition::Expire)?.approval);
