@@ -243,14 +243,14 @@ fn stamped<R: Records>(tx: &R, a: &Approval, mut n: Approval) -> Approval {
     n
 }
 
+/// A change that keeps an approval's state: the new record and its audit entries, or a refusal.
+pub(super) type Change =
+    dyn Fn(&Approval, u64) -> crate::error::Result<(Approval, Vec<AuditEntry>)> + Send + Sync;
+
 /// One change to approval `request_id` that keeps its state (a claim, a comment): `f`, given
 /// the record and the transaction's time, answers the new record and its audit entries, or
 /// refuses and nothing is written.
-pub(super) fn change<R: Records>(
-    tx: &R,
-    request_id: &str,
-    f: &(dyn Fn(&Approval, u64) -> crate::error::Result<(Approval, Vec<AuditEntry>)> + Send + Sync),
-) -> Outcome<R, Approval> {
+pub(super) fn change<R: Records>(tx: &R, request_id: &str, f: &Change) -> Outcome<R, Approval> {
     let a = load(tx, request_id)?;
     let (n, entries) = f(&a, tx.now())?;
     let n = stamped(tx, &a, n);
