@@ -11,6 +11,7 @@ mod bad_input;
 mod chaos;
 mod chaos_postgres;
 mod chaos_workers;
+mod clients;
 mod corrupt_store;
 mod database_stall;
 mod decisions;

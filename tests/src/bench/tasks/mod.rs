@@ -183,7 +183,7 @@ fn ns(from: u64, to: u64) -> Duration {
 async fn latency(
     store: &Store,
     worker: Worker,
-    python: &(PathBuf, PathBuf),
+    python: &PathBuf,
     tasks: usize,
     repeat: usize,
 ) -> LatencyResult {
