@@ -1,4 +1,4 @@
-//! The bench's task workers: the Python helper's worker process and the bench's own Rust
+//! The bench's task workers: the Python package's worker process and the bench's own Rust
 //! worker, each reporting every finished task, and the keeper that keeps runs asking for tasks.
 
 use super::*;
@@ -7,7 +7,7 @@ use super::*;
 pub(super) struct Done {
     pub(super) run_id: String,
     pub(super) recv_ns: u64,
-    /// When the handler returned (the Python helper's hand-off to its handler thread before).
+    /// When the handler returned (the Python Worker's hand-off to its handler thread before).
     pub(super) handled_ns: Option<u64>,
     pub(super) ack_ns: u64,
     pub(super) accepted: bool,
