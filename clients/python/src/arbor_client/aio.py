@@ -271,3 +271,17 @@ class AsyncClient:
         resp: apb.ListDelegationsResponse = await self._call(
             self.approvals.ListDelegations, apb.ListDelegationsRequest(principal=principal))
         return list(resp.delegations)
+
+    async def audit_log(self, *, request_id: str = "", run_id: str = "",
+                        page_size: int = 100) -> AsyncIterator[apb.AuditEntry]:
+        token = ""
+        while True:
+            page: apb.GetAuditLogResponse = await self._call(
+                self.approvals.GetAuditLog, apb.GetAuditLogRequest(
+                    request_id=request_id, run_id=run_id, page_size=page_size,
+                    page_token=token))
+            for entry in page.entries:
+                yield entry
+            token = page.next_page_token
+            if not token:
+                return

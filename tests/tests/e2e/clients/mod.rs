@@ -2,12 +2,13 @@
 //! a fresh virtualenv / `node_modules` under `target/`, type-checked (mypy strict; `tsc
 //! --noEmit`), and its own tests (pytest; `node --test` on the built JS) run against the real
 //! binaries with authentication on. The examples of each README run as written, a follow
-//! iterator cut by SIGKILLing runner-svc resumes and yields every event once, in order, and the
-//! committed stubs are what `proto/` generates.
+//! iterator cut by SIGKILLing runner-svc resumes and yields every event once, in order, both
+//! connect over TLS, and the committed stubs are what `proto/` generates.
 
 mod generated;
 mod node;
 mod python;
+mod tls;
 
 use std::{
     path::{Path, PathBuf},
