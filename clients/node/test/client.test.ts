@@ -107,3 +107,29 @@ test('errors are typed with their code and details', async () => {
     anonymous.close();
   }
 });
+
+test('edit and respond decide a tool call', async () => {
+  const s = submitter();
+  const a = approver();
+  try {
+    const tree = await s.registerTree({ id: unique('node-refund'), version: 1,
+      root: { type: 'tool', name: 'refund', tool: 'ledger.append', policy: 'ask',
+        allow_edit: true, allow_respond: true,
+        args: { entry: { refund: { $ref: 'refund' } } }, output: 'refund_result' } });
+    const edited = (await s.submitRun(tree.id, { input: { refund: 50 } })).run!.runId;
+    const responded = (await s.submitRun(tree.id, { input: { refund: 70 } })).run!.runId;
+    await a.decide((await pendingApproval(a, edited)).requestId, 'edit',
+      { args: { entry: { refund: 20 } }, reason: 'capped' });
+    await a.decide((await pendingApproval(a, responded)).requestId, 'respond',
+      { result: { refunded: 'by hand' } });
+    for (const runId of [edited, responded]) {
+      assert.equal((await kindsUntilEnd(s, runId)).at(-1), EventKind.EVENT_KIND_RUN_SUCCEEDED);
+    }
+    assert.deepEqual((await s.getRun(edited)).blackboard!.refund_result.entry, { refund: 20 });
+    assert.deepEqual((await s.getRun(responded)).blackboard!.refund_result,
+      { refunded: 'by hand' });
+  } finally {
+    s.close();
+    a.close();
+  }
+});

@@ -101,3 +101,25 @@ def test_errors_are_typed_with_their_code_and_details(submitter: Client) -> None
         with pytest.raises(Unauthenticated) as denied:
             anonymous.get_run("no-such-run")
     assert denied.value.code.name == "UNAUTHENTICATED"
+
+
+def test_edit_and_respond_decide_a_tool_call(submitter: Client, approver: Client) -> None:
+    tree = submitter.register_tree({
+        "id": unique("py-refund"), "version": 1,
+        "root": {"type": "tool", "name": "refund", "tool": "ledger.append", "policy": "ask",
+                 "allow_edit": True, "allow_respond": True,
+                 "args": {"entry": {"refund": {"$ref": "refund"}}}, "output": "refund_result"},
+    })
+    edited = submitter.submit_run(tree.id, input={"refund": 50}).run.run_id
+    responded = submitter.submit_run(tree.id, input={"refund": 70}).run.run_id
+    approver.decide(pending_approval(approver, edited).request_id, "edit",
+                    args={"entry": {"refund": 20}}, reason="capped")
+    approver.decide(pending_approval(approver, responded).request_id, "respond",
+                    result={"refunded": "by hand"})
+    boards = {}
+    for run_id in (edited, responded):
+        last = list(submitter.follow(run_id=run_id, after_seq=0, until_run_ends=True))[-1]
+        assert last.kind == events_pb.EVENT_KIND_RUN_SUCCEEDED
+        boards[run_id] = struct_to_py(submitter.get_run(run_id).blackboard)
+    assert boards[edited]["refund_result"]["entry"] == {"refund": 20}
+    assert boards[responded]["refund_result"] == {"refunded": "by hand"}
