@@ -212,7 +212,8 @@ pub fn node_client() -> PathBuf {
     let modules = project.join("node_modules");
     let marker = project.join(".arbor-package");
     let stamp = tree_stamp(&["clients/node"], &["node_modules", "dist"]);
-    if installed(&marker, &stamp) && modules.join("arbor-client").exists() {
+    let built = dir.join("dist/src/index.js").exists() && dir.join("dist/test").exists();
+    if installed(&marker, &stamp) && built && modules.join("arbor-client").exists() {
         return modules;
     }
     let _ = std::fs::remove_dir_all(&project);

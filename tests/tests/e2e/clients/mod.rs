@@ -90,11 +90,12 @@ impl Running {
     }
 
     async fn line(&self, what: &str, pred: impl Fn(&str) -> bool) {
-        let found = eventually(what, WAIT, || {
+        // The outer deadline ends first, so the failure shows what the process printed.
+        let found = eventually(what, WAIT + WAIT, || {
             let seen = self.out.any(&pred);
             async move { seen.then_some(()) }
         });
-        if tokio::time::timeout(WAIT + WAIT, found).await.is_err() {
+        if tokio::time::timeout(WAIT, found).await.is_err() {
             panic!("{what}: not seen\n{}", self.transcript());
         }
     }
