@@ -1,8 +1,7 @@
 //! The non-Rust tools the polyglot, worker, client and manifest tests run, installed by the tests
 //! themselves on first use under `target/` (never committed): Python virtual environments from
 //! pinned requirement files, the client packages of `clients/` built from their directories (a
-//! venv with `arbor-client` installed, a `node_modules` with the packed Node package), and
-//! `npm ci`.
+//! venv with `arbor-client` installed, a `node_modules` with the packed Node package).
 //! A missing interpreter or a failed install fails the test with the command and its output —
 //! no test skips silently.
 
@@ -84,25 +83,6 @@ pub fn python_venv(name: &str, requirements: &Path) -> PathBuf {
     );
     std::fs::write(&marker, stamp).unwrap();
     python
-}
-
-/// `npm ci` in `dir` (from its committed package-lock.json) unless node_modules already
-/// matches it; returns `dir`.
-pub fn npm_ci(dir: &Path) -> PathBuf {
-    let _guard = install_lock();
-    let lock = std::fs::read_to_string(dir.join("package-lock.json"))
-        .unwrap_or_else(|e| panic!("{}: no package-lock.json: {e}", dir.display()));
-    let marker = dir.join("node_modules").join(".arbor-installed");
-    if !installed(&marker, &lock) {
-        run(
-            Command::new("npm")
-                .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
-                .current_dir(dir),
-            "npm ci (needs node and npm, and the npm registry)",
-        );
-        std::fs::write(&marker, lock).unwrap();
-    }
-    dir.to_path_buf()
 }
 
 /// A digest of every file under `dirs` (relative to the workspace), skipping `skip` names:
