@@ -20,6 +20,7 @@ mod interaction;
 mod manifests;
 mod observability;
 mod one_build;
+mod otlp;
 mod partition;
 mod polyglot;
 mod postgres_clock;
