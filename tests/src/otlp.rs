@@ -64,6 +64,7 @@ impl Received {
 pub struct Collector {
     pub addr: SocketAddr,
     spans: Arc<Mutex<Vec<Received>>>,
+    received: Arc<AtomicU64>,
     exports: Arc<AtomicU64>,
     connections: Arc<AtomicU64>,
     server: tokio::task::JoinHandle<()>,
@@ -77,16 +78,28 @@ impl Collector {
 
     /// Starts a collector on `addr` (panics, naming the address, when it cannot be bound).
     pub async fn start_on(addr: &str) -> Collector {
+        Self::serve(addr, true).await
+    }
+
+    /// A collector that only counts the spans it receives (a bench's millions would not fit).
+    pub async fn counting() -> Collector {
+        Self::serve("127.0.0.1:0", false).await
+    }
+
+    async fn serve(addr: &str, keep: bool) -> Collector {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .unwrap_or_else(|e| panic!("cannot bind the test OTLP collector on {addr}: {e}"));
         let addr = listener.local_addr().expect("local addr");
         let spans = Arc::new(Mutex::new(Vec::new()));
+        let received = Arc::new(AtomicU64::new(0));
         let exports = Arc::new(AtomicU64::new(0));
         let connections = Arc::new(AtomicU64::new(0));
         let service = Sink {
             spans: spans.clone(),
+            received: received.clone(),
             exports: exports.clone(),
+            keep,
         };
         let counted = connections.clone();
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |c| {
@@ -102,6 +115,7 @@ impl Collector {
         Collector {
             addr,
             spans,
+            received,
             exports,
             connections,
             server,
@@ -119,6 +133,11 @@ impl Collector {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// How many spans were received so far (kept or not).
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::SeqCst)
     }
 
     /// Export calls received so far.
@@ -148,7 +167,9 @@ impl Drop for Collector {
 
 struct Sink {
     spans: Arc<Mutex<Vec<Received>>>,
+    received: Arc<AtomicU64>,
     exports: Arc<AtomicU64>,
+    keep: bool,
 }
 
 #[tonic::async_trait]
@@ -158,8 +179,19 @@ impl TraceService for Sink {
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
         self.exports.fetch_add(1, Ordering::SeqCst);
+        let request = request.into_inner();
+        let count = request
+            .resource_spans
+            .iter()
+            .flat_map(|rs| &rs.scope_spans)
+            .map(|ss| ss.spans.len() as u64)
+            .sum();
+        self.received.fetch_add(count, Ordering::SeqCst);
+        if !self.keep {
+            return Ok(tonic::Response::new(ExportTraceServiceResponse::default()));
+        }
         let mut received = Vec::new();
-        for rs in request.into_inner().resource_spans {
+        for rs in request.resource_spans {
             let resource: HashMap<String, String> = rs
                 .resource
                 .map(|r| r.attributes)
