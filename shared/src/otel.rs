@@ -5,6 +5,7 @@
 
 use std::task::{Context, Poll};
 
+use futures_util::future::Either;
 use opentelemetry::{KeyValue, trace::TracerProvider as _};
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::{
@@ -12,7 +13,6 @@ use opentelemetry_sdk::{
     resource::{EnvResourceDetector, ResourceDetector, TelemetryResourceDetector},
     trace::SdkTracerProvider,
 };
-use tonic::codegen::BoxFuture;
 use tracing::Instrument;
 use tracing_subscriber::{Layer, Registry, layer::SubscriberExt, util::SubscriberInitExt};
 
@@ -160,21 +160,21 @@ pub struct RpcSpan<S> {
 impl<S, B> tower::Service<http::Request<B>> for RpcSpan<S>
 where
     S: tower::Service<http::Request<B>>,
-    S::Future: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = BoxFuture<Self::Response, Self::Error>;
+    // No allocation and no span when nothing is exported: the call's own future as it is.
+    type Future = Either<S::Future, tracing::instrument::Instrumented<S::Future>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let Some(span) = rpc_span(&req) else {
-            return Box::pin(self.inner.call(req));
-        };
-        Box::pin(self.inner.call(req).instrument(span))
+        match rpc_span(&req) {
+            None => Either::Left(self.inner.call(req)),
+            Some(span) => Either::Right(self.inner.call(req).instrument(span)),
+        }
     }
 }
 

@@ -5,7 +5,6 @@
 //! the trace id is passed along with one new span id per hop, so log lines still join up.
 
 use std::{
-    collections::HashMap,
     fmt,
     sync::atomic::{AtomicBool, Ordering},
 };
@@ -155,10 +154,16 @@ pub fn link(span: &tracing::Span, to: Option<&TraceContext>) {
 impl fmt::Display for TraceContext {
     /// The `traceparent` form, as stored and sent.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let cx = opentelemetry::Context::new().with_remote_span_context(self.0.clone());
-        let mut out = HashMap::new();
-        TraceContextPropagator::new().inject_context(&cx, &mut out);
-        f.write_str(out.get(TRACEPARENT).map(String::as_str).unwrap_or_default())
+        // What the propagator injects (version 00), written without its map: events are
+        // stamped with it on every step, exported or not.
+        let c = &self.0;
+        write!(
+            f,
+            "00-{}-{}-{:02x}",
+            c.trace_id(),
+            c.span_id(),
+            c.trace_flags().to_u8() & TraceFlags::SAMPLED.to_u8()
+        )
     }
 }
 
@@ -273,6 +278,15 @@ mod tests {
         let b = TraceContext::new_root();
         assert_ne!(a.trace_id(), b.trace_id());
         assert_eq!(TraceContext::parse(&a.to_string()), Some(a));
+    }
+
+    #[test]
+    fn written_as_the_propagator_writes_it() {
+        let ctx = TraceContext::new_root().child();
+        let cx = opentelemetry::Context::new().with_remote_span_context(ctx.0.clone());
+        let mut out = std::collections::HashMap::new();
+        TraceContextPropagator::new().inject_context(&cx, &mut out);
+        assert_eq!(out[TRACEPARENT], ctx.to_string());
     }
 
     #[test]

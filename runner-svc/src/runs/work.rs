@@ -452,6 +452,9 @@ impl Runner {
 /// when the event suspends the run (approval-svc's work on it is that span's child). Empty
 /// strings otherwise: the events then carry the run's trace as before.
 fn step_traces(events: &[NewEvent]) -> (String, Vec<(tracing::Span, String)>) {
+    if !arbor_shared::trace::exporting() {
+        return (String::new(), Vec::new());
+    }
     let step = tracing::Span::current();
     let Some(step_ctx) = arbor_shared::trace::TraceContext::of_span(&step) else {
         return (String::new(), Vec::new());
