@@ -96,8 +96,10 @@ async fn one_trace_links_an_approval_cycle_across_a_restart_of_approval_svc() {
     flow::approve(&cluster, &pending.request_id).await;
     flow::wait_run(&cluster, &run.run_id, rpb::RunStatus::Succeeded).await;
 
-    // Wait for the resume step: a step whose parent is the runner's Resolve.
-    let spans = eventually("the resume step to be exported", WAIT, || async {
+    // Each service exports on its own schedule: wait for the resume step (a step whose parent
+    // is the runner's Resolve) and for the delivery that made that Resolve, which approval-svc
+    // ends (and exports) after the decision's span.
+    let spans = eventually("the cycle's spans to be exported", WAIT, || async {
         let spans: Vec<Received> = collector
             .spans()
             .into_iter()
@@ -107,7 +109,10 @@ async fn one_trace_links_an_approval_cycle_across_a_restart_of_approval_svc() {
         let resumed = spans.iter().any(|s| {
             s.name() == "run.step" && resolves.iter().any(|r| r.span_id() == s.parent_id())
         });
-        resumed.then_some(spans)
+        let delivered = named(&spans, "approval-svc", "approval.deliver")
+            .iter()
+            .any(|d| resolves.iter().any(|r| r.parent_id() == d.span_id()));
+        (resumed && delivered).then_some(spans)
     })
     .await;
 
@@ -149,16 +154,14 @@ async fn one_trace_links_an_approval_cycle_across_a_restart_of_approval_svc() {
         decide.resource["service.instance.id"], first.resource["service.instance.id"],
         "the decision was taken by the restarted approval-svc"
     );
-    let deliver = child_of(
-        &named(&spans, approval, "approval.deliver"),
-        decide,
-        "approval.deliver",
-    );
-    let resolve = child_of(
-        &named(&spans, runner, "Resolve"),
-        deliver,
-        "the runner's Resolve",
-    );
+    // An attempt the runner did not answer in time is retried: the one that got through.
+    let resolves = named(&spans, runner, "Resolve");
+    let delivers: Vec<_> = named(&spans, approval, "approval.deliver")
+        .into_iter()
+        .filter(|d| resolves.iter().any(|r| r.parent_id() == d.span_id()))
+        .collect();
+    let deliver = child_of(&delivers, decide, "approval.deliver");
+    let resolve = child_of(&resolves, deliver, "the runner's Resolve");
     assert_eq!(resolve.attr("rpc.service"), "arbor.runner.v1.RunnerService");
     child_of(&steps, resolve, "the resume step");
 
