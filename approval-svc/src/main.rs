@@ -42,7 +42,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     let served = serve_traced(args, cfg).await;
     // The spans of the shutdown itself go out with the rest.
-    telemetry.shutdown();
+    telemetry.shutdown().await;
     served
 }
 

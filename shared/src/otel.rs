@@ -72,7 +72,8 @@ impl Export {
     }
 }
 
-/// Keeps the exporter alive; [`Telemetry::shutdown`] (or dropping it) exports what is batched.
+/// Keeps the exporter alive; [`Telemetry::shutdown`] exports what is batched (dropping it
+/// stops the exporter too).
 #[derive(Debug, Default)]
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
@@ -80,18 +81,15 @@ pub struct Telemetry {
 
 impl Telemetry {
     /// Exports the spans still batched and stops the exporter (bounded by the SDK's timeouts).
-    pub fn shutdown(&mut self) {
-        if let Some(provider) = self.provider.take()
-            && let Err(e) = provider.shutdown()
-        {
-            tracing::warn!("exporting the last spans failed: {e}");
+    /// The SDK waits for its export thread, whose gRPC calls run on this runtime: the wait is
+    /// on a blocking thread, so the runtime's own threads stay free to carry them.
+    pub async fn shutdown(&mut self) {
+        if let Some(provider) = self.provider.take() {
+            let done = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+            if let Ok(Err(e)) = done {
+                tracing::warn!("exporting the last spans failed: {e}");
+            }
         }
-    }
-}
-
-impl Drop for Telemetry {
-    fn drop(&mut self) {
-        self.shutdown();
     }
 }
 

@@ -98,7 +98,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let mut telemetry = arbor_shared::otel::init_tracing(args.log_json, Some(&export))?;
     let served = serve_traced(args).await;
     // The spans of the shutdown itself go out with the rest.
-    telemetry.shutdown();
+    telemetry.shutdown().await;
     served
 }
 

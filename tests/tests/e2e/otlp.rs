@@ -93,6 +93,8 @@ async fn one_trace_links_an_approval_cycle_across_a_restart_of_approval_svc() {
     .await;
     cluster.approval.kill().await;
     cluster.approval.start().await;
+    // A request not yet flushed when the process died comes back with the runner's replay.
+    flow::approval_of(&cluster, &run.run_id, apb::ApprovalState::Pending).await;
     flow::approve(&cluster, &pending.request_id).await;
     flow::wait_run(&cluster, &run.run_id, rpb::RunStatus::Succeeded).await;
 
@@ -165,6 +167,9 @@ async fn one_trace_links_an_approval_cycle_across_a_restart_of_approval_svc() {
     assert_eq!(resolve.attr("rpc.service"), "arbor.runner.v1.RunnerService");
     child_of(&steps, resolve, "the resume step");
 
+    // Exporting does not stand in the way of a clean stop.
+    assert_eq!(cluster.approval.stop().await, Some(0));
+    assert_eq!(cluster.runner.stop().await, Some(0));
     for span in &spans {
         assert_eq!(span.resource["service.version"], VERSION, "{}", span.name());
         assert!(
