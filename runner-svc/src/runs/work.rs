@@ -65,10 +65,8 @@ struct Step {
 impl Runner {
     /// Processes one claimed job end to end.
     pub async fn process(self: &Arc<Self>, claim: &Claim) -> Processed {
-        let result = self
-            .try_process(claim)
-            .instrument(self.step_span(&claim.job))
-            .await;
+        let span = self.step_span(&claim.job).await;
+        let result = self.try_process(claim).instrument(span).await;
         let job = &claim.job;
         match result {
             Ok(status) => {
@@ -107,14 +105,20 @@ impl Runner {
     }
 
     /// The `run.step` span of a job while spans are exported, a child of the run's trace (the
-    /// SubmitRun or Resolve that caused the step); none otherwise.
-    fn step_span(&self, job: &crate::mailbox::Job) -> tracing::Span {
+    /// SubmitRun or Resolve that caused the step); none otherwise. The trace is read on a
+    /// blocking thread, as every store read outside a transaction is (PostgreSQL waits).
+    async fn step_span(self: &Arc<Self>, job: &crate::mailbox::Job) -> tracing::Span {
         if !arbor_shared::trace::exporting() {
             return tracing::Span::none();
         }
         let span = tracing::info_span!("run.step", run_id = %job.run_id, job_id = %job.job_id,
             job_kind = ?job.kind);
-        arbor_shared::trace::adopt(&span, self.events().run_trace(&job.run_id).as_ref());
+        let (this, run_id) = (self.clone(), job.run_id.clone());
+        let parent = tokio::task::spawn_blocking(move || this.events().run_trace(&run_id))
+            .await
+            .ok()
+            .flatten();
+        arbor_shared::trace::adopt(&span, parent.as_ref());
         span
     }
 
