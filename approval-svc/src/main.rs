@@ -33,7 +33,20 @@ fn main() -> ExitCode {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let cfg = args.config()?;
-    arbor_shared::server::init_tracing(args.log_json);
+    let export = arbor_shared::otel::Export {
+        endpoint: args.otlp_endpoint.clone(),
+        service: "approval-svc",
+        version: env!("CARGO_PKG_VERSION"),
+    };
+    let mut telemetry = arbor_shared::otel::init_tracing(args.log_json, Some(&export))
+        .map_err(anyhow::Error::msg)?;
+    let served = serve_traced(args, cfg).await;
+    // The spans of the shutdown itself go out with the rest.
+    telemetry.shutdown().await;
+    served
+}
+
+async fn serve_traced(args: ServeArgs, cfg: arbor_approval_svc::ServeConfig) -> anyhow::Result<()> {
     arbor_shared::server::check_bind(args.listen, cfg.auth.is_enabled(), args.insecure)
         .map_err(anyhow::Error::msg)?;
     if !cfg.auth.is_enabled() {

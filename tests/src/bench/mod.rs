@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod cycle;
 pub mod fanout;
 pub mod langgraph;
+pub mod otlp;
 pub mod parked;
 pub mod pg_append;
 pub mod procstat;
@@ -151,6 +152,8 @@ pub struct Options {
     pub replicas: Vec<usize>,
     /// Times every configuration is measured, round after round.
     pub rounds: usize,
+    /// Run each configuration again exporting traces over OTLP, and say what that cost.
+    pub otlp: bool,
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -502,6 +505,10 @@ async fn cycles_round(
                         pct_ms(&row.submit_to_done, 0.99),
                         row.unfinished
                     );
+                    if opts.otlp {
+                        let (_, line) = otlp::cost(store, *decider, opts.warmup, &row).await;
+                        println!("{line}");
+                    }
                     rows.push(row);
                 }
             }

@@ -4,7 +4,7 @@
 //!  [--store sled,postgres] [--runners 1,2] [--rounds N] [--parked N] [--fanout S]
 //!  [--fanout-cycles N]
 //!  [--appends N] [--append-concurrency K] [--task-latency N] [--tasks N] [--task-repeat M]
-//!  [--only cycle,langgraph,parked,fanout,pg-append,tasks]`
+//!  [--otlp] [--only cycle,langgraph,parked,fanout,pg-append,tasks]`
 //!
 //! `--help` lists every flag with its default; an unknown flag or value is refused.
 //!
@@ -27,6 +27,9 @@
 //! - `--pg-stats` (cycle): the PostgreSQL server loads `pg_stat_statements`, and each
 //!   PostgreSQL configuration prints the statements it ran per cycle, most frequent first, and
 //!   each table's rows written per cycle.
+//! - `--otlp` (cycle): each configuration runs a second time with both services exporting their
+//!   spans over OTLP/gRPC to a collector inside the bench; a line says what that costs per
+//!   cycle (throughput and CPU against the run without export) and how many spans a cycle makes.
 //! - `--only tasks` (not in the default set; on every `--store`): task workers. `--task-latency`
 //!   tasks one at a time through a Python worker (default 2000), `--tasks` tasks at 64 in flight
 //!   through a Rust worker in the bench (default 20000), runs of `--task-repeat` tasks each
@@ -78,6 +81,10 @@ struct Args {
     /// Print each PostgreSQL configuration's statements and rows written per cycle (cycle).
     #[arg(long)]
     pg_stats: bool,
+    /// Run each configuration again with both services exporting traces over OTLP to a
+    /// collector in the bench, and print what that costs per cycle (cycle).
+    #[arg(long)]
+    otlp: bool,
     /// Parked runs (parked).
     #[arg(long, default_value_t = 100_000)]
     parked: usize,
@@ -181,6 +188,7 @@ async fn main() {
             stores: stores.clone(),
             replicas: args.runners.clone().unwrap_or_else(|| vec![1]),
             rounds: args.rounds as usize,
+            otlp: args.otlp,
         };
         let (rounds, skipped) = bench::cycles(&opts).await;
         let ratios = bench::cycle_ratios(&rounds);

@@ -21,6 +21,7 @@ mod interaction;
 mod manifests;
 mod observability;
 mod one_build;
+mod otlp;
 mod partition;
 mod polyglot;
 mod postgres_clock;
