@@ -287,6 +287,13 @@ impl<S: ApprovalStore> Approvals<S> {
             // it. The puts answer in the order of the requests.
             let traces: Vec<String> = requests.iter().map(|(_, _, t)| t.clone()).collect();
             let puts = store.put_and_decide_requests(requests, decide).await?;
+            // The write is lazy (a request left to a person becomes durable with the next
+            // flush, at the latest the one before the event cursor moves), but a decision is
+            // never sent before it is durable: a crash would lose it after the run applied it.
+            // One group flush covers every decision of the batch.
+            if puts.iter().any(|p| p.decided) {
+                store.flush().await?;
+            }
             for (put, traceparent) in puts.iter().zip(traces) {
                 if put.decided && put.approval.needs_delivery() {
                     let traceparent = (!traceparent.is_empty()).then_some(traceparent);

@@ -38,6 +38,20 @@ const MAX_BATCH: usize = 512;
 /// Who the audit trail names for cancellations the runner caused.
 const ACTOR: &str = "runner";
 
+/// The kinds of event this service applies (see `apply_batch` and `handle`); the runner streams
+/// only these, so most of a run's events never cross the wire. The runner skips the others for
+/// this subscriber, and the cursor acked after an event covers the skipped ones before it (a
+/// replay after a crash skips them again).
+const USED_KINDS: [EventKind; 7] = [
+    EventKind::ApprovalRequested,
+    EventKind::ApprovalConsumed,
+    EventKind::SuspensionWithdrawn,
+    EventKind::RunSucceeded,
+    EventKind::RunFailed,
+    EventKind::RunCancelled,
+    EventKind::RunSuperseded,
+];
+
 enum SessionEnd {
     /// The runner ended the stream or was unreachable.
     Runner(Status),
@@ -128,7 +142,10 @@ impl<S: ApprovalStore> Subscriber<S> {
         let request = StreamEventsRequest {
             subscriber_id: SUBSCRIBER_ID.into(),
             after_seq: None,
-            filter: None,
+            filter: Some(runner_pb::EventFilter {
+                kinds: USED_KINDS.iter().map(|k| *k as i32).collect(),
+                ..Default::default()
+            }),
             follow: true,
         };
         let opened = tokio::select! {
@@ -201,17 +218,10 @@ impl<S: ApprovalStore> Subscriber<S> {
         let mut by_run: Vec<(String, Vec<runner_pb::Event>)> = Vec::new();
         let mut index: std::collections::HashMap<String, usize> = Default::default();
         for event in batch {
-            if let Some(done) = last {
-                if event.seq <= done {
-                    continue; // replayed after a reconnect; already applied
-                }
-                if event.seq > done + 1 {
-                    tracing::warn!(
-                        after = done,
-                        got = event.seq,
-                        "gap in the runner's event sequence"
-                    );
-                }
+            // Seqs skip the kinds this service does not ask for (`USED_KINDS`); the runner
+            // keeps its log gap-free and says so when our cursor fell behind its compaction.
+            if last.is_some_and(|done| event.seq <= done) {
+                continue; // replayed after a reconnect; already applied
             }
             last = Some(event.seq);
             let slot = *index.entry(event.run_id.clone()).or_insert_with(|| {
