@@ -21,6 +21,7 @@ pub mod runner;
 pub mod server;
 pub mod store;
 pub mod voting;
+pub mod web;
 pub mod webhooks;
 
 pub use config::{ServeConfig, Tuning};

@@ -42,6 +42,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("cannot listen for metrics on {0}: {1}")]
     Metrics(String, std::io::Error),
+    #[error("cannot listen for the web inbox on {0}: {1}")]
+    Web(String, std::io::Error),
 }
 
 /// Serves until `shutdown` resolves, then drains and returns. Tests call this on port 0.
@@ -88,6 +90,14 @@ async fn serve<S: ApprovalStore>(
     let metrics_listener = arbor_shared::metrics::bind(cfg.metrics_listen)
         .await
         .map_err(|e| ServeError::Metrics(cfg.metrics_listen.to_string(), e))?;
+    let web_listener = match cfg.web.listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| ServeError::Web(addr.to_string(), e))?,
+        ),
+        None => None,
+    };
     let mut front: Front<ApiService<S>> = Front::start(
         listener,
         tonic_health::server::health_reporter(),
@@ -185,6 +195,19 @@ async fn serve<S: ApprovalStore>(
         .max_encoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES),
         AuthInterceptor(cfg.auth.clone()),
     ));
+    if let Some(l) = web_listener {
+        let runner = crate::runner::channel_lazy(&cfg.runner_url, cfg.runner_tls.clone())
+            .map_err(ServeError::Runner)?;
+        let web = crate::web::Web::new(
+            ApprovalApi::new(approvals.clone(), cfg.auth.is_enabled(), stop.clone()),
+            approvals.clone(),
+            cfg.auth.clone(),
+            cfg.web.clone(),
+            runner,
+            cfg.runner_token.clone(),
+        );
+        tasks.push(tokio::spawn(crate::web::serve(l, web, stop.clone())));
+    }
     front.set_health(ServingStatus::Serving).await;
     tracing::info!(addr = ?front.addr, "approval-svc serving");
     let reachability = approvals

@@ -1,0 +1,436 @@
+//! What runs wait for besides approvals: user-input questions and external results, read from
+//! the runner with the signed-in person's own token (so the runner's rule on who may answer
+//! applies), each answered through a form generated from its schema; and the run an item
+//! belongs to (its tree and a blackboard excerpt).
+
+use arbor_shared::{
+    json::{from_optional_value, from_proto_struct, to_proto_value},
+    proto::runner::v1::{
+        self as rpb, ResolveAction, RunStatus, SuspensionCategory, SuspensionState,
+        runner_service_client::RunnerServiceClient,
+    },
+};
+use askama::Template;
+use axum::{
+    body::Bytes,
+    extract::{Path, State},
+    http::{HeaderMap, StatusCode},
+    response::{IntoResponse, Redirect, Response},
+};
+use serde_json::{Value as Json, json};
+
+use super::{
+    Shared, Web, forms,
+    page::{self, Chrome, Pair},
+    session::{Person, post_of},
+};
+use crate::store::ApprovalStore;
+
+/// How long one call to the runner for a page may take.
+const RUNNER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Blackboard entries shown on an item's page.
+const BLACKBOARD_EXCERPT: usize = 12;
+
+pub struct QuestionRow {
+    pub run_id: String,
+    pub request_id: String,
+    pub kind: String,
+    pub prompt: String,
+    pub href: String,
+}
+
+pub struct TreeRow {
+    pub depth: usize,
+    pub name: String,
+    pub kind: String,
+    pub status: String,
+    pub waiting: bool,
+}
+
+/// The run of an item, as far as the person may read it.
+#[derive(Default)]
+pub struct RunView {
+    pub tree: Vec<TreeRow>,
+    pub blackboard: Vec<Pair>,
+    pub note: String,
+}
+
+#[derive(Template)]
+#[template(path = "question.html")]
+struct QuestionPage {
+    chrome: Chrome,
+    csrf: String,
+    run_id: String,
+    request_id: String,
+    kind: String,
+    prompt: String,
+    node: String,
+    answerers: String,
+    fields: Vec<forms::Field>,
+    read_only: String,
+    message: String,
+    notice: String,
+}
+
+const READ_ONLY: &str = "You signed in through the proxy in front of the inbox, so the inbox \
+    holds no token of yours to answer the runner with: questions are shown here, and answered \
+    with your own token (`runner-svc resolve`).";
+
+impl<S: ApprovalStore> Web<S> {
+    /// The token the runner is asked with for `p`: theirs, or (signed in through a proxy) the
+    /// service's, to read only.
+    fn runner_token(&self, p: &Person) -> Option<(String, bool)> {
+        match (&p.token, &self.service_token) {
+            (Some(t), _) => Some((t.clone(), false)),
+            (None, Some(t)) => Some((t.clone(), true)),
+            (None, None) => None,
+        }
+    }
+
+    fn runner_req<T>(token: &str, msg: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        if let Ok(v) = format!("Bearer {token}").parse() {
+            r.metadata_mut().insert("authorization", v);
+        }
+        r.set_timeout(RUNNER_TIMEOUT);
+        r
+    }
+
+    fn runner_client(&self) -> RunnerServiceClient<tonic::transport::Channel> {
+        RunnerServiceClient::new(self.runner.clone())
+            .max_decoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES)
+    }
+
+    async fn get_run(&self, p: &Person, run_id: &str) -> Result<(rpb::Run, bool), String> {
+        let Some((token, read_only)) = self.runner_token(p) else {
+            return Err("the inbox holds no token to ask the runner with".into());
+        };
+        let req = rpb::GetRunRequest {
+            run_id: run_id.to_string(),
+        };
+        match self
+            .runner_client()
+            .get_run(Self::runner_req(&token, req))
+            .await
+        {
+            Ok(r) => r
+                .into_inner()
+                .run
+                .map(|r| (r, read_only))
+                .ok_or_else(|| "the runner answered no run".into()),
+            Err(s) => Err(s.message().to_string()),
+        }
+    }
+}
+
+fn waits_for_a_person(s: &rpb::Suspension) -> bool {
+    s.state == SuspensionState::Active as i32
+        && (s.category == SuspensionCategory::RequireUserInput as i32
+            || s.category == SuspensionCategory::RequireExternalExecution as i32)
+}
+
+fn kind_of(s: &rpb::Suspension) -> &'static str {
+    match s.category == SuspensionCategory::RequireUserInput as i32 {
+        true => "Question",
+        false => "External result",
+    }
+}
+
+fn prompt_of(s: &rpb::Suspension) -> String {
+    let payload = from_optional_value(s.payload.as_ref());
+    match payload.get("prompt").and_then(Json::as_str) {
+        Some(p) => p.to_string(),
+        None => s.message.clone(),
+    }
+}
+
+/// The questions and external results waiting on suspended runs the person may read, and a
+/// note when they cannot be read or only read.
+pub async fn waiting<S: ApprovalStore>(w: &Web<S>, p: &Person) -> (Vec<QuestionRow>, String) {
+    let Some((token, read_only)) = w.runner_token(p) else {
+        return (
+            Vec::new(),
+            "The inbox holds no token to ask the runner with.".into(),
+        );
+    };
+    let req = rpb::ListRunsRequest {
+        statuses: vec![RunStatus::Suspended as i32],
+        page_size: 100,
+        ..Default::default()
+    };
+    let runs = match w
+        .runner_client()
+        .list_runs(Web::<S>::runner_req(&token, req))
+        .await
+    {
+        Ok(r) => r.into_inner().runs,
+        Err(s) => {
+            return (
+                Vec::new(),
+                format!("The runner's questions cannot be shown: {}", s.message()),
+            );
+        }
+    };
+    let mut rows = Vec::new();
+    for run in &runs {
+        for s in run.suspensions.iter().filter(|s| waits_for_a_person(s)) {
+            rows.push(QuestionRow {
+                href: format!("/questions/{}/{}", run.run_id, s.request_id),
+                run_id: run.run_id.clone(),
+                request_id: s.request_id.clone(),
+                kind: kind_of(s).into(),
+                prompt: prompt_of(s),
+            });
+        }
+    }
+    let note = match read_only {
+        true => READ_ONLY.to_string(),
+        false => String::new(),
+    };
+    (rows, note)
+}
+
+/// The nodes of a tree document, depth first: `(depth, type, name)`.
+fn nodes(doc: &Json, depth: usize, out: &mut Vec<(usize, String, String)>) {
+    let Some(m) = doc.as_object() else { return };
+    if let Some(t) = m.get("type").and_then(Json::as_str) {
+        let name = m.get("name").and_then(Json::as_str).unwrap_or_default();
+        out.push((depth, t.to_string(), name.to_string()));
+    }
+    for key in ["root", "child", "children"] {
+        match m.get(key) {
+            Some(Json::Array(xs)) => xs.iter().for_each(|x| nodes(x, depth + 1, out)),
+            Some(x @ Json::Object(_)) => nodes(x, depth + 1, out),
+            _ => {}
+        }
+    }
+}
+
+/// The run of an item: its tree (the node it waits at marked) and a blackboard excerpt.
+pub async fn run_view<S: ApprovalStore>(
+    w: &Web<S>,
+    p: &Person,
+    run_id: &str,
+    node_name: &str,
+) -> RunView {
+    let (run, _) = match w.get_run(p, run_id).await {
+        Ok(r) => r,
+        Err(e) => {
+            return RunView {
+                note: format!("The run cannot be shown: {e}"),
+                ..Default::default()
+            };
+        }
+    };
+    let blackboard = run
+        .blackboard
+        .as_ref()
+        .map(from_proto_struct)
+        .unwrap_or_default()
+        .into_iter()
+        .take(BLACKBOARD_EXCERPT)
+        .map(|(key, v)| Pair {
+            key,
+            value: page::show(&v),
+        })
+        .collect();
+    let mut tree = Vec::new();
+    let mut note = String::new();
+    let Some((token, _)) = w.runner_token(p) else {
+        return RunView::default();
+    };
+    let req = rpb::GetTreeRequest {
+        tree_id: run.tree_id.clone(),
+        version: run.tree_version,
+    };
+    match w
+        .runner_client()
+        .get_tree(Web::<S>::runner_req(&token, req))
+        .await
+    {
+        Ok(r) => {
+            let doc = r
+                .into_inner()
+                .tree
+                .and_then(|t| serde_json::from_str::<Json>(&t.document).ok())
+                .unwrap_or(Json::Null);
+            let mut found = Vec::new();
+            nodes(doc.get("root").unwrap_or(&Json::Null), 0, &mut found);
+            tree = found
+                .into_iter()
+                .map(|(depth, kind, name)| TreeRow {
+                    waiting: !name.is_empty() && name == node_name,
+                    status: if name == node_name { "waiting" } else { "" }.into(),
+                    depth: depth.min(8),
+                    name,
+                    kind,
+                })
+                .collect();
+        }
+        Err(s) => note = format!("The tree cannot be shown: {}", s.message()),
+    }
+    RunView {
+        tree,
+        blackboard,
+        note,
+    }
+}
+
+/// The form of a suspension: an answer for a question, status and result for external work.
+fn form_of(s: &rpb::Suspension) -> Vec<forms::Field> {
+    let payload = from_optional_value(s.payload.as_ref());
+    match s.category == SuspensionCategory::RequireUserInput as i32 {
+        true => {
+            let schema = payload.get("schema").cloned().unwrap_or(json!({}));
+            let kind = payload
+                .get("input_kind")
+                .and_then(Json::as_str)
+                .unwrap_or("text");
+            let mut f = forms::value_field("Answer", &schema, kind, payload.get("default"));
+            if let Some(Json::Array(options)) = payload.get("options") {
+                let shown: Vec<String> = options.iter().map(page::show).collect();
+                f.hint = format!("one of: {}", shown.join(", "));
+            }
+            vec![f]
+        }
+        false => {
+            let schema = json!({"type": "object", "required": ["status"], "properties": {
+                "status": {"type": "string", "enum": ["succeeded", "failed"],
+                           "description": "succeeded or failed"},
+                "result": {"description": "the result (JSON)"}
+            }});
+            forms::object_fields(&schema, &json!({"status": "succeeded"}))
+        }
+    }
+}
+
+async fn question_page<S: ApprovalStore>(
+    w: &Web<S>,
+    p: &Person,
+    (run_id, request_id): (&str, &str),
+    fields: Option<Vec<forms::Field>>,
+    (status, message, notice): (StatusCode, String, String),
+) -> Response {
+    let (run, read_only) = match w.get_run(p, run_id).await {
+        Ok(r) => r,
+        Err(e) => return page::error(StatusCode::NOT_FOUND, &format!("No such run: {e}")),
+    };
+    let Some(s) = run.suspensions.iter().find(|s| s.request_id == request_id) else {
+        let msg = "The run no longer waits for this (it was answered or withdrawn).";
+        return page::error(StatusCode::NOT_FOUND, msg);
+    };
+    let payload = from_optional_value(s.payload.as_ref());
+    let answerers: Vec<String> = payload
+        .get("answerers")
+        .and_then(Json::as_array)
+        .map(|a| a.iter().map(page::show).collect())
+        .unwrap_or_default();
+    let view = QuestionPage {
+        chrome: Chrome::new(prompt_of(s), Some(p)),
+        csrf: p.csrf.clone(),
+        run_id: run_id.to_string(),
+        request_id: request_id.to_string(),
+        kind: kind_of(s).into(),
+        prompt: prompt_of(s),
+        node: s.node_locator.clone(),
+        answerers: answerers.join(", "),
+        fields: fields.unwrap_or_else(|| form_of(s)),
+        read_only: if read_only {
+            READ_ONLY.into()
+        } else {
+            String::new()
+        },
+        message,
+        notice,
+    };
+    page::render(status, &view)
+}
+
+pub async fn page<S: ApprovalStore>(
+    State(w): State<Shared<S>>,
+    headers: HeaderMap,
+    Path((run_id, request_id)): Path<(String, String)>,
+) -> Response {
+    let Some(p) = w.person(&headers) else {
+        return Redirect::to("/sign-in").into_response();
+    };
+    let ok = (StatusCode::OK, String::new(), String::new());
+    question_page(&w, &p, (&run_id, &request_id), None, ok).await
+}
+
+/// Answers a question (or reports an external result) through the runner's Resolve, with the
+/// person's own token.
+pub async fn answer<S: ApprovalStore>(
+    State(w): State<Shared<S>>,
+    headers: HeaderMap,
+    Path((run_id, request_id)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let (p, f) = match post_of(&w, &headers, &body) {
+        Ok(x) => x,
+        Err(res) => return res,
+    };
+    let ids = (run_id.as_str(), request_id.as_str());
+    let Some(token) = p.token.clone() else {
+        let refused = (StatusCode::FORBIDDEN, READ_ONLY.to_string(), String::new());
+        return question_page(&w, &p, ids, None, refused).await;
+    };
+    let run = match w.get_run(&p, &run_id).await {
+        Ok((r, _)) => r,
+        Err(e) => return page::error(StatusCode::NOT_FOUND, &format!("No such run: {e}")),
+    };
+    let Some(s) = run.suspensions.iter().find(|s| s.request_id == request_id) else {
+        return Redirect::to("/queue").into_response();
+    };
+    let payload = from_optional_value(s.payload.as_ref());
+    let result = match s.category == SuspensionCategory::RequireUserInput as i32 {
+        true => {
+            let schema = payload.get("schema").cloned().unwrap_or(json!({}));
+            let kind = payload
+                .get("input_kind")
+                .and_then(Json::as_str)
+                .unwrap_or("text");
+            forms::read_value(&schema, kind, &f).map(|v| json!({ "value": v }))
+        }
+        false => {
+            let schema = json!({"type": "object", "required": ["status"], "properties": {
+                "status": {"type": "string", "enum": ["succeeded", "failed"]},
+                "result": {}
+            }});
+            forms::read_object(&schema, &json!({"status": "succeeded"}), &f)
+        }
+    };
+    let result = match result {
+        Ok(r) => r,
+        Err(fields) => {
+            let msg = "The answer does not fit what is asked; see the field.".to_string();
+            let bad = (StatusCode::UNPROCESSABLE_ENTITY, msg, String::new());
+            return question_page(&w, &p, ids, Some(fields), bad).await;
+        }
+    };
+    let req = rpb::ResolveRequest {
+        run_id: run_id.clone(),
+        request_id: request_id.clone(),
+        decision_id: uuid::Uuid::new_v4().to_string(),
+        action: ResolveAction::Resume as i32,
+        result: Some(to_proto_value(&result)),
+        decided_by: p.name().to_string(),
+        ..Default::default()
+    };
+    match w
+        .runner_client()
+        .resolve(Web::<S>::runner_req(&token, req))
+        .await
+    {
+        Ok(_) => Redirect::to("/queue").into_response(),
+        Err(s) => {
+            let status = match s.code() {
+                tonic::Code::PermissionDenied => StatusCode::FORBIDDEN,
+                tonic::Code::InvalidArgument => StatusCode::UNPROCESSABLE_ENTITY,
+                _ => StatusCode::CONFLICT,
+            };
+            let msg = format!("The runner refused the answer: {}", s.message());
+            question_page(&w, &p, ids, None, (status, msg, String::new())).await
+        }
+    }
+}
