@@ -1,6 +1,7 @@
-//! The non-Rust tools the polyglot and manifest tests run, installed by the tests themselves on
-//! first use under `target/` (never committed): Python virtual environments from pinned
-//! requirement files, Python stubs generated from `proto/`, and the Node client's `npm ci`.
+//! The non-Rust tools the polyglot, manifest and browser tests run, installed by the tests
+//! themselves on first use under `target/` (never committed): Python virtual environments from
+//! pinned requirement files, Python stubs generated from `proto/`, `npm ci` of the Node clients
+//! and the browser tests, and Debian's Chromium (installed with apt-get as PostgreSQL is).
 //! A missing interpreter or a failed install fails the test with the command and its output —
 //! no test skips silently.
 
@@ -146,4 +147,36 @@ pub fn npm_ci(dir: &Path) -> PathBuf {
         std::fs::write(&marker, lock).unwrap();
     }
     dir.to_path_buf()
+}
+
+/// What installs the browser the inbox tests drive.
+pub const CHROMIUM_INSTALL: &str = "apt-get install -y chromium";
+
+/// Debian's Chromium: `CHROMIUM` if set, else `chromium` on `PATH`. When it is missing and the
+/// tests run as root with apt-get, it is installed; otherwise this panics naming the command.
+/// Playwright is pointed at it (`executablePath`), so no browser is ever downloaded.
+pub fn chromium() -> PathBuf {
+    let find = || -> Option<PathBuf> {
+        if let Some(p) = std::env::var_os("CHROMIUM").map(PathBuf::from) {
+            return p.is_file().then_some(p);
+        }
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join("chromium"))
+                .find(|p| p.is_file())
+        })
+    };
+    if let Some(found) = find() {
+        return found;
+    }
+    {
+        let _guard = install_lock();
+        arbor_testkit::apt_install(&["chromium"]);
+    }
+    find().unwrap_or_else(|| {
+        panic!(
+            "Chromium is not installed (neither $CHROMIUM nor `chromium` on PATH); the browser \
+             tests need Debian's package: `{CHROMIUM_INSTALL}`"
+        )
+    })
 }

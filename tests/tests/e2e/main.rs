@@ -16,6 +16,7 @@ mod database_stall;
 mod decisions;
 mod docs;
 mod governance;
+mod inbox;
 mod interaction;
 mod manifests;
 mod observability;
