@@ -15,11 +15,10 @@ use arbor_shared::{
 use askama::Template;
 use axum::{
     body::Bytes,
-    extract::{Path, Query, State},
+    extract::{Path, State},
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Redirect, Response},
 };
-use serde::Deserialize;
 use serde_json::Value as Json;
 
 use super::{
@@ -86,6 +85,8 @@ struct ItemPage {
     submitted_by: String,
     args: Vec<Pair>,
     edited: bool,
+    /// An approver's edit against the arguments the run asked with.
+    edit_diff: Vec<DiffRow>,
     shown: String,
     digest: String,
     context: Vec<Pair>,
@@ -126,13 +127,6 @@ struct EditPage {
     fields: Vec<forms::Field>,
     diff: Vec<DiffRow>,
     message: String,
-}
-
-/// What the page says after a decision was taken (`?done=`).
-#[derive(Debug, Default, Deserialize)]
-pub struct Done {
-    #[serde(default)]
-    done: String,
 }
 
 /// What the item's decision binds to now: an approver's proposed edit or response, else the
@@ -314,7 +308,13 @@ impl<S: ApprovalStore> Web<S> {
             .await
             .map(|r| r.into_inner().entries)
             .unwrap_or_default();
-        let run = question::run_view(self, p, &a.request.run_id, &a.request.node_locator).await;
+        let run = question::run_view(
+            self,
+            p,
+            &a.request.run_id,
+            (&a.request.node_locator, &a.request.node_name),
+        )
+        .await;
         let view = ItemPage {
             chrome: Chrome::new(title_of(&a), Some(p)),
             csrf: p.csrf.clone(),
@@ -333,6 +333,10 @@ impl<S: ApprovalStore> Web<S> {
             args: match a.kind() {
                 Some(ApprovalKind::Node) if !edited => Vec::new(),
                 _ => page::pairs(&args),
+            },
+            edit_diff: match edited {
+                true => page::diff(&a.request.tool_args, &args),
+                false => Vec::new(),
             },
             edited,
             shown: args.to_string(),
@@ -418,19 +422,11 @@ pub async fn page<S: ApprovalStore>(
     State(w): State<Shared<S>>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Query(done): Query<Done>,
 ) -> Response {
     let Some(p) = w.person(&headers) else {
         return Redirect::to("/sign-in").into_response();
     };
-    let notice = match done.done.as_str() {
-        "" => String::new(),
-        "claim" => "Claimed.".into(),
-        "release" => "Released.".into(),
-        "comment" => "Your comment was added.".into(),
-        "delegate" => "Your seat is delegated.".into(),
-        other => format!("Your decision ({other}) was recorded."),
-    };
+    let notice = w.take_flash(&p);
     w.item_page(&p, &id, StatusCode::OK, String::new(), notice, Vec::new())
         .await
 }
@@ -537,7 +533,10 @@ pub async fn decide<S: ApprovalStore>(
         }
     }
     match w.api.resolve(Web::<S>::as_person(&p.principal, req)).await {
-        Ok(_) => Redirect::to(&format!("/items/{id}?done={decision}")).into_response(),
+        Ok(_) => {
+            w.flash(&p, format!("Your decision ({decision}) was recorded."));
+            Redirect::to(&format!("/items/{id}")).into_response()
+        }
         Err(s) => {
             let stale = s.message().contains("what is voted on changed");
             let (message, diff) = match stale {
@@ -575,7 +574,10 @@ async fn after<S: ApprovalStore>(
     r: Result<(), tonic::Status>,
 ) -> Response {
     match r {
-        Ok(()) => Redirect::to(&format!("/items/{id}?done={done}")).into_response(),
+        Ok(()) => {
+            w.flash(p, done);
+            Redirect::to(&format!("/items/{id}")).into_response()
+        }
         Err(s) => {
             let message = format!("Refused: {}", s.message());
             w.item_page(p, id, status_of(&s), message, String::new(), Vec::new())
@@ -601,7 +603,7 @@ pub async fn claim<S: ApprovalStore>(
         release,
     };
     let r = w.api.claim(Web::<S>::as_person(&p.principal, req)).await;
-    let done = if release { "release" } else { "claim" };
+    let done = if release { "Released." } else { "Claimed." };
     after(&w, &p, &id, done, r.map(|_| ())).await
 }
 
@@ -620,7 +622,7 @@ pub async fn comment<S: ApprovalStore>(
         text: f.text("text"),
     };
     let r = w.api.comment(Web::<S>::as_person(&p.principal, req)).await;
-    after(&w, &p, &id, "comment", r.map(|_| ())).await
+    after(&w, &p, &id, "Your comment was added.", r.map(|_| ())).await
 }
 
 pub async fn delegate<S: ApprovalStore>(
@@ -638,7 +640,7 @@ pub async fn delegate<S: ApprovalStore>(
         let r = Err(tonic::Status::invalid_argument(
             "hours: a whole number, at least 1",
         ));
-        return after(&w, &p, &id, "delegate", r).await;
+        return after(&w, &p, &id, "", r).await;
     }
     let now = w.approvals.store().now_ms();
     let req = pb::DelegateRequest {
@@ -649,5 +651,5 @@ pub async fn delegate<S: ApprovalStore>(
         ..Default::default()
     };
     let r = w.api.delegate(Web::<S>::as_person(&p.principal, req)).await;
-    after(&w, &p, &id, "delegate", r.map(|_| ())).await
+    after(&w, &p, &id, "Your seat is delegated.", r.map(|_| ())).await
 }

@@ -123,6 +123,39 @@ impl<S: ApprovalStore> Web<S> {
     }
 }
 
+/// Who a request names to answer it (`answerers` in its payload); empty: the run's submitter.
+fn answerers_of(s: &rpb::Suspension) -> Vec<String> {
+    from_optional_value(s.payload.as_ref())
+        .get("answerers")
+        .and_then(Json::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Json::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether the runner will take `p`'s answer to `s`: the rule the runner applies on Resolve
+/// (operators and services always; else those the node names, a `group:NAME` by membership;
+/// a node that names no one, the run's submitter), used here only to show what to offer. The
+/// runner checks it again when the answer arrives.
+fn may_answer(p: &arbor_shared::auth::Principal, s: &rpb::Suspension, submitted_by: &str) -> bool {
+    use arbor_shared::auth::Role;
+    if p.has_any(&[Role::Service, Role::Operator]) {
+        return true;
+    }
+    let names = answerers_of(s);
+    if names.is_empty() {
+        return p.name == submitted_by;
+    }
+    names.iter().any(|who| match who.strip_prefix("group:") {
+        Some(g) => p.groups.iter().any(|mine| mine == g),
+        None => *who == p.name,
+    })
+}
+
 fn waits_for_a_person(s: &rpb::Suspension) -> bool {
     s.state == SuspensionState::Active as i32
         && (s.category == SuspensionCategory::RequireUserInput as i32
@@ -173,7 +206,13 @@ pub async fn waiting<S: ApprovalStore>(w: &Web<S>, p: &Person) -> (Vec<QuestionR
     };
     let mut rows = Vec::new();
     for run in &runs {
-        for s in run.suspensions.iter().filter(|s| waits_for_a_person(s)) {
+        let mine = |s: &&rpb::Suspension| may_answer(&p.principal, s, &run.submitted_by);
+        for s in run
+            .suspensions
+            .iter()
+            .filter(|s| waits_for_a_person(s))
+            .filter(mine)
+        {
             rows.push(QuestionRow {
                 href: format!("/questions/{}/{}", run.run_id, s.request_id),
                 run_id: run.run_id.clone(),
@@ -206,12 +245,103 @@ fn nodes(doc: &Json, depth: usize, out: &mut Vec<(usize, String, String)>) {
     }
 }
 
+/// The run's nodes with their statuses (`GetRunNodes`); from a runner without it, the tree
+/// document (`GetTree`) without statuses, the node waited at found by name.
+async fn run_nodes<S: ApprovalStore>(
+    w: &Web<S>,
+    token: &str,
+    run: &rpb::Run,
+    locator: &str,
+    node_name: &str,
+) -> (Vec<TreeRow>, String) {
+    let req = rpb::GetRunNodesRequest {
+        run_id: run.run_id.clone(),
+    };
+    let nodes_of = w
+        .runner_client()
+        .get_run_nodes(Web::<S>::runner_req(token, req))
+        .await;
+    match nodes_of {
+        Ok(r) => {
+            let rows = r
+                .into_inner()
+                .nodes
+                .into_iter()
+                .map(|n| {
+                    let status = rpb::NodeStatus::try_from(n.status)
+                        .map(|s| {
+                            s.as_str_name()
+                                .trim_start_matches("NODE_STATUS_")
+                                .to_lowercase()
+                        })
+                        .unwrap_or_default();
+                    TreeRow {
+                        waiting: n.locator == locator,
+                        depth: (n.depth as usize).min(8),
+                        name: match n.name.is_empty() {
+                            true => n.locator.clone(),
+                            false => n.name,
+                        },
+                        kind: n.kind,
+                        status: match status.as_str() {
+                            "unspecified" => String::new(),
+                            _ => status,
+                        },
+                    }
+                })
+                .collect();
+            return (rows, String::new());
+        }
+        Err(s) if s.code() != tonic::Code::Unimplemented => {
+            return (
+                Vec::new(),
+                format!("The tree cannot be shown: {}", s.message()),
+            );
+        }
+        Err(_) => {}
+    }
+    let req = rpb::GetTreeRequest {
+        tree_id: run.tree_id.clone(),
+        version: run.tree_version,
+    };
+    match w
+        .runner_client()
+        .get_tree(Web::<S>::runner_req(token, req))
+        .await
+    {
+        Ok(r) => {
+            let doc = r
+                .into_inner()
+                .tree
+                .and_then(|t| serde_json::from_str::<Json>(&t.document).ok())
+                .unwrap_or(Json::Null);
+            let mut found = Vec::new();
+            nodes(doc.get("root").unwrap_or(&Json::Null), 0, &mut found);
+            let rows = found
+                .into_iter()
+                .map(|(depth, kind, name)| TreeRow {
+                    waiting: !name.is_empty() && name == node_name,
+                    status: if name == node_name { "waiting" } else { "" }.into(),
+                    depth: depth.min(8),
+                    name,
+                    kind,
+                })
+                .collect();
+            (rows, String::new())
+        }
+        Err(s) => (
+            Vec::new(),
+            format!("The tree cannot be shown: {}", s.message()),
+        ),
+    }
+}
+
 /// The run of an item: its tree (the node it waits at marked) and a blackboard excerpt.
 pub async fn run_view<S: ApprovalStore>(
     w: &Web<S>,
     p: &Person,
     run_id: &str,
-    node_name: &str,
+    (locator, node_name): (&str, &str),
 ) -> RunView {
     let (run, _) = match w.get_run(p, run_id).await {
         Ok(r) => r,
@@ -234,41 +364,10 @@ pub async fn run_view<S: ApprovalStore>(
             value: page::show(&v),
         })
         .collect();
-    let mut tree = Vec::new();
-    let mut note = String::new();
     let Some((token, _)) = w.runner_token(p) else {
         return RunView::default();
     };
-    let req = rpb::GetTreeRequest {
-        tree_id: run.tree_id.clone(),
-        version: run.tree_version,
-    };
-    match w
-        .runner_client()
-        .get_tree(Web::<S>::runner_req(&token, req))
-        .await
-    {
-        Ok(r) => {
-            let doc = r
-                .into_inner()
-                .tree
-                .and_then(|t| serde_json::from_str::<Json>(&t.document).ok())
-                .unwrap_or(Json::Null);
-            let mut found = Vec::new();
-            nodes(doc.get("root").unwrap_or(&Json::Null), 0, &mut found);
-            tree = found
-                .into_iter()
-                .map(|(depth, kind, name)| TreeRow {
-                    waiting: !name.is_empty() && name == node_name,
-                    status: if name == node_name { "waiting" } else { "" }.into(),
-                    depth: depth.min(8),
-                    name,
-                    kind,
-                })
-                .collect();
-        }
-        Err(s) => note = format!("The tree cannot be shown: {}", s.message()),
-    }
+    let (tree, note) = run_nodes(w, &token, &run, locator, node_name).await;
     RunView {
         tree,
         blackboard,
@@ -319,12 +418,18 @@ async fn question_page<S: ApprovalStore>(
         let msg = "The run no longer waits for this (it was answered or withdrawn).";
         return page::error(StatusCode::NOT_FOUND, msg);
     };
-    let payload = from_optional_value(s.payload.as_ref());
-    let answerers: Vec<String> = payload
-        .get("answerers")
-        .and_then(Json::as_array)
-        .map(|a| a.iter().map(page::show).collect())
-        .unwrap_or_default();
+    let mut answerers = answerers_of(s);
+    if answerers.is_empty() {
+        answerers.push(format!("the run's submitter ({})", run.submitted_by));
+    }
+    let read_only = match (read_only, may_answer(&p.principal, s, &run.submitted_by)) {
+        (true, _) => READ_ONLY.to_string(),
+        (false, true) => String::new(),
+        (false, false) => format!(
+            "You may not answer this: the run takes an answer from {} (and operators).",
+            answerers.join(", ")
+        ),
+    };
     let view = QuestionPage {
         chrome: Chrome::new(prompt_of(s), Some(p)),
         csrf: p.csrf.clone(),
@@ -335,11 +440,7 @@ async fn question_page<S: ApprovalStore>(
         node: s.node_locator.clone(),
         answerers: answerers.join(", "),
         fields: fields.unwrap_or_else(|| form_of(s)),
-        read_only: if read_only {
-            READ_ONLY.into()
-        } else {
-            String::new()
-        },
+        read_only,
         message,
         notice,
     };

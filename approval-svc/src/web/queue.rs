@@ -197,6 +197,18 @@ pub fn state_name(s: i32) -> (String, String) {
     (name.clone(), name)
 }
 
+/// What a row is called: its title, with the tool it would run when the title does not say.
+fn row_title(r: &arbor_shared::proto::runner::v1::ApprovalRequested) -> String {
+    match (r.title.is_empty(), r.tool_name.is_empty()) {
+        (true, true) => r.node_name.clone(),
+        (true, false) => format!("{} at {}", r.tool_name, r.node_name),
+        (false, false) if !r.title.contains(&r.tool_name) => {
+            format!("{}: {}", r.tool_name, r.title)
+        }
+        (false, _) => r.title.clone(),
+    }
+}
+
 fn row(a: &pb::Approval, now_ms: u64) -> Row {
     let r = a.request.clone().unwrap_or_default();
     let deadline = a.next_deadline.as_ref().map(from_timestamp).unwrap_or(0);
@@ -204,10 +216,7 @@ fn row(a: &pb::Approval, now_ms: u64) -> Row {
     Row {
         href: format!("/items/{}", a.request_id),
         id: a.request_id.clone(),
-        title: match r.title.is_empty() {
-            true => format!("{} at {}", r.tool_name, r.node_name),
-            false => r.title.clone(),
-        },
+        title: row_title(&r),
         tool: r.tool_name,
         state,
         state_class,

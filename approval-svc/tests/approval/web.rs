@@ -370,7 +370,7 @@ async fn a_decision_through_the_web_is_recorded_as_one_through_grpc() {
         )
         .await;
     assert_eq!(res.status, 303, "{}", res.body);
-    assert_eq!(res.header("location"), "/items/r1?done=reject");
+    assert_eq!(res.header("location"), "/items/r1");
     let mut grpc = resolve_req("r2", DecisionKind::Reject);
     grpc.reason = "not now".into();
     e.client.clone().resolve(grpc).await.unwrap();
