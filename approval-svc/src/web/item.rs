@@ -5,16 +5,14 @@
 use arbor_shared::{
     auth::Principal,
     domain::{ApprovalKind, DecisionKind},
-    json::to_proto_value,
     proto::{
         approval::v1 as pb, approval::v1::approval_service_server::ApprovalService,
         runner::v1::DecisionKind as PbKind,
     },
-    time::{from_timestamp, timestamp},
+    time::from_timestamp,
 };
 use askama::Template;
 use axum::{
-    body::Bytes,
     extract::{Path, State},
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Redirect, Response},
@@ -24,14 +22,11 @@ use serde_json::Value as Json;
 use super::{
     Shared, Web, forms,
     page::{self, Chrome, DiffRow, Pair},
-    question::{self, TreeRow},
     queue::state_name,
-    session::{Person, post_of},
+    run::{self, EventRow, TreeRow},
+    session::Person,
 };
 use crate::{model::Approval, store::ApprovalStore};
-
-/// How long a claim from the inbox holds.
-const CLAIM_MS: u64 = 30 * 60 * 1000;
 
 pub struct VoteRow {
     pub who: String,
@@ -103,6 +98,7 @@ struct ItemPage {
     audit: Vec<AuditRow>,
     tree: Vec<TreeRow>,
     blackboard: Vec<Pair>,
+    timeline: Vec<EventRow>,
     run_note: String,
     live: LiveItem,
     message: String,
@@ -131,7 +127,7 @@ struct EditPage {
 
 /// What the item's decision binds to now: an approver's proposed edit or response, else the
 /// request's arguments (a gate: its context).
-fn current_args(a: &Approval) -> (Json, bool) {
+pub(super) fn current_args(a: &Approval) -> (Json, bool) {
     if let Some(g) = &a.ext.governance
         && g.proposal.kind != DecisionKind::Approve
     {
@@ -152,7 +148,7 @@ fn title_of(a: &Approval) -> String {
 
 /// The schema the arguments are edited against: the request's `args_schema` context entry,
 /// else one inferred from the arguments as they are.
-fn args_schema(a: &Approval) -> Json {
+pub(super) fn args_schema(a: &Approval) -> Json {
     match a.request.context.get("args_schema") {
         Some(s @ (Json::Object(_) | Json::Bool(_))) => s.clone(),
         _ => forms::inferred(&a.request.tool_args),
@@ -238,7 +234,7 @@ fn live_of(a: &pb::Approval, now_ms: u64, me: &str) -> LiveItem {
 
 impl<S: ApprovalStore> Web<S> {
     /// The item as `p` may read it: the same role check as GetApproval, then the record.
-    fn read(&self, p: &Principal, id: &str) -> Result<Approval, Response> {
+    pub(super) fn read(&self, p: &Principal, id: &str) -> Result<Approval, Response> {
         crate::grpc::require(p, crate::grpc::READERS, "read approvals")
             .map_err(|e| page::error(StatusCode::FORBIDDEN, &e.to_string()))?;
         match self.approvals.store().get(id) {
@@ -278,7 +274,7 @@ impl<S: ApprovalStore> Web<S> {
         }
     }
 
-    async fn item_page(
+    pub(super) async fn item_page(
         &self,
         p: &Person,
         id: &str,
@@ -308,7 +304,7 @@ impl<S: ApprovalStore> Web<S> {
             .await
             .map(|r| r.into_inner().entries)
             .unwrap_or_default();
-        let run = question::run_view(
+        let run = run::run_view(
             self,
             p,
             &a.request.run_id,
@@ -381,6 +377,7 @@ impl<S: ApprovalStore> Web<S> {
                 .collect(),
             tree: run.tree,
             blackboard: run.blackboard,
+            timeline: run.timeline,
             run_note: run.note,
             live: live_of(&pba, now, p.name()),
             message,
@@ -390,7 +387,7 @@ impl<S: ApprovalStore> Web<S> {
         page::render(status, &view)
     }
 
-    async fn edit_page(
+    pub(super) async fn edit_page(
         &self,
         p: &Person,
         a: &Approval,
@@ -463,193 +460,4 @@ pub async fn edit_page<S: ApprovalStore>(
     let (args, _) = current_args(&a);
     let fields = forms::object_fields(&args_schema(&a), &args);
     w.edit_page(&p, &a, fields, None, String::new()).await
-}
-
-fn status_of(s: &tonic::Status) -> StatusCode {
-    match s.code() {
-        tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => StatusCode::FORBIDDEN,
-        tonic::Code::FailedPrecondition | tonic::Code::Aborted => StatusCode::CONFLICT,
-        tonic::Code::InvalidArgument => StatusCode::UNPROCESSABLE_ENTITY,
-        tonic::Code::NotFound => StatusCode::NOT_FOUND,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
-    }
-}
-
-/// Approve, reject, edit or respond, bound to the digest the page showed (`digest`).
-pub async fn decide<S: ApprovalStore>(
-    State(w): State<Shared<S>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Response {
-    let (p, f) = match post_of(&w, &headers, &body) {
-        Ok(x) => x,
-        Err(res) => return res,
-    };
-    let decision = f.text("decision");
-    let mut req = pb::ResolveRequest {
-        request_id: id.clone(),
-        reason: f.text("reason"),
-        expected_digest: f.text("digest"),
-        ..Default::default()
-    };
-    req.decision = match decision.as_str() {
-        "approve" => PbKind::Approve,
-        "reject" => PbKind::Reject,
-        "edit" => PbKind::Edit,
-        "respond" => PbKind::Respond,
-        _ => return page::error(StatusCode::BAD_REQUEST, "Choose a decision."),
-    } as i32;
-    if decision == "edit" {
-        let a = match w.read(&p.principal, &id) {
-            Ok(a) => a,
-            Err(res) => return res,
-        };
-        let (args, _) = current_args(&a);
-        match forms::read_object(&args_schema(&a), &args, &f) {
-            Ok(edited) => req.args = Some(to_proto_value(&edited)),
-            Err(fields) => {
-                let msg = "Some arguments do not fit the tool's schema; see each field.";
-                return w.edit_page(&p, &a, fields, None, msg.into()).await;
-            }
-        }
-    }
-    if decision == "respond" {
-        match serde_json::from_str::<Json>(&f.text("result")) {
-            Ok(v) => req.result = Some(to_proto_value(&v)),
-            Err(e) => {
-                let msg = format!("The result must be JSON: {e}.");
-                return w
-                    .item_page(
-                        &p,
-                        &id,
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        msg,
-                        String::new(),
-                        vec![],
-                    )
-                    .await;
-            }
-        }
-    }
-    match w.api.resolve(Web::<S>::as_person(&p.principal, req)).await {
-        Ok(_) => {
-            w.flash(&p, format!("Your decision ({decision}) was recorded."));
-            Redirect::to(&format!("/items/{id}")).into_response()
-        }
-        Err(s) => {
-            let stale = s.message().contains("what is voted on changed");
-            let (message, diff) = match stale {
-                true => {
-                    let shown = serde_json::from_str(&f.text("shown")).unwrap_or(Json::Null);
-                    let now = w
-                        .approvals
-                        .store()
-                        .get(&id)
-                        .ok()
-                        .flatten()
-                        .map(|a| current_args(&a).0)
-                        .unwrap_or(Json::Null);
-                    (
-                        "Refused: what you decided on changed since the page showed it. Read \
-                         the item again below; the table shows what changed."
-                            .to_string(),
-                        page::diff(&shown, &now),
-                    )
-                }
-                false => (format!("Refused: {}", s.message()), Vec::new()),
-            };
-            w.item_page(&p, &id, status_of(&s), message, String::new(), diff)
-                .await
-        }
-    }
-}
-
-/// The outcome of a state-keeping action: back to the item, or the item saying why not.
-async fn after<S: ApprovalStore>(
-    w: &Web<S>,
-    p: &Person,
-    id: &str,
-    done: &str,
-    r: Result<(), tonic::Status>,
-) -> Response {
-    match r {
-        Ok(()) => {
-            w.flash(p, done);
-            Redirect::to(&format!("/items/{id}")).into_response()
-        }
-        Err(s) => {
-            let message = format!("Refused: {}", s.message());
-            w.item_page(p, id, status_of(&s), message, String::new(), Vec::new())
-                .await
-        }
-    }
-}
-
-pub async fn claim<S: ApprovalStore>(
-    State(w): State<Shared<S>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Response {
-    let (p, f) = match post_of(&w, &headers, &body) {
-        Ok(x) => x,
-        Err(res) => return res,
-    };
-    let release = f.get("release").is_some();
-    let req = pb::ClaimRequest {
-        request_id: id.clone(),
-        ttl_ms: if release { 0 } else { CLAIM_MS },
-        release,
-    };
-    let r = w.api.claim(Web::<S>::as_person(&p.principal, req)).await;
-    let done = if release { "Released." } else { "Claimed." };
-    after(&w, &p, &id, done, r.map(|_| ())).await
-}
-
-pub async fn comment<S: ApprovalStore>(
-    State(w): State<Shared<S>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Response {
-    let (p, f) = match post_of(&w, &headers, &body) {
-        Ok(x) => x,
-        Err(res) => return res,
-    };
-    let req = pb::CommentRequest {
-        request_id: id.clone(),
-        text: f.text("text"),
-    };
-    let r = w.api.comment(Web::<S>::as_person(&p.principal, req)).await;
-    after(&w, &p, &id, "Your comment was added.", r.map(|_| ())).await
-}
-
-pub async fn delegate<S: ApprovalStore>(
-    State(w): State<Shared<S>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Response {
-    let (p, f) = match post_of(&w, &headers, &body) {
-        Ok(x) => x,
-        Err(res) => return res,
-    };
-    let hours: u64 = f.text("hours").trim().parse().unwrap_or(0);
-    if hours == 0 {
-        let r = Err(tonic::Status::invalid_argument(
-            "hours: a whole number, at least 1",
-        ));
-        return after(&w, &p, &id, "", r).await;
-    }
-    let now = w.approvals.store().now_ms();
-    let req = pb::DelegateRequest {
-        to: f.text("to").trim().to_string(),
-        ends: Some(timestamp(
-            now.saturating_add(hours.saturating_mul(3_600_000)),
-        )),
-        ..Default::default()
-    };
-    let r = w.api.delegate(Web::<S>::as_person(&p.principal, req)).await;
-    after(&w, &p, &id, "Your seat is delegated.", r.map(|_| ())).await
 }

@@ -1,10 +1,9 @@
 //! What runs wait for besides approvals: user-input questions and external results, read from
 //! the runner with the signed-in person's own token (so the runner's rule on who may answer
-//! applies), each answered through a form generated from its schema; and the run an item
-//! belongs to (its tree and a blackboard excerpt).
+//! applies), each answered through a form generated from its schema.
 
 use arbor_shared::{
-    json::{from_optional_value, from_proto_struct, to_proto_value},
+    json::{from_optional_value, to_proto_value},
     proto::runner::v1::{
         self as rpb, ResolveAction, RunStatus, SuspensionCategory, SuspensionState,
         runner_service_client::RunnerServiceClient,
@@ -21,15 +20,13 @@ use serde_json::{Value as Json, json};
 
 use super::{
     Shared, Web, forms,
-    page::{self, Chrome, Pair},
+    page::{self, Chrome},
     session::{Person, post_of},
 };
 use crate::store::ApprovalStore;
 
 /// How long one call to the runner for a page may take.
 const RUNNER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-/// Blackboard entries shown on an item's page.
-const BLACKBOARD_EXCERPT: usize = 12;
 
 pub struct QuestionRow {
     pub run_id: String,
@@ -37,22 +34,6 @@ pub struct QuestionRow {
     pub kind: String,
     pub prompt: String,
     pub href: String,
-}
-
-pub struct TreeRow {
-    pub depth: usize,
-    pub name: String,
-    pub kind: String,
-    pub status: String,
-    pub waiting: bool,
-}
-
-/// The run of an item, as far as the person may read it.
-#[derive(Default)]
-pub struct RunView {
-    pub tree: Vec<TreeRow>,
-    pub blackboard: Vec<Pair>,
-    pub note: String,
 }
 
 #[derive(Template)]
@@ -79,7 +60,7 @@ const READ_ONLY: &str = "You signed in through the proxy in front of the inbox, 
 impl<S: ApprovalStore> Web<S> {
     /// The token the runner is asked with for `p`: theirs, or (signed in through a proxy) the
     /// service's, to read only.
-    fn runner_token(&self, p: &Person) -> Option<(String, bool)> {
+    pub(super) fn runner_token(&self, p: &Person) -> Option<(String, bool)> {
         match (&p.token, &self.service_token) {
             (Some(t), _) => Some((t.clone(), false)),
             (None, Some(t)) => Some((t.clone(), true)),
@@ -87,7 +68,7 @@ impl<S: ApprovalStore> Web<S> {
         }
     }
 
-    fn runner_req<T>(token: &str, msg: T) -> tonic::Request<T> {
+    pub(super) fn runner_req<T>(token: &str, msg: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(msg);
         if let Ok(v) = format!("Bearer {token}").parse() {
             r.metadata_mut().insert("authorization", v);
@@ -96,12 +77,16 @@ impl<S: ApprovalStore> Web<S> {
         r
     }
 
-    fn runner_client(&self) -> RunnerServiceClient<tonic::transport::Channel> {
+    pub(super) fn runner_client(&self) -> RunnerServiceClient<tonic::transport::Channel> {
         RunnerServiceClient::new(self.runner.clone())
             .max_decoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES)
     }
 
-    async fn get_run(&self, p: &Person, run_id: &str) -> Result<(rpb::Run, bool), String> {
+    pub(super) async fn get_run(
+        &self,
+        p: &Person,
+        run_id: &str,
+    ) -> Result<(rpb::Run, bool), String> {
         let Some((token, read_only)) = self.runner_token(p) else {
             return Err("the inbox holds no token to ask the runner with".into());
         };
@@ -227,152 +212,6 @@ pub async fn waiting<S: ApprovalStore>(w: &Web<S>, p: &Person) -> (Vec<QuestionR
         false => String::new(),
     };
     (rows, note)
-}
-
-/// The nodes of a tree document, depth first: `(depth, type, name)`.
-fn nodes(doc: &Json, depth: usize, out: &mut Vec<(usize, String, String)>) {
-    let Some(m) = doc.as_object() else { return };
-    if let Some(t) = m.get("type").and_then(Json::as_str) {
-        let name = m.get("name").and_then(Json::as_str).unwrap_or_default();
-        out.push((depth, t.to_string(), name.to_string()));
-    }
-    for key in ["root", "child", "children"] {
-        match m.get(key) {
-            Some(Json::Array(xs)) => xs.iter().for_each(|x| nodes(x, depth + 1, out)),
-            Some(x @ Json::Object(_)) => nodes(x, depth + 1, out),
-            _ => {}
-        }
-    }
-}
-
-/// The run's nodes with their statuses (`GetRunNodes`); from a runner without it, the tree
-/// document (`GetTree`) without statuses, the node waited at found by name.
-async fn run_nodes<S: ApprovalStore>(
-    w: &Web<S>,
-    token: &str,
-    run: &rpb::Run,
-    locator: &str,
-    node_name: &str,
-) -> (Vec<TreeRow>, String) {
-    let req = rpb::GetRunNodesRequest {
-        run_id: run.run_id.clone(),
-    };
-    let nodes_of = w
-        .runner_client()
-        .get_run_nodes(Web::<S>::runner_req(token, req))
-        .await;
-    match nodes_of {
-        Ok(r) => {
-            let rows = r
-                .into_inner()
-                .nodes
-                .into_iter()
-                .map(|n| {
-                    let status = rpb::NodeStatus::try_from(n.status)
-                        .map(|s| {
-                            s.as_str_name()
-                                .trim_start_matches("NODE_STATUS_")
-                                .to_lowercase()
-                        })
-                        .unwrap_or_default();
-                    TreeRow {
-                        waiting: n.locator == locator,
-                        depth: (n.depth as usize).min(8),
-                        name: match n.name.is_empty() {
-                            true => n.locator.clone(),
-                            false => n.name,
-                        },
-                        kind: n.kind,
-                        status: match status.as_str() {
-                            "unspecified" => String::new(),
-                            _ => status,
-                        },
-                    }
-                })
-                .collect();
-            return (rows, String::new());
-        }
-        Err(s) if s.code() != tonic::Code::Unimplemented => {
-            return (
-                Vec::new(),
-                format!("The tree cannot be shown: {}", s.message()),
-            );
-        }
-        Err(_) => {}
-    }
-    let req = rpb::GetTreeRequest {
-        tree_id: run.tree_id.clone(),
-        version: run.tree_version,
-    };
-    match w
-        .runner_client()
-        .get_tree(Web::<S>::runner_req(token, req))
-        .await
-    {
-        Ok(r) => {
-            let doc = r
-                .into_inner()
-                .tree
-                .and_then(|t| serde_json::from_str::<Json>(&t.document).ok())
-                .unwrap_or(Json::Null);
-            let mut found = Vec::new();
-            nodes(doc.get("root").unwrap_or(&Json::Null), 0, &mut found);
-            let rows = found
-                .into_iter()
-                .map(|(depth, kind, name)| TreeRow {
-                    waiting: !name.is_empty() && name == node_name,
-                    status: if name == node_name { "waiting" } else { "" }.into(),
-                    depth: depth.min(8),
-                    name,
-                    kind,
-                })
-                .collect();
-            (rows, String::new())
-        }
-        Err(s) => (
-            Vec::new(),
-            format!("The tree cannot be shown: {}", s.message()),
-        ),
-    }
-}
-
-/// The run of an item: its tree (the node it waits at marked) and a blackboard excerpt.
-pub async fn run_view<S: ApprovalStore>(
-    w: &Web<S>,
-    p: &Person,
-    run_id: &str,
-    (locator, node_name): (&str, &str),
-) -> RunView {
-    let (run, _) = match w.get_run(p, run_id).await {
-        Ok(r) => r,
-        Err(e) => {
-            return RunView {
-                note: format!("The run cannot be shown: {e}"),
-                ..Default::default()
-            };
-        }
-    };
-    let blackboard = run
-        .blackboard
-        .as_ref()
-        .map(from_proto_struct)
-        .unwrap_or_default()
-        .into_iter()
-        .take(BLACKBOARD_EXCERPT)
-        .map(|(key, v)| Pair {
-            key,
-            value: page::show(&v),
-        })
-        .collect();
-    let Some((token, _)) = w.runner_token(p) else {
-        return RunView::default();
-    };
-    let (tree, note) = run_nodes(w, &token, &run, locator, node_name).await;
-    RunView {
-        tree,
-        blackboard,
-        note,
-    }
 }
 
 /// The form of a suspension: an answer for a question, status and result for external work.

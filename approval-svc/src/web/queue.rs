@@ -136,6 +136,8 @@ pub struct Row {
     pub tool: String,
     pub state: String,
     pub state_class: String,
+    /// A decided item's decision: `rejected`, `approved on its deadline`, ….
+    pub outcome: String,
     pub progress: String,
     pub deadline_iso: String,
     pub deadline_text: String,
@@ -209,6 +211,23 @@ fn row_title(r: &arbor_shared::proto::runner::v1::ApprovalRequested) -> String {
     }
 }
 
+/// A decision as a row says it.
+pub fn outcome(d: &pb::Decision) -> String {
+    use arbor_shared::proto::runner::v1::{DecisionKind as K, DecisionSource as Src};
+    let kind = match K::try_from(d.kind) {
+        Ok(K::Approve) => "approved",
+        Ok(K::Reject) => "rejected",
+        Ok(K::Edit) => "approved as edited",
+        Ok(K::Respond) => "responded",
+        _ => "decided",
+    };
+    match Src::try_from(d.source) {
+        Ok(Src::Timeout) => format!("{kind} when its deadline passed"),
+        Ok(Src::Policy) => format!("{kind} by the policy"),
+        _ => format!("{kind} by {}", d.decided_by),
+    }
+}
+
 fn row(a: &pb::Approval, now_ms: u64) -> Row {
     let r = a.request.clone().unwrap_or_default();
     let deadline = a.next_deadline.as_ref().map(from_timestamp).unwrap_or(0);
@@ -220,6 +239,7 @@ fn row(a: &pb::Approval, now_ms: u64) -> Row {
         tool: r.tool_name,
         state,
         state_class,
+        outcome: a.decision.as_ref().map(outcome).unwrap_or_default(),
         progress: a
             .governance
             .as_ref()
