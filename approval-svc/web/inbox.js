@@ -49,6 +49,13 @@
     }
   }
   var busy = {};
+  var last = {};
+  function refocus() {
+    if (!focusedId) return;
+    var row = document.querySelector('.row[data-id="' + CSS.escape(focusedId) + '"]');
+    var link = row && row.querySelector("a.title");
+    if (link) link.focus();
+  }
   function refresh(el) {
     var url = el.getAttribute("data-fragment");
     if (!url || busy[url]) return;
@@ -59,15 +66,19 @@
         return res.ok ? res.text() : null;
       })
       .then(function (html) {
-        if (html === null) return;
+        // Unchanged: left alone, so focus, selection and scrolling stay as they are.
+        if (html === null || last[url] === html) return;
+        last[url] = html;
         var checked = remember();
         var current = document.getElementById(el.id) || el;
+        var hadFocus = current.contains(document.activeElement);
         if (current.hasAttribute("data-inner")) {
           current.innerHTML = html;
         } else {
           current.outerHTML = html;
         }
         restore(checked);
+        if (hadFocus) refocus();
         tick();
       })
       .catch(function () {})

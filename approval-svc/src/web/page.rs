@@ -174,8 +174,16 @@ pub fn iso(ms: u64) -> String {
 }
 
 /// How long until `ms` (or since), as a person reads it; the script keeps it counting.
+/// Whole minutes beyond the first one, so a page refetched every second changes only when
+/// something did (the script counts the seconds).
 pub fn until(ms: u64, now_ms: u64) -> String {
-    let secs = |d: u64| humantime::format_duration(std::time::Duration::from_secs(d / 1000));
+    let secs = |d: u64| {
+        let s = match d / 1000 {
+            s if s >= 60 => s - s % 60,
+            s => s,
+        };
+        humantime::format_duration(std::time::Duration::from_secs(s))
+    };
     match ms > now_ms {
         true => format!("in {}", secs(ms - now_ms)),
         false => format!("{} ago", secs(now_ms - ms)),

@@ -166,10 +166,11 @@ fn prompt_of(s: &rpb::Suspension) -> String {
 /// note when they cannot be read or only read.
 pub async fn waiting<S: ApprovalStore>(w: &Web<S>, p: &Person) -> (Vec<QuestionRow>, String) {
     let Some((token, read_only)) = w.runner_token(p) else {
-        return (
-            Vec::new(),
-            "The inbox holds no token to ask the runner with.".into(),
-        );
+        let why = match p.token {
+            None => READ_ONLY,
+            Some(_) => "The inbox holds no token to ask the runner with.",
+        };
+        return (Vec::new(), why.into());
     };
     let req = rpb::ListRunsRequest {
         statuses: vec![RunStatus::Suspended as i32],
@@ -183,10 +184,11 @@ pub async fn waiting<S: ApprovalStore>(w: &Web<S>, p: &Person) -> (Vec<QuestionR
     {
         Ok(r) => r.into_inner().runs,
         Err(s) => {
-            return (
-                Vec::new(),
-                format!("The runner's questions cannot be shown: {}", s.message()),
-            );
+            let why = format!("The runner's questions cannot be shown: {}", s.message());
+            return match read_only {
+                true => (Vec::new(), format!("{READ_ONLY} {why}")),
+                false => (Vec::new(), why),
+            };
         }
     };
     let mut rows = Vec::new();

@@ -599,3 +599,55 @@ async fn the_event_stream_tells_changes_and_resumes_from_the_last_event_id() {
     read_until(&mut body, &mut seen, "event: reset").await;
     e.svc.stop().await;
 }
+
+#[tokio::test]
+async fn behind_a_proxy_the_identity_header_signs_people_in_and_questions_are_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let runner = FakeRunner::start().await;
+    let mut cfg = config(dir.path(), &runner.url());
+    cfg.auth = tokens();
+    cfg.web.identity_header = Some(http::HeaderName::from_static("x-forwarded-user"));
+    let (svc, web) = Svc::start_web(cfg).await;
+    let anon = Browser::new(web);
+    let as_ana = [("x-forwarded-user", "ana")];
+
+    // Nobody named, or a name the tokens file does not know: no session.
+    assert_eq!(anon.get("/sign-in").await.status, 401);
+    let res = anon
+        .response("GET", "/sign-in", None, &[("x-forwarded-user", "mallory")])
+        .await;
+    assert_eq!(res.status(), 401);
+    // A pasted token is not a way in here.
+    let pasted = anon.post("/sign-in", &[("token", "ana-token")]).await;
+    assert!(pasted.header("set-cookie").is_empty());
+
+    let res = anon.response("GET", "/sign-in", None, &as_ana).await;
+    assert_eq!(res.status(), 303);
+    let cookie = res.headers()["set-cookie"].to_str().unwrap().to_string();
+    let sid = cookie
+        .split(';')
+        .next()
+        .unwrap()
+        .trim_start_matches("arbor_session=");
+    let ana = Browser {
+        addr: web,
+        cookie: Some(sid.to_string()),
+    };
+    let res = ana.response("GET", "/queue", None, &as_ana).await;
+    assert_eq!(res.status(), 200);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("Signed in as <strong>ana</strong>"));
+    assert!(
+        body.contains("holds no token of yours"),
+        "questions are read-only: {body}"
+    );
+
+    // The same cookie with another identity, or none: the session ends.
+    let res = ana
+        .response("GET", "/queue", None, &[("x-forwarded-user", "bob")])
+        .await;
+    assert_eq!(res.status(), 303);
+    assert_eq!(ana.get("/queue").await.status, 303);
+    svc.stop().await;
+}
