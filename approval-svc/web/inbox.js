@@ -84,13 +84,24 @@
       .catch(function () {})
       .then(function () { busy[url] = false; });
   }
-  function refreshAll() {
-    document.querySelectorAll("[data-fragment]").forEach(refresh);
-  }
   var pending = null;
-  function soon() {
+  var changed = {};
+  var everything = false;
+  function soon(e) {
+    var id = null;
+    try { id = JSON.parse(e.data).id; } catch (err) { id = null; }
+    if (id) { changed[id] = true; } else { everything = true; }
     if (pending) return;
-    pending = setTimeout(function () { pending = null; refreshAll(); }, 30);
+    pending = setTimeout(function () {
+      pending = null;
+      // An item's own part changes only with that item; queues and counts with any.
+      document.querySelectorAll("[data-fragment]").forEach(function (el) {
+        var own = el.getAttribute("data-id");
+        if (!own || everything || changed[own]) refresh(el);
+      });
+      changed = {};
+      everything = false;
+    }, 30);
   }
   if (window.EventSource && document.querySelector("[data-fragment]")) {
     var es = new EventSource("/events");

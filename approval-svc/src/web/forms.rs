@@ -238,3 +238,106 @@ fn place_errors(schema: &Json, value: &Json, fields: &mut [Field]) -> bool {
     }
     any
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn form(pairs: &[(&str, &str)]) -> Fields {
+        Fields(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn an_object_is_read_by_the_types_of_its_schema_and_each_error_sits_at_its_field() {
+        let schema = json!({"type": "object", "required": ["amount"], "properties": {
+            "amount": {"type": "integer", "minimum": 1},
+            "payee": {"type": "string", "minLength": 3},
+            "tags": {"type": "array"}
+        }});
+        let original = json!({"amount": 5, "payee": "acme", "tags": ["a"]});
+        let ok = read_object(
+            &schema,
+            &original,
+            &form(&[
+                ("arg.amount", "7"),
+                ("arg.payee", "bolt"),
+                ("arg.tags", "[\"x\"]"),
+            ]),
+        )
+        .unwrap_or_else(|_| panic!("a valid form"));
+        assert_eq!(ok, json!({"amount": 7, "payee": "bolt", "tags": ["x"]}));
+
+        let Err(fields) = read_object(
+            &schema,
+            &original,
+            &form(&[("arg.amount", "lots"), ("arg.payee", "bolt")]),
+        ) else {
+            panic!("not a number is refused")
+        };
+        let amount = fields.iter().find(|f| f.key == "amount").map(|f| &f.error);
+        assert_eq!(amount.map(String::as_str), Some("must be a whole number"));
+        assert_eq!(
+            fields
+                .iter()
+                .find(|f| f.key == "amount")
+                .map(|f| f.value.as_str()),
+            Some("lots")
+        );
+
+        let Err(fields) = read_object(
+            &schema,
+            &original,
+            &form(&[("arg.amount", "0"), ("arg.payee", "ab")]),
+        ) else {
+            panic!("the schema's limits are checked")
+        };
+        for key in ["amount", "payee"] {
+            let f = fields.iter().find(|f| f.key == key);
+            assert!(
+                f.is_some_and(|f| !f.error.is_empty()),
+                "{key} has its error"
+            );
+        }
+        assert!(
+            fields
+                .iter()
+                .find(|f| f.key == "tags")
+                .is_some_and(|f| f.error.is_empty())
+        );
+    }
+
+    #[test]
+    fn a_schema_is_inferred_from_the_arguments_when_none_is_given() {
+        let args = json!({"n": 3, "x": 1.5, "s": "a", "b": true, "o": {"k": 1}});
+        let schema = inferred(&args);
+        assert_eq!(schema["properties"]["n"], json!({"type": "integer"}));
+        assert_eq!(schema["properties"]["x"], json!({"type": "number"}));
+        assert_eq!(schema["properties"]["o"], json!({}));
+        let Err(fields) = read_object(&schema, &args, &form(&[("arg.n", "three")])) else {
+            panic!("an integer stays an integer")
+        };
+        assert!(fields.iter().any(|f| f.key == "n" && !f.error.is_empty()));
+    }
+
+    #[test]
+    fn an_answer_is_checked_against_the_question_schema() {
+        let schema = json!({"type": "string", "minLength": 5});
+        assert_eq!(
+            read_value(&schema, "text", &form(&[("arg.value", "hello world")])).ok(),
+            Some(json!("hello world"))
+        );
+        let Err(fields) = read_value(&schema, "text", &form(&[("arg.value", "tiny")])) else {
+            panic!("too short")
+        };
+        assert!(!fields[0].error.is_empty());
+        assert_eq!(
+            read_value(&json!({}), "number", &form(&[("arg.value", "2.5")])).ok(),
+            Some(json!(2.5))
+        );
+    }
+}

@@ -475,14 +475,27 @@ pub async fn bulk<S: ApprovalStore>(
             .into_inner()
             .items
             .into_iter()
-            .map(|i| Outcome {
-                ok: i.code == 0,
-                text: match (i.code, i.message.is_empty()) {
-                    (0, true) => "done".into(),
-                    (0, false) => i.message,
-                    _ => format!("refused: {}", i.message),
-                },
-                id: i.request_id,
+            .map(|i| {
+                let still_pending = i
+                    .approval
+                    .as_ref()
+                    .filter(|a| a.state == pb::ApprovalState::Pending as i32);
+                Outcome {
+                    ok: i.code == 0,
+                    text: match (i.code, still_pending, i.message.is_empty()) {
+                        (0, Some(a), _) => format!(
+                            "vote counted ({})",
+                            a.governance
+                                .as_ref()
+                                .map(|g| g.progress.as_str())
+                                .unwrap_or("")
+                        ),
+                        (0, None, true) => "done".into(),
+                        (0, None, false) => i.message,
+                        _ => format!("refused: {}", i.message),
+                    },
+                    id: i.request_id,
+                }
             })
             .collect(),
         Err(s) => return page::error(StatusCode::FORBIDDEN, s.message()),
