@@ -289,7 +289,7 @@ impl ServeArgs {
                 ),
                 None => None,
             },
-            secure_cookie: self.web_secure_cookie || cfg.tls.is_some(),
+            secure_cookie: self.web_secure_cookie,
         };
         if let Some(path) = &self.policy {
             cfg.policy = Policy::from_file(path)?;
