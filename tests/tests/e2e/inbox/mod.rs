@@ -6,6 +6,8 @@
 //! CLIs. A failing spec fails this test with Playwright's output; screenshots and traces of
 //! failures are under `target/browser/`.
 //!
+//! `ARBOR_BROWSER_SPECS="specs/live.spec.ts"` runs only the specs it names.
+//!
 //! One service pair serves every spec: each spec makes runs of its own and asserts about those,
 //! so they do not interfere, and the suite costs one start-up.
 
@@ -122,7 +124,9 @@ pub fn playwright(env: &[(String, String)], args: &[&str], cluster: &Cluster) {
         });
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
+    if out.status.success() {
+        println!("{stdout}");
+    }
     assert!(
         out.status.success(),
         "playwright test {args:?} failed ({}); screenshots and traces under {}\n{stdout}\n{stderr}\n\
@@ -142,6 +146,9 @@ async fn the_inbox_in_a_real_chromium() {
     let dir = tempfile::tempdir().unwrap();
     let (cluster, tokens, web) = start(dir.path()).await;
     let env = spec_env(&cluster, &tokens, web);
+    // `ARBOR_BROWSER_SPECS="specs/live.spec.ts specs/bulk.spec.ts"` runs only those.
+    let only = std::env::var("ARBOR_BROWSER_SPECS").unwrap_or_default();
+    let args: Vec<&str> = only.split_whitespace().collect();
     // Playwright blocks; the services are separate processes, so this thread may wait on it.
-    tokio::task::block_in_place(|| playwright(&env, &[], &cluster));
+    tokio::task::block_in_place(|| playwright(&env, &args, &cluster));
 }
