@@ -169,6 +169,11 @@ async fn named_answerers_and_their_groups_answer_and_no_one_else() {
     // A member of the named group answers.
     answer(&mut bob, &run, &rid, "from bob").await.unwrap();
     succeeded_with(&served, &run, "from bob").await;
+    // Once answered, the run waits for bob no more: he reads it no more.
+    assert_eq!(
+        read(&mut bob).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
 
     // The named identity answers.
     let run = submit(&mut sub, "named").await;
