@@ -26,5 +26,5 @@ pub mod webhooks;
 
 pub use config::{ServeConfig, Tuning};
 pub use error::Error;
-pub use server::{ServeError, run};
+pub use server::{ServeError, run, run_with_web};
 pub use store::ApprovalStore;

@@ -57,20 +57,39 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    let web = match cfg.web.listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| ServeError::Web(addr.to_string(), e))?,
+        ),
+        None => None,
+    };
+    run_with_web(cfg, listener, web, shutdown).await
+}
+
+/// [`run`], serving the web inbox on `web` (already bound; tests bind port 0) instead of
+/// binding `cfg.web.listen`.
+pub async fn run_with_web(
+    cfg: ServeConfig,
+    listener: TcpListener,
+    web: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
     match cfg.store_url.clone() {
         Some(url) => {
             let patience = match cfg.store_wait_always {
                 true => arbor_shared::postgres::Patience::Always,
                 false => arbor_shared::postgres::Patience::Reachable(store::PG_OPEN_PATIENCE),
             };
-            serve(cfg, listener, shutdown, async move {
+            serve(cfg, listener, web, shutdown, async move {
                 PgStore::open_with(&url, patience).await
             })
             .await
         }
         None => {
             let data_dir = cfg.data_dir.clone();
-            serve(cfg, listener, shutdown, store::open(&data_dir)).await
+            serve(cfg, listener, web, shutdown, store::open(&data_dir)).await
         }
     }
 }
@@ -79,6 +98,7 @@ pub async fn run(
 async fn serve<S: ApprovalStore>(
     cfg: ServeConfig,
     listener: TcpListener,
+    web_listener: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send,
     open: impl Future<Output = Result<S, Error>> + Send,
 ) -> Result<(), ServeError> {
@@ -90,14 +110,6 @@ async fn serve<S: ApprovalStore>(
     let metrics_listener = arbor_shared::metrics::bind(cfg.metrics_listen)
         .await
         .map_err(|e| ServeError::Metrics(cfg.metrics_listen.to_string(), e))?;
-    let web_listener = match cfg.web.listen {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(|e| ServeError::Web(addr.to_string(), e))?,
-        ),
-        None => None,
-    };
     let mut front: Front<ApiService<S>> = Front::start(
         listener,
         tonic_health::server::health_reporter(),

@@ -5,34 +5,28 @@
 use arbor_shared::{
     auth::Principal,
     domain::{ApprovalKind, DecisionKind},
-    json::to_proto_value,
     proto::{
         approval::v1 as pb, approval::v1::approval_service_server::ApprovalService,
         runner::v1::DecisionKind as PbKind,
     },
-    time::{from_timestamp, timestamp},
+    time::from_timestamp,
 };
 use askama::Template;
 use axum::{
-    body::Bytes,
-    extract::{Path, Query, State},
+    extract::{Path, State},
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Redirect, Response},
 };
-use serde::Deserialize;
 use serde_json::Value as Json;
 
 use super::{
     Shared, Web, forms,
     page::{self, Chrome, DiffRow, Pair},
-    question::{self, TreeRow},
     queue::state_name,
-    session::{Person, post_of},
+    run::{self, EventRow, TreeRow},
+    session::Person,
 };
 use crate::{model::Approval, store::ApprovalStore};
-
-/// How long a claim from the inbox holds.
-const CLAIM_MS: u64 = 30 * 60 * 1000;
 
 pub struct VoteRow {
     pub who: String,
@@ -86,6 +80,8 @@ struct ItemPage {
     submitted_by: String,
     args: Vec<Pair>,
     edited: bool,
+    /// An approver's edit against the arguments the run asked with.
+    edit_diff: Vec<DiffRow>,
     shown: String,
     digest: String,
     context: Vec<Pair>,
@@ -102,6 +98,7 @@ struct ItemPage {
     audit: Vec<AuditRow>,
     tree: Vec<TreeRow>,
     blackboard: Vec<Pair>,
+    timeline: Vec<EventRow>,
     run_note: String,
     live: LiveItem,
     message: String,
@@ -128,16 +125,9 @@ struct EditPage {
     message: String,
 }
 
-/// What the page says after a decision was taken (`?done=`).
-#[derive(Debug, Default, Deserialize)]
-pub struct Done {
-    #[serde(default)]
-    done: String,
-}
-
 /// What the item's decision binds to now: an approver's proposed edit or response, else the
 /// request's arguments (a gate: its context).
-fn current_args(a: &Approval) -> (Json, bool) {
+pub(super) fn current_args(a: &Approval) -> (Json, bool) {
     if let Some(g) = &a.ext.governance
         && g.proposal.kind != DecisionKind::Approve
     {
@@ -158,7 +148,7 @@ fn title_of(a: &Approval) -> String {
 
 /// The schema the arguments are edited against: the request's `args_schema` context entry,
 /// else one inferred from the arguments as they are.
-fn args_schema(a: &Approval) -> Json {
+pub(super) fn args_schema(a: &Approval) -> Json {
     match a.request.context.get("args_schema") {
         Some(s @ (Json::Object(_) | Json::Bool(_))) => s.clone(),
         _ => forms::inferred(&a.request.tool_args),
@@ -244,7 +234,7 @@ fn live_of(a: &pb::Approval, now_ms: u64, me: &str) -> LiveItem {
 
 impl<S: ApprovalStore> Web<S> {
     /// The item as `p` may read it: the same role check as GetApproval, then the record.
-    fn read(&self, p: &Principal, id: &str) -> Result<Approval, Response> {
+    pub(super) fn read(&self, p: &Principal, id: &str) -> Result<Approval, Response> {
         crate::grpc::require(p, crate::grpc::READERS, "read approvals")
             .map_err(|e| page::error(StatusCode::FORBIDDEN, &e.to_string()))?;
         match self.approvals.store().get(id) {
@@ -284,7 +274,7 @@ impl<S: ApprovalStore> Web<S> {
         }
     }
 
-    async fn item_page(
+    pub(super) async fn item_page(
         &self,
         p: &Person,
         id: &str,
@@ -314,7 +304,13 @@ impl<S: ApprovalStore> Web<S> {
             .await
             .map(|r| r.into_inner().entries)
             .unwrap_or_default();
-        let run = question::run_view(self, p, &a.request.run_id, &a.request.node_locator).await;
+        let run = run::run_view(
+            self,
+            p,
+            &a.request.run_id,
+            (&a.request.node_locator, &a.request.node_name),
+        )
+        .await;
         let view = ItemPage {
             chrome: Chrome::new(title_of(&a), Some(p)),
             csrf: p.csrf.clone(),
@@ -333,6 +329,10 @@ impl<S: ApprovalStore> Web<S> {
             args: match a.kind() {
                 Some(ApprovalKind::Node) if !edited => Vec::new(),
                 _ => page::pairs(&args),
+            },
+            edit_diff: match edited {
+                true => page::diff(&a.request.tool_args, &args),
+                false => Vec::new(),
             },
             edited,
             shown: args.to_string(),
@@ -377,6 +377,7 @@ impl<S: ApprovalStore> Web<S> {
                 .collect(),
             tree: run.tree,
             blackboard: run.blackboard,
+            timeline: run.timeline,
             run_note: run.note,
             live: live_of(&pba, now, p.name()),
             message,
@@ -386,7 +387,7 @@ impl<S: ApprovalStore> Web<S> {
         page::render(status, &view)
     }
 
-    async fn edit_page(
+    pub(super) async fn edit_page(
         &self,
         p: &Person,
         a: &Approval,
@@ -418,19 +419,11 @@ pub async fn page<S: ApprovalStore>(
     State(w): State<Shared<S>>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Query(done): Query<Done>,
 ) -> Response {
     let Some(p) = w.person(&headers) else {
         return Redirect::to("/sign-in").into_response();
     };
-    let notice = match done.done.as_str() {
-        "" => String::new(),
-        "claim" => "Claimed.".into(),
-        "release" => "Released.".into(),
-        "comment" => "Your comment was added.".into(),
-        "delegate" => "Your seat is delegated.".into(),
-        other => format!("Your decision ({other}) was recorded."),
-    };
+    let notice = w.take_flash(&p);
     w.item_page(&p, &id, StatusCode::OK, String::new(), notice, Vec::new())
         .await
 }
@@ -467,187 +460,4 @@ pub async fn edit_page<S: ApprovalStore>(
     let (args, _) = current_args(&a);
     let fields = forms::object_fields(&args_schema(&a), &args);
     w.edit_page(&p, &a, fields, None, String::new()).await
-}
-
-fn status_of(s: &tonic::Status) -> StatusCode {
-    match s.code() {
-        tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => StatusCode::FORBIDDEN,
-        tonic::Code::FailedPrecondition | tonic::Code::Aborted => StatusCode::CONFLICT,
-        tonic::Code::InvalidArgument => StatusCode::UNPROCESSABLE_ENTITY,
-        tonic::Code::NotFound => StatusCode::NOT_FOUND,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
-    }
-}
-
-/// Approve, reject, edit or respond, bound to the digest the page showed (`digest`).
-pub async fn decide<S: ApprovalStore>(
-    State(w): State<Shared<S>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Response {
-    let (p, f) = match post_of(&w, &headers, &body) {
-        Ok(x) => x,
-        Err(res) => return res,
-    };
-    let decision = f.text("decision");
-    let mut req = pb::ResolveRequest {
-        request_id: id.clone(),
-        reason: f.text("reason"),
-        expected_digest: f.text("digest"),
-        ..Default::default()
-    };
-    req.decision = match decision.as_str() {
-        "approve" => PbKind::Approve,
-        "reject" => PbKind::Reject,
-        "edit" => PbKind::Edit,
-        "respond" => PbKind::Respond,
-        _ => return page::error(StatusCode::BAD_REQUEST, "Choose a decision."),
-    } as i32;
-    if decision == "edit" {
-        let a = match w.read(&p.principal, &id) {
-            Ok(a) => a,
-            Err(res) => return res,
-        };
-        let (args, _) = current_args(&a);
-        match forms::read_object(&args_schema(&a), &args, &f) {
-            Ok(edited) => req.args = Some(to_proto_value(&edited)),
-            Err(fields) => {
-                let msg = "Some arguments do not fit the tool's schema; see each field.";
-                return w.edit_page(&p, &a, fields, None, msg.into()).await;
-            }
-        }
-    }
-    if decision == "respond" {
-        match serde_json::from_str::<Json>(&f.text("result")) {
-            Ok(v) => req.result = Some(to_proto_value(&v)),
-            Err(e) => {
-                let msg = format!("The result must be JSON: {e}.");
-                return w
-                    .item_page(
-                        &p,
-                        &id,
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        msg,
-                        String::new(),
-                        vec![],
-                    )
-                    .await;
-            }
-        }
-    }
-    match w.api.resolve(Web::<S>::as_person(&p.principal, req)).await {
-        Ok(_) => Redirect::to(&format!("/items/{id}?done={decision}")).into_response(),
-        Err(s) => {
-            let stale = s.message().contains("what is voted on changed");
-            let (message, diff) = match stale {
-                true => {
-                    let shown = serde_json::from_str(&f.text("shown")).unwrap_or(Json::Null);
-                    let now = w
-                        .approvals
-                        .store()
-                        .get(&id)
-                        .ok()
-                        .flatten()
-                        .map(|a| current_args(&a).0)
-                        .unwrap_or(Json::Null);
-                    (
-                        "Refused: what you decided on changed since the page showed it. Read \
-                         the item again below; the table shows what changed."
-                            .to_string(),
-                        page::diff(&shown, &now),
-                    )
-                }
-                false => (format!("Refused: {}", s.message()), Vec::new()),
-            };
-            w.item_page(&p, &id, status_of(&s), message, String::new(), diff)
-                .await
-        }
-    }
-}
-
-/// The outcome of a state-keeping action: back to the item, or the item saying why not.
-async fn after<S: ApprovalStore>(
-    w: &Web<S>,
-    p: &Person,
-    id: &str,
-    done: &str,
-    r: Result<(), tonic::Status>,
-) -> Response {
-    match r {
-        Ok(()) => Redirect::to(&format!("/items/{id}?done={done}")).into_response(),
-        Err(s) => {
-            let message = format!("Refused: {}", s.message());
-            w.item_page(p, id, status_of(&s), message, String::new(), Vec::new())
-                .await
-        }
-    }
-}
-
-pub async fn claim<S: ApprovalStore>(
-    State(w): State<Shared<S>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Response {
-    let (p, f) = match post_of(&w, &headers, &body) {
-        Ok(x) => x,
-        Err(res) => return res,
-    };
-    let release = f.get("release").is_some();
-    let req = pb::ClaimRequest {
-        request_id: id.clone(),
-        ttl_ms: if release { 0 } else { CLAIM_MS },
-        release,
-    };
-    let r = w.api.claim(Web::<S>::as_person(&p.principal, req)).await;
-    let done = if release { "release" } else { "claim" };
-    after(&w, &p, &id, done, r.map(|_| ())).await
-}
-
-pub async fn comment<S: ApprovalStore>(
-    State(w): State<Shared<S>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Response {
-    let (p, f) = match post_of(&w, &headers, &body) {
-        Ok(x) => x,
-        Err(res) => return res,
-    };
-    let req = pb::CommentRequest {
-        request_id: id.clone(),
-        text: f.text("text"),
-    };
-    let r = w.api.comment(Web::<S>::as_person(&p.principal, req)).await;
-    after(&w, &p, &id, "comment", r.map(|_| ())).await
-}
-
-pub async fn delegate<S: ApprovalStore>(
-    State(w): State<Shared<S>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Response {
-    let (p, f) = match post_of(&w, &headers, &body) {
-        Ok(x) => x,
-        Err(res) => return res,
-    };
-    let hours: u64 = f.text("hours").trim().parse().unwrap_or(0);
-    if hours == 0 {
-        let r = Err(tonic::Status::invalid_argument(
-            "hours: a whole number, at least 1",
-        ));
-        return after(&w, &p, &id, "delegate", r).await;
-    }
-    let now = w.approvals.store().now_ms();
-    let req = pb::DelegateRequest {
-        to: f.text("to").trim().to_string(),
-        ends: Some(timestamp(
-            now.saturating_add(hours.saturating_mul(3_600_000)),
-        )),
-        ..Default::default()
-    };
-    let r = w.api.delegate(Web::<S>::as_person(&p.principal, req)).await;
-    after(&w, &p, &id, "delegate", r.map(|_| ())).await
 }

@@ -7,12 +7,14 @@
 // A refusal is the page that says so, answered as it is: boxing it would buy nothing.
 #![allow(clippy::result_large_err)]
 
+mod actions;
 mod events;
 mod forms;
 mod item;
 mod page;
 mod question;
 mod queue;
+mod run;
 mod session;
 mod statics;
 
@@ -139,10 +141,10 @@ pub fn router<S: ApprovalStore>(web: Shared<S>) -> Router {
         .route("/items/{id}", get(item::page::<S>))
         .route("/items/{id}/edit", get(item::edit_page::<S>))
         .route("/items/{id}/live", get(item::live_fragment::<S>))
-        .route("/items/{id}/decide", post(item::decide::<S>))
-        .route("/items/{id}/claim", post(item::claim::<S>))
-        .route("/items/{id}/comment", post(item::comment::<S>))
-        .route("/items/{id}/delegate", post(item::delegate::<S>))
+        .route("/items/{id}/decide", post(actions::decide::<S>))
+        .route("/items/{id}/claim", post(actions::claim::<S>))
+        .route("/items/{id}/comment", post(actions::comment::<S>))
+        .route("/items/{id}/delegate", post(actions::delegate::<S>))
         .route(
             "/questions/{run_id}/{request_id}",
             get(question::page::<S>).post(question::answer::<S>),

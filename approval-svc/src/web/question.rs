@@ -1,10 +1,9 @@
 //! What runs wait for besides approvals: user-input questions and external results, read from
 //! the runner with the signed-in person's own token (so the runner's rule on who may answer
-//! applies), each answered through a form generated from its schema; and the run an item
-//! belongs to (its tree and a blackboard excerpt).
+//! applies), each answered through a form generated from its schema.
 
 use arbor_shared::{
-    json::{from_optional_value, from_proto_struct, to_proto_value},
+    json::{from_optional_value, to_proto_value},
     proto::runner::v1::{
         self as rpb, ResolveAction, RunStatus, SuspensionCategory, SuspensionState,
         runner_service_client::RunnerServiceClient,
@@ -21,15 +20,13 @@ use serde_json::{Value as Json, json};
 
 use super::{
     Shared, Web, forms,
-    page::{self, Chrome, Pair},
+    page::{self, Chrome},
     session::{Person, post_of},
 };
 use crate::store::ApprovalStore;
 
 /// How long one call to the runner for a page may take.
 const RUNNER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-/// Blackboard entries shown on an item's page.
-const BLACKBOARD_EXCERPT: usize = 12;
 
 pub struct QuestionRow {
     pub run_id: String,
@@ -37,22 +34,6 @@ pub struct QuestionRow {
     pub kind: String,
     pub prompt: String,
     pub href: String,
-}
-
-pub struct TreeRow {
-    pub depth: usize,
-    pub name: String,
-    pub kind: String,
-    pub status: String,
-    pub waiting: bool,
-}
-
-/// The run of an item, as far as the person may read it.
-#[derive(Default)]
-pub struct RunView {
-    pub tree: Vec<TreeRow>,
-    pub blackboard: Vec<Pair>,
-    pub note: String,
 }
 
 #[derive(Template)]
@@ -79,7 +60,7 @@ const READ_ONLY: &str = "You signed in through the proxy in front of the inbox, 
 impl<S: ApprovalStore> Web<S> {
     /// The token the runner is asked with for `p`: theirs, or (signed in through a proxy) the
     /// service's, to read only.
-    fn runner_token(&self, p: &Person) -> Option<(String, bool)> {
+    pub(super) fn runner_token(&self, p: &Person) -> Option<(String, bool)> {
         match (&p.token, &self.service_token) {
             (Some(t), _) => Some((t.clone(), false)),
             (None, Some(t)) => Some((t.clone(), true)),
@@ -87,7 +68,7 @@ impl<S: ApprovalStore> Web<S> {
         }
     }
 
-    fn runner_req<T>(token: &str, msg: T) -> tonic::Request<T> {
+    pub(super) fn runner_req<T>(token: &str, msg: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(msg);
         if let Ok(v) = format!("Bearer {token}").parse() {
             r.metadata_mut().insert("authorization", v);
@@ -96,12 +77,16 @@ impl<S: ApprovalStore> Web<S> {
         r
     }
 
-    fn runner_client(&self) -> RunnerServiceClient<tonic::transport::Channel> {
+    pub(super) fn runner_client(&self) -> RunnerServiceClient<tonic::transport::Channel> {
         RunnerServiceClient::new(self.runner.clone())
             .max_decoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES)
     }
 
-    async fn get_run(&self, p: &Person, run_id: &str) -> Result<(rpb::Run, bool), String> {
+    pub(super) async fn get_run(
+        &self,
+        p: &Person,
+        run_id: &str,
+    ) -> Result<(rpb::Run, bool), String> {
         let Some((token, read_only)) = self.runner_token(p) else {
             return Err("the inbox holds no token to ask the runner with".into());
         };
@@ -121,6 +106,39 @@ impl<S: ApprovalStore> Web<S> {
             Err(s) => Err(s.message().to_string()),
         }
     }
+}
+
+/// Who a request names to answer it (`answerers` in its payload); empty: the run's submitter.
+fn answerers_of(s: &rpb::Suspension) -> Vec<String> {
+    from_optional_value(s.payload.as_ref())
+        .get("answerers")
+        .and_then(Json::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Json::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether the runner will take `p`'s answer to `s`: the rule the runner applies on Resolve
+/// (operators and services always; else those the node names, a `group:NAME` by membership;
+/// a node that names no one, the run's submitter), used here only to show what to offer. The
+/// runner checks it again when the answer arrives.
+fn may_answer(p: &arbor_shared::auth::Principal, s: &rpb::Suspension, submitted_by: &str) -> bool {
+    use arbor_shared::auth::Role;
+    if p.has_any(&[Role::Service, Role::Operator]) {
+        return true;
+    }
+    let names = answerers_of(s);
+    if names.is_empty() {
+        return p.name == submitted_by;
+    }
+    names.iter().any(|who| match who.strip_prefix("group:") {
+        Some(g) => p.groups.iter().any(|mine| mine == g),
+        None => *who == p.name,
+    })
 }
 
 fn waits_for_a_person(s: &rpb::Suspension) -> bool {
@@ -173,7 +191,13 @@ pub async fn waiting<S: ApprovalStore>(w: &Web<S>, p: &Person) -> (Vec<QuestionR
     };
     let mut rows = Vec::new();
     for run in &runs {
-        for s in run.suspensions.iter().filter(|s| waits_for_a_person(s)) {
+        let mine = |s: &&rpb::Suspension| may_answer(&p.principal, s, &run.submitted_by);
+        for s in run
+            .suspensions
+            .iter()
+            .filter(|s| waits_for_a_person(s))
+            .filter(mine)
+        {
             rows.push(QuestionRow {
                 href: format!("/questions/{}/{}", run.run_id, s.request_id),
                 run_id: run.run_id.clone(),
@@ -188,92 +212,6 @@ pub async fn waiting<S: ApprovalStore>(w: &Web<S>, p: &Person) -> (Vec<QuestionR
         false => String::new(),
     };
     (rows, note)
-}
-
-/// The nodes of a tree document, depth first: `(depth, type, name)`.
-fn nodes(doc: &Json, depth: usize, out: &mut Vec<(usize, String, String)>) {
-    let Some(m) = doc.as_object() else { return };
-    if let Some(t) = m.get("type").and_then(Json::as_str) {
-        let name = m.get("name").and_then(Json::as_str).unwrap_or_default();
-        out.push((depth, t.to_string(), name.to_string()));
-    }
-    for key in ["root", "child", "children"] {
-        match m.get(key) {
-            Some(Json::Array(xs)) => xs.iter().for_each(|x| nodes(x, depth + 1, out)),
-            Some(x @ Json::Object(_)) => nodes(x, depth + 1, out),
-            _ => {}
-        }
-    }
-}
-
-/// The run of an item: its tree (the node it waits at marked) and a blackboard excerpt.
-pub async fn run_view<S: ApprovalStore>(
-    w: &Web<S>,
-    p: &Person,
-    run_id: &str,
-    node_name: &str,
-) -> RunView {
-    let (run, _) = match w.get_run(p, run_id).await {
-        Ok(r) => r,
-        Err(e) => {
-            return RunView {
-                note: format!("The run cannot be shown: {e}"),
-                ..Default::default()
-            };
-        }
-    };
-    let blackboard = run
-        .blackboard
-        .as_ref()
-        .map(from_proto_struct)
-        .unwrap_or_default()
-        .into_iter()
-        .take(BLACKBOARD_EXCERPT)
-        .map(|(key, v)| Pair {
-            key,
-            value: page::show(&v),
-        })
-        .collect();
-    let mut tree = Vec::new();
-    let mut note = String::new();
-    let Some((token, _)) = w.runner_token(p) else {
-        return RunView::default();
-    };
-    let req = rpb::GetTreeRequest {
-        tree_id: run.tree_id.clone(),
-        version: run.tree_version,
-    };
-    match w
-        .runner_client()
-        .get_tree(Web::<S>::runner_req(&token, req))
-        .await
-    {
-        Ok(r) => {
-            let doc = r
-                .into_inner()
-                .tree
-                .and_then(|t| serde_json::from_str::<Json>(&t.document).ok())
-                .unwrap_or(Json::Null);
-            let mut found = Vec::new();
-            nodes(doc.get("root").unwrap_or(&Json::Null), 0, &mut found);
-            tree = found
-                .into_iter()
-                .map(|(depth, kind, name)| TreeRow {
-                    waiting: !name.is_empty() && name == node_name,
-                    status: if name == node_name { "waiting" } else { "" }.into(),
-                    depth: depth.min(8),
-                    name,
-                    kind,
-                })
-                .collect();
-        }
-        Err(s) => note = format!("The tree cannot be shown: {}", s.message()),
-    }
-    RunView {
-        tree,
-        blackboard,
-        note,
-    }
 }
 
 /// The form of a suspension: an answer for a question, status and result for external work.
@@ -319,12 +257,18 @@ async fn question_page<S: ApprovalStore>(
         let msg = "The run no longer waits for this (it was answered or withdrawn).";
         return page::error(StatusCode::NOT_FOUND, msg);
     };
-    let payload = from_optional_value(s.payload.as_ref());
-    let answerers: Vec<String> = payload
-        .get("answerers")
-        .and_then(Json::as_array)
-        .map(|a| a.iter().map(page::show).collect())
-        .unwrap_or_default();
+    let mut answerers = answerers_of(s);
+    if answerers.is_empty() {
+        answerers.push(format!("the run's submitter ({})", run.submitted_by));
+    }
+    let read_only = match (read_only, may_answer(&p.principal, s, &run.submitted_by)) {
+        (true, _) => READ_ONLY.to_string(),
+        (false, true) => String::new(),
+        (false, false) => format!(
+            "You may not answer this: the run takes an answer from {} (and operators).",
+            answerers.join(", ")
+        ),
+    };
     let view = QuestionPage {
         chrome: Chrome::new(prompt_of(s), Some(p)),
         csrf: p.csrf.clone(),
@@ -335,11 +279,7 @@ async fn question_page<S: ApprovalStore>(
         node: s.node_locator.clone(),
         answerers: answerers.join(", "),
         fields: fields.unwrap_or_else(|| form_of(s)),
-        read_only: if read_only {
-            READ_ONLY.into()
-        } else {
-            String::new()
-        },
+        read_only,
         message,
         notice,
     };

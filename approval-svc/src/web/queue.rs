@@ -136,6 +136,8 @@ pub struct Row {
     pub tool: String,
     pub state: String,
     pub state_class: String,
+    /// A decided item's decision: `rejected`, `approved on its deadline`, ….
+    pub outcome: String,
     pub progress: String,
     pub deadline_iso: String,
     pub deadline_text: String,
@@ -197,6 +199,35 @@ pub fn state_name(s: i32) -> (String, String) {
     (name.clone(), name)
 }
 
+/// What a row is called: its title, with the tool it would run when the title does not say.
+fn row_title(r: &arbor_shared::proto::runner::v1::ApprovalRequested) -> String {
+    match (r.title.is_empty(), r.tool_name.is_empty()) {
+        (true, true) => r.node_name.clone(),
+        (true, false) => format!("{} at {}", r.tool_name, r.node_name),
+        (false, false) if !r.title.contains(&r.tool_name) => {
+            format!("{}: {}", r.tool_name, r.title)
+        }
+        (false, _) => r.title.clone(),
+    }
+}
+
+/// A decision as a row says it.
+pub fn outcome(d: &pb::Decision) -> String {
+    use arbor_shared::proto::runner::v1::{DecisionKind as K, DecisionSource as Src};
+    let kind = match K::try_from(d.kind) {
+        Ok(K::Approve) => "approved",
+        Ok(K::Reject) => "rejected",
+        Ok(K::Edit) => "approved as edited",
+        Ok(K::Respond) => "responded",
+        _ => "decided",
+    };
+    match Src::try_from(d.source) {
+        Ok(Src::Timeout) => format!("{kind} when its deadline passed"),
+        Ok(Src::Policy) => format!("{kind} by the policy"),
+        _ => format!("{kind} by {}", d.decided_by),
+    }
+}
+
 fn row(a: &pb::Approval, now_ms: u64) -> Row {
     let r = a.request.clone().unwrap_or_default();
     let deadline = a.next_deadline.as_ref().map(from_timestamp).unwrap_or(0);
@@ -204,13 +235,11 @@ fn row(a: &pb::Approval, now_ms: u64) -> Row {
     Row {
         href: format!("/items/{}", a.request_id),
         id: a.request_id.clone(),
-        title: match r.title.is_empty() {
-            true => format!("{} at {}", r.tool_name, r.node_name),
-            false => r.title.clone(),
-        },
+        title: row_title(&r),
         tool: r.tool_name,
         state,
         state_class,
+        outcome: a.decision.as_ref().map(outcome).unwrap_or_default(),
         progress: a
             .governance
             .as_ref()

@@ -36,6 +36,8 @@ struct Session {
     token: Option<String>,
     csrf: String,
     seen: Instant,
+    /// What the next page says about the last action (set before a redirect).
+    flash: Option<String>,
 }
 
 /// The sessions of this process, in memory: a restart signs everyone out.
@@ -91,6 +93,7 @@ impl Sessions {
             token,
             csrf,
             seen: Instant::now(),
+            flash: None,
         };
         let mut all = self.by_id.lock().unwrap_or_else(PoisonError::into_inner);
         all.retain(|_, s| s.seen.elapsed() < IDLE);
@@ -115,6 +118,18 @@ impl Sessions {
         }
         s.seen = Instant::now();
         Some(s.clone())
+    }
+
+    fn set_flash(&self, sid: &str, text: String) {
+        let mut all = self.by_id.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(s) = all.get_mut(sid) {
+            s.flash = Some(text);
+        }
+    }
+
+    fn take_flash(&self, sid: &str) -> Option<String> {
+        let mut all = self.by_id.lock().unwrap_or_else(PoisonError::into_inner);
+        all.get_mut(sid).and_then(|s| s.flash.take())
     }
 
     fn drop_session(&self, sid: &str) {
@@ -193,6 +208,16 @@ impl<S: ApprovalStore> super::Web<S> {
         }
     }
 
+    /// Says `text` on `p`'s next page (after the redirect that follows an action).
+    pub fn flash(&self, p: &Person, text: impl Into<String>) {
+        self.sessions.set_flash(&p.sid, text.into());
+    }
+
+    /// What the last action left to say, once.
+    pub fn take_flash(&self, p: &Person) -> String {
+        self.sessions.take_flash(&p.sid).unwrap_or_default()
+    }
+
     fn set_cookie(&self, sid: &str) -> HeaderValue {
         let secure = if self.cfg.secure_cookie {
             "; Secure"
@@ -256,6 +281,28 @@ impl Fields {
     }
 }
 
+/// 403 for a POST another site's page sent (the browser says so in `Sec-Fetch-Site`, or an
+/// `Origin` naming another host): a second line behind the CSRF token and SameSite, and the
+/// only one for the sign-in form, which has no session yet.
+fn same_site(headers: &HeaderMap) -> Result<(), Response> {
+    let text = |h: header::HeaderName| headers.get(h).and_then(|v| v.to_str().ok());
+    let fetch_site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
+    let cross = match (fetch_site, text(header::ORIGIN), text(header::HOST)) {
+        (Some(site), _, _) => !matches!(site, "same-origin" | "none"),
+        (None, Some(origin), Some(host)) if origin != "null" => {
+            origin.split_once("://").map(|(_, h)| h) != Some(host)
+        }
+        _ => false,
+    };
+    match cross {
+        true => Err(page::error(
+            StatusCode::FORBIDDEN,
+            "This form was sent from another site. Nothing was changed.",
+        )),
+        false => Ok(()),
+    }
+}
+
 /// The person and the form of a POST, or the response refusing it: no session (redirect to
 /// sign-in) or no or a wrong CSRF token (403, nothing changed).
 pub fn post_of<S: ApprovalStore>(
@@ -263,6 +310,7 @@ pub fn post_of<S: ApprovalStore>(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<(Person, Fields), Response> {
+    same_site(headers)?;
     let Some(person) = w.person(headers) else {
         return Err(Redirect::to("/sign-in").into_response());
     };
@@ -304,6 +352,9 @@ pub async fn sign_in<S: ApprovalStore>(
 ) -> Response {
     if w.cfg.identity_header.is_some() {
         return sign_in_page(State(w), headers).await;
+    }
+    if let Err(res) = same_site(&headers) {
+        return res;
     }
     let fields = Fields::parse(&body);
     let token = fields.text("token").trim().to_string();
