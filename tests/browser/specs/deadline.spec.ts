@@ -22,6 +22,7 @@ test('a deadline counts down, then the item is decided as rejected', async ({ br
   await expect(group).toHaveCount(0, { timeout: 15_000 });
   await page.goto('/queue?q=decided');
   await expect(runGroup(page, runId)).toBeVisible();
+  await expect(runGroup(page, runId).locator('.outcome')).toContainText('rejected');
   await runGroup(page, runId).getByRole('link', { name: 'Expires unless decided' }).click();
   await expect(page).toHaveURL(new RegExp(`/items/${rid}$`));
   await expect(page.locator('#item-live')).toContainText(/reject by/i);
