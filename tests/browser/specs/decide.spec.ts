@@ -18,6 +18,7 @@ test('approve: the tool runs with the arguments shown', async ({ browser }) => {
   await page.getByRole('button', { name: 'Approve' }).click();
   await expect(page.locator('#item-live')).toContainText('approve by alice');
   await expect(page.getByRole('button', { name: 'Approve' })).toHaveCount(0);
+  await accessible(page, 'item (decided)');
   const run = await finished(runId);
   expect(run.status.toUpperCase()).toBe('SUCCEEDED');
   await context.close();
