@@ -141,6 +141,8 @@ pub fn npm_ci(dir: &Path) -> PathBuf {
         run(
             Command::new("npm")
                 .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+                // The browser tests use Debian's Chromium: never download one.
+                .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
                 .current_dir(dir),
             "npm ci (needs node and npm, and the npm registry)",
         );

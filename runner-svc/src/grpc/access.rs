@@ -183,6 +183,9 @@ impl Visible for RunReads {
             Self::Share {
                 own: true, name, ..
             } if run.submitted_by == *name => Some(true),
+            // A finished run waits for nothing: settled without reading its checkpoint (most
+            // stored runs are finished, and a list filters them all).
+            Self::Share { .. } if run.status.is_terminal() => Some(false),
             // Whether it waits for an approval or for this caller's answer: the checkpoint says.
             Self::Share { .. } => None,
         }

@@ -1,11 +1,12 @@
 //! A run's node statuses (`RunnerService.GetRunNodes`): the tree's nodes depth-first with where
 //! each stands, read from the run's checkpoint.
 //!
-//! The checkpoint keeps what the run still needs: a node's outcome until its parent finishes
-//! (then the parent's outcome stands for the subtree), a composite's and a gate's RUNNING, and
-//! the active suspensions. A leaf that was running comes back IDLE from a decoded checkpoint (so
-//! it re-enters cleanly); it is shown as WAITING when it owns an active suspension and as RUNNING
-//! while it keeps an in-flight record (an approved tool call, a timer).
+//! The checkpoint keeps each node's status (back to idle once its parent finishes), how each node
+//! last finished (`outcomes`), a composite's and a gate's RUNNING, and the active suspensions. A
+//! leaf that was running comes back IDLE from a decoded checkpoint (so it re-enters cleanly); it
+//! is shown as WAITING when it owns an active suspension and as RUNNING while it keeps an
+//! in-flight record (an approved tool call, a timer). An idle node that finished before shows
+//! how it finished, until it is halted.
 
 use arbor_shared::domain::SuspensionState;
 
@@ -96,10 +97,11 @@ fn state_of(ck: &Checkpoint, idx: usize) -> NodeState {
                     .tool_calls
                     .values()
                     .any(|c| c.node == me && matches!(c.state, ToolCallState::Approved));
-            if in_flight {
-                NodeState::Running
-            } else {
-                NodeState::Idle
+            match ck.outcome(idx) {
+                _ if in_flight => NodeState::Running,
+                NodeStatus::Success => NodeState::Success,
+                NodeStatus::Failure => NodeState::Failure,
+                NodeStatus::Idle | NodeStatus::Running => NodeState::Idle,
             }
         }
     }

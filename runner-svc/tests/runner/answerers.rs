@@ -169,6 +169,11 @@ async fn named_answerers_and_their_groups_answer_and_no_one_else() {
     // A member of the named group answers.
     answer(&mut bob, &run, &rid, "from bob").await.unwrap();
     succeeded_with(&served, &run, "from bob").await;
+    // Once answered, the run waits for bob no more: he reads it no more.
+    assert_eq!(
+        read(&mut bob).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
 
     // The named identity answers.
     let run = submit(&mut sub, "named").await;
@@ -242,41 +247,23 @@ async fn run_nodes_show_done_waiting_and_idle_nodes() {
         {"type": "set", "name": "first", "key": "a", "value": 1},
         {"type": "approval", "name": "gate", "title": "Go?",
          "child": {"type": "set", "name": "inner", "key": "b", "value": 2}},
+        {"type": "user_input", "name": "notes", "input_kind": "text", "prompt": "Notes?"},
         {"type": "set", "name": "last", "key": "c", "value": 3}]}});
     register(&mut sub, doc).await.unwrap();
     let run = submit(&mut sub, "gated").await;
     suspended(&served, &run).await;
 
-    let nodes = sub
-        .get_run_nodes(pb::GetRunNodesRequest {
-            run_id: run.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .nodes;
-    let seen: Vec<(&str, &str, &str, u32, pb::NodeStatus)> = nodes
-        .iter()
-        .map(|n| {
-            (
-                n.locator.as_str(),
-                n.kind.as_str(),
-                n.name.as_str(),
-                n.depth,
-                n.status(),
-            )
-        })
-        .collect();
     use pb::NodeStatus as S;
     assert_eq!(
-        seen,
-        [
+        nodes_of(&mut sub, &run).await,
+        rows(&[
             ("root", "sequence", "", 0, S::Running),
             ("first", "set", "first", 1, S::Success),
             ("gate", "approval", "gate", 1, S::Waiting),
             ("inner", "set", "inner", 2, S::Idle),
+            ("notes", "user_input", "notes", 1, S::Idle),
             ("last", "set", "last", 1, S::Idle),
-        ]
+        ])
     );
     // The waiting node is the one the suspension names.
     let view = served.runner.get_run(&run).unwrap();
@@ -298,7 +285,7 @@ async fn run_nodes_show_done_waiting_and_idle_nodes() {
         Code::PermissionDenied
     );
     let mut carol = as_(&served, "carol").await;
-    assert_eq!(ask(&mut carol, &run).await.unwrap(), 5);
+    assert_eq!(ask(&mut carol, &run).await.unwrap(), 6);
     // Bad ids.
     assert_eq!(
         ask(&mut sub, "").await.unwrap_err().code(),
@@ -308,5 +295,60 @@ async fn run_nodes_show_done_waiting_and_idle_nodes() {
         ask(&mut sub, "no-such-run").await.unwrap_err().code(),
         Code::NotFound
     );
+
+    // Past the gate, waiting for the notes: the gate and its child are done, though the child's
+    // status went back to idle when the gate finished.
+    crate::common::approve_first(&served.runner, &run, "go").await;
+    eventually("the run to wait for the notes", WAIT, || async {
+        let view = served.runner.get_run(&run).unwrap();
+        view.suspensions
+            .iter()
+            .any(|s| s.node_locator == "notes")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        nodes_of(&mut sub, &run).await,
+        rows(&[
+            ("root", "sequence", "", 0, S::Running),
+            ("first", "set", "first", 1, S::Success),
+            ("gate", "approval", "gate", 1, S::Success),
+            ("inner", "set", "inner", 2, S::Success),
+            ("notes", "user_input", "notes", 1, S::Waiting),
+            ("last", "set", "last", 1, S::Idle),
+        ])
+    );
     served.stop().await;
+}
+
+type NodeRow = (String, String, String, u32, pb::NodeStatus);
+
+fn rows(expected: &[(&str, &str, &str, u32, pb::NodeStatus)]) -> Vec<NodeRow> {
+    expected
+        .iter()
+        .map(|(l, k, n, d, s)| (l.to_string(), k.to_string(), n.to_string(), *d, *s))
+        .collect()
+}
+
+/// GetRunNodes as `c`: each node's locator, kind, name, depth and status.
+async fn nodes_of(c: &mut Client, run_id: &str) -> Vec<NodeRow> {
+    c.get_run_nodes(pb::GetRunNodesRequest {
+        run_id: run_id.into(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .nodes
+    .iter()
+    .map(|n| {
+        let status = n.status();
+        (
+            n.locator.clone(),
+            n.kind.clone(),
+            n.name.clone(),
+            n.depth,
+            status,
+        )
+    })
+    .collect()
 }

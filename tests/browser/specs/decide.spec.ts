@@ -18,6 +18,7 @@ test('approve: the tool runs with the arguments shown', async ({ browser }) => {
   await page.getByRole('button', { name: 'Approve' }).click();
   await expect(page.locator('#item-live')).toContainText('approve by alice');
   await expect(page.getByRole('button', { name: 'Approve' })).toHaveCount(0);
+  await accessible(page, 'item (decided)');
   const run = await finished(runId);
   expect(run.status.toUpperCase()).toBe('SUCCEEDED');
   await context.close();
@@ -49,5 +50,26 @@ test('the submitter sees the item but cannot decide it, and is told why', async 
   // Nor does it count as bob's to decide.
   await page.goto('/queue?q=mine');
   await expect(page.getByRole('region', { name: `Run ${runId}` })).toHaveCount(0);
+  await context.close();
+});
+
+test("the run's tree: the node done, the node it waits at, the nodes to come", async ({ browser }) => {
+  const runId = submit('gate', {});
+  const rid = await suspended(runId);
+  const { context, page } = await signIn(browser, 'alice');
+  await page.goto(`/items/${rid}`);
+  await expect(page.getByRole('heading', { level: 1 })).toHaveText('Deploy billing with 3 replicas?');
+  await expect(page.getByRole('table', { name: 'Context' })).toContainText('billing');
+  const tree = page.getByRole('list', { name: 'Tree' });
+  const node = (name: string) => tree.getByRole('listitem').filter({ has: page.locator('.node-name', { hasText: new RegExp(`^${name}$`) }) });
+  await expect(node('plan')).toContainText('success');
+  await expect(node('approve-deploy')).toHaveAttribute('aria-current', 'step');
+  await expect(node('approve-deploy')).toContainText('waiting');
+  await expect(node('rollout')).toContainText('idle');
+  await expect(node('announce')).toContainText('idle');
+  await expect(tree.locator('[aria-current="step"]')).toHaveCount(1);
+
+  await page.getByRole('button', { name: 'Approve' }).click();
+  expect((await finished(runId)).status.toUpperCase()).toBe('SUCCEEDED');
   await context.close();
 });

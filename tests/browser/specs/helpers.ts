@@ -91,8 +91,15 @@ export async function finished(runId: string, who: Person = 'sam'): Promise<RunJ
 }
 
 /** A context of `who`'s own (its cookies are theirs alone), signed in with their token. */
-export async function signIn(browser: Browser, who: Person, opts: { javaScriptEnabled?: boolean } = {}): Promise<{ context: BrowserContext; page: Page }> {
-  const context = await browser.newContext({ javaScriptEnabled: opts.javaScriptEnabled ?? true });
+export async function signIn(
+  browser: Browser,
+  who: Person,
+  opts: { javaScriptEnabled?: boolean; baseURL?: string } = {},
+): Promise<{ context: BrowserContext; page: Page }> {
+  const context = await browser.newContext({
+    javaScriptEnabled: opts.javaScriptEnabled ?? true,
+    ...(opts.baseURL ? { baseURL: opts.baseURL } : {}),
+  });
   const page = await context.newPage();
   await page.goto('/sign-in');
   await page.getByLabel('Token').fill(token(who));

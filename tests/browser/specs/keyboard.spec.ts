@@ -1,5 +1,5 @@
-// The whole approve flow with the keyboard alone: sign in, move to the item with j, open it with
-// Enter, approve with a — no mouse.
+// The whole approve flow with the keyboard alone: sign in, filter the queue, move to the item
+// with j, open it with Enter, approve with a — no mouse, no typed URL.
 import { expect, test } from '@playwright/test';
 import { accessible, finished, submit, suspended, token } from './helpers';
 
@@ -14,7 +14,15 @@ test('the approve flow with the keyboard alone', async ({ browser }) => {
   await page.keyboard.press('Enter');
   await expect(page.getByText('Signed in as alice')).toBeVisible();
 
-  await page.goto('/queue?q=mine&tree=inbox-keys');
+  // Tab to the Tree filter, type the tree, Enter.
+  const treeFilter = page.getByLabel('Tree');
+  for (let i = 0; i < 30 && !(await treeFilter.evaluate((el) => el === document.activeElement)); i++) {
+    await page.keyboard.press('Tab');
+  }
+  await expect(treeFilter).toBeFocused();
+  await page.keyboard.type('inbox-keys');
+  await page.keyboard.press('Enter');
+  await expect(page).toHaveURL(/tree=inbox-keys/);
   await page.keyboard.press('?');
   const help = page.getByRole('dialog', { name: 'Keyboard shortcuts' });
   await expect(help).toBeVisible();

@@ -17,6 +17,7 @@ test('a question answered through its generated form, and refused to those it do
   await alice.page.goto(url);
   await expect(alice.page.getByRole('button', { name: 'Answer' })).toHaveCount(0);
   await expect(alice.page.locator('main')).toContainText(/may not/);
+  await accessible(alice.page, 'question refused');
 
   const carol = await signIn(browser, 'carol');
   await carol.page.goto('/queue?q=mine');
@@ -32,6 +33,7 @@ test('a question answered through its generated form, and refused to those it do
   await carol.page.getByRole('button', { name: 'Answer' }).click();
   await expect(carol.page.getByRole('alert')).toBeVisible();
   await expect(carol.page.locator('.field-error')).toBeVisible();
+  await accessible(carol.page, 'question with an error');
   expect(getRun(runId).status.toUpperCase()).toBe('SUSPENDED');
 
   await carol.page.getByRole('textbox').first().fill('Billing v2: faster invoices');

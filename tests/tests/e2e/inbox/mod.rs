@@ -6,15 +6,18 @@
 //! CLIs. A failing spec fails this test with Playwright's output; screenshots and traces of
 //! failures are under `target/browser/`.
 //!
+//! `ARBOR_BROWSER_SPECS="specs/live.spec.ts"` runs only the specs it names.
+//!
 //! One service pair serves every spec: each spec makes runs of its own and asserts about those,
 //! so they do not interfere, and the suite costs one start-up.
 
+mod replicas;
 mod screenshots;
 
 use std::{net::SocketAddr, path::Path, process::Command, time::Duration};
 
 use arbor_tests::{
-    Cluster, Profile,
+    Cluster, Profile, Service,
     auth::{Person, Tokens},
     eventually,
     process::{free_port, workspace_root},
@@ -69,34 +72,43 @@ pub async fn start(dir: &Path) -> (Cluster, Tokens, SocketAddr) {
     ];
     let (cluster, tokens) =
         Cluster::start_secure_people(Profile::Debug, &people(), Vec::new(), approval_args).await;
-    // The inbox listens beside the gRPC port; wait until it answers too.
+    listening(web).await;
+    (cluster, tokens, web)
+}
+
+/// Waits until the inbox at `web` accepts connections (it listens beside the gRPC port).
+pub async fn listening(web: SocketAddr) {
     eventually("the inbox to listen", Duration::from_secs(20), || async {
         tokio::net::TcpStream::connect(web).await.ok().map(|_| ())
     })
     .await;
-    (cluster, tokens, web)
 }
 
 /// What the specs read from their environment: where the services are, the CLIs, the tokens.
 pub fn spec_env(cluster: &Cluster, tokens: &Tokens, web: SocketAddr) -> Vec<(String, String)> {
+    services_env((&cluster.runner, &cluster.approval), tokens, web)
+}
+
+/// [`spec_env`] for one runner and one approval service (a replica each, say).
+pub fn services_env(
+    (runner, approval): (&Service, &Service),
+    tokens: &Tokens,
+    web: SocketAddr,
+) -> Vec<(String, String)> {
     let mut env = vec![
         ("INBOX_URL".to_string(), format!("http://{web}")),
-        ("RUNNER_URL".to_string(), cluster.runner.url()),
-        ("APPROVAL_URL".to_string(), cluster.approval.url()),
+        ("RUNNER_URL".to_string(), runner.url()),
+        ("APPROVAL_URL".to_string(), approval.url()),
         (
             "RUNNER_BIN".to_string(),
-            cluster.runner.binary.display().to_string(),
+            runner.binary.display().to_string(),
         ),
         (
             "APPROVAL_BIN".to_string(),
-            cluster.approval.binary.display().to_string(),
+            approval.binary.display().to_string(),
         ),
         ("TOKEN_SAM".to_string(), tokens.submitter.clone()),
         ("CHROMIUM".to_string(), chromium().display().to_string()),
-        (
-            "ARBOR_BROWSER_OUT".to_string(),
-            target_dir().join("browser").display().to_string(),
-        ),
         ("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD".to_string(), "1".into()),
     ];
     for who in ["alice", "bob", "carol"] {
@@ -108,29 +120,40 @@ pub fn spec_env(cluster: &Cluster, tokens: &Tokens, web: SocketAddr) -> Vec<(Str
     env
 }
 
-/// `npx playwright test ARGS` in `tests/browser` with `env`; panics with its output on failure.
-pub fn playwright(env: &[(String, String)], args: &[&str], cluster: &Cluster) {
+/// One browser suite at a time in this process: one Chromium, whose live-update deadlines are
+/// not shared with another suite's.
+pub static ONE_BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// `npx playwright test ARGS` in `tests/browser` with `env`, its results (screenshots and
+/// traces of failures) under `target/browser/{name}`; panics with its output (and the tails of
+/// the services' logs) on failure.
+pub fn playwright(name: &str, env: &[(String, String)], args: &[&str], services: &[&Service]) {
     let dir = npm_ci(&workspace_root().join("tests/browser"));
+    let results = target_dir().join("browser").join(name);
     let out = Command::new("npx")
         .args(["--no-install", "playwright", "test"])
         .args(args)
         .current_dir(&dir)
         .envs(env.iter().map(|(k, v)| (k, v)))
+        .env("ARBOR_BROWSER_OUT", &results)
         .output()
         .unwrap_or_else(|e| {
             panic!("cannot run npx (is Node.js installed? `apt-get install -y nodejs npm`): {e}")
         });
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
+    if out.status.success() {
+        println!("{stdout}");
+    }
     assert!(
         out.status.success(),
-        "playwright test {args:?} failed ({}); screenshots and traces under {}\n{stdout}\n{stderr}\n\
-         --- approval-svc log (tail) ---\n{}\n--- runner-svc log (tail) ---\n{}",
+        "playwright test {args:?} failed ({}); screenshots and traces under {}\n{stdout}\n{stderr}\n{}",
         out.status,
-        target_dir().join("browser").display(),
-        cluster.approval.log_tail(),
-        cluster.runner.log_tail(),
+        results.display(),
+        services
+            .iter()
+            .map(|s| format!("--- {} (log tail) ---\n{}", s.log.display(), s.log_tail()))
+            .collect::<String>(),
     );
 }
 
@@ -138,10 +161,17 @@ pub fn playwright(env: &[(String, String)], args: &[&str], cluster: &Cluster) {
 async fn the_inbox_in_a_real_chromium() {
     // Tools first: a missing browser or Node fails here, naming the install command.
     chromium();
+    let _one = ONE_BROWSER.lock().await;
     npm_ci(&workspace_root().join("tests/browser"));
     let dir = tempfile::tempdir().unwrap();
     let (cluster, tokens, web) = start(dir.path()).await;
     let env = spec_env(&cluster, &tokens, web);
+    // `ARBOR_BROWSER_SPECS="specs/live.spec.ts specs/bulk.spec.ts"` runs only those.
+    let only = std::env::var("ARBOR_BROWSER_SPECS").unwrap_or_default();
+    let mut args: Vec<&str> = only.split_whitespace().collect();
+    // The replica specs run against replicas (`replicas.rs`).
+    args.extend(["--grep-invert", "@replicas"]);
+    let services = [&cluster.runner, &cluster.approval];
     // Playwright blocks; the services are separate processes, so this thread may wait on it.
-    tokio::task::block_in_place(|| playwright(&env, &[], &cluster));
+    tokio::task::block_in_place(|| playwright("suite", &env, &args, &services));
 }

@@ -10,11 +10,7 @@ async fn regenerate_the_docs_screenshots() {
     let dir = tempfile::tempdir().unwrap();
     let (cluster, tokens, web) = start(dir.path()).await;
     let env = spec_env(&cluster, &tokens, web);
-    tokio::task::block_in_place(|| {
-        playwright(
-            &env,
-            &["--config", "playwright.screenshots.config.ts"],
-            &cluster,
-        )
-    });
+    let services = [&cluster.runner, &cluster.approval];
+    let args = ["--config", "playwright.screenshots.config.ts"];
+    tokio::task::block_in_place(|| playwright("screenshots", &env, &args, &services));
 }
