@@ -11,12 +11,13 @@ bin=target/release
 mkdir -p data
 runner_port=${ARBOR_DEMO_RUNNER_PORT:-50051}
 approval_port=${ARBOR_DEMO_APPROVAL_PORT:-50052}
+web_port=${ARBOR_DEMO_WEB_PORT:-8080}
 export ARBOR_RUNNER_ADDR=http://127.0.0.1:$runner_port ARBOR_ADDR=http://127.0.0.1:$approval_port
 
 "$bin/runner-svc" serve --data-dir data/runner --listen 127.0.0.1:$runner_port >data/runner.log 2>&1 &
 runner=$!
 "$bin/approval-svc" serve --data-dir data/approval --listen 127.0.0.1:$approval_port \
-  --runner "$ARBOR_RUNNER_ADDR" >data/approval.log 2>&1 &
+  --runner "$ARBOR_RUNNER_ADDR" --web-listen 127.0.0.1:$web_port >data/approval.log 2>&1 &
 approval=$!
 trap 'kill -TERM $runner $approval 2>/dev/null; wait $runner $approval 2>/dev/null; echo "stopped."' EXIT
 trap 'exit 130' INT TERM
@@ -46,7 +47,10 @@ Both services are running (logs in data/*.log). A deploy is waiting for your app
 
 $("$bin/approval-svc" pending)
 
-In another terminal:
+The web inbox: http://127.0.0.1:$web_port/
+  (authentication is off in the demo: sign in with any text as the token)
+
+Or, in another terminal:
   $bin/approval-svc approve ${id:-<ID>}                 # or: reject ${id:-<ID>} --reason "not now"
   $bin/runner-svc runs                                  # the run now waits for release notes
   $bin/runner-svc resolve <RUN_ID> <REQUEST_ID> --text "Billing v2"

@@ -41,6 +41,8 @@ pub struct ServeConfig {
     pub replica_name: Option<String>,
     /// Signed webhooks: the endpoints and the events each wants (none by default).
     pub webhooks: crate::webhooks::WebhookConfig,
+    /// The web inbox: where it listens (`None`: off) and how people sign in.
+    pub web: crate::web::WebConfig,
 }
 
 impl ServeConfig {
@@ -63,6 +65,7 @@ impl ServeConfig {
             runner_tls: None,
             replica_name: None,
             webhooks: Default::default(),
+            web: Default::default(),
         }
     }
 }

@@ -21,9 +21,10 @@ pub mod runner;
 pub mod server;
 pub mod store;
 pub mod voting;
+pub mod web;
 pub mod webhooks;
 
 pub use config::{ServeConfig, Tuning};
 pub use error::Error;
-pub use server::{ServeError, run};
+pub use server::{ServeError, run, run_with_web};
 pub use store::ApprovalStore;

@@ -54,6 +54,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 async fn serve_traced(args: ServeArgs, cfg: arbor_approval_svc::ServeConfig) -> anyhow::Result<()> {
     arbor_shared::server::check_bind(args.listen, cfg.auth.is_enabled(), args.insecure)
         .map_err(anyhow::Error::msg)?;
+    if let Some(web) = cfg.web.listen {
+        // Without tokens the inbox would let anyone who reaches it decide as `anonymous`.
+        arbor_shared::server::check_bind(web, cfg.auth.is_enabled(), args.insecure)
+            .map_err(|e| anyhow::anyhow!("--web-listen: {e}"))?;
+    }
     if !cfg.auth.is_enabled() {
         tracing::warn!("authentication is OFF (no --tokens): every caller is 'anonymous'");
     }

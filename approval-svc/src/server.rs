@@ -42,6 +42,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("cannot listen for metrics on {0}: {1}")]
     Metrics(String, std::io::Error),
+    #[error("cannot listen for the web inbox on {0}: {1}")]
+    Web(String, std::io::Error),
 }
 
 /// Serves until `shutdown` resolves, then drains and returns. Tests call this on port 0.
@@ -55,20 +57,39 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    let web = match cfg.web.listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| ServeError::Web(addr.to_string(), e))?,
+        ),
+        None => None,
+    };
+    run_with_web(cfg, listener, web, shutdown).await
+}
+
+/// [`run`], serving the web inbox on `web` (already bound; tests bind port 0) instead of
+/// binding `cfg.web.listen`.
+pub async fn run_with_web(
+    cfg: ServeConfig,
+    listener: TcpListener,
+    web: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
     match cfg.store_url.clone() {
         Some(url) => {
             let patience = match cfg.store_wait_always {
                 true => arbor_shared::postgres::Patience::Always,
                 false => arbor_shared::postgres::Patience::Reachable(store::PG_OPEN_PATIENCE),
             };
-            serve(cfg, listener, shutdown, async move {
+            serve(cfg, listener, web, shutdown, async move {
                 PgStore::open_with(&url, patience).await
             })
             .await
         }
         None => {
             let data_dir = cfg.data_dir.clone();
-            serve(cfg, listener, shutdown, store::open(&data_dir)).await
+            serve(cfg, listener, web, shutdown, store::open(&data_dir)).await
         }
     }
 }
@@ -77,6 +98,7 @@ pub async fn run(
 async fn serve<S: ApprovalStore>(
     cfg: ServeConfig,
     listener: TcpListener,
+    web_listener: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send,
     open: impl Future<Output = Result<S, Error>> + Send,
 ) -> Result<(), ServeError> {
@@ -185,6 +207,19 @@ async fn serve<S: ApprovalStore>(
         .max_encoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES),
         AuthInterceptor(cfg.auth.clone()),
     ));
+    if let Some(l) = web_listener {
+        let runner = crate::runner::channel_lazy(&cfg.runner_url, cfg.runner_tls.clone())
+            .map_err(ServeError::Runner)?;
+        let web = crate::web::Web::new(
+            ApprovalApi::new(approvals.clone(), cfg.auth.is_enabled(), stop.clone()),
+            approvals.clone(),
+            cfg.auth.clone(),
+            cfg.web.clone(),
+            runner,
+            cfg.runner_token.clone(),
+        );
+        tasks.push(tokio::spawn(crate::web::serve(l, web, stop.clone())));
+    }
     front.set_health(ServingStatus::Serving).await;
     tracing::info!(addr = ?front.addr, "approval-svc serving");
     let reachability = approvals

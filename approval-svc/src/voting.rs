@@ -53,6 +53,62 @@ pub fn check_claim(a: &Approval, who: &str, now_ms: u64) -> Result<(), Error> {
     }
 }
 
+/// PERMISSION_DENIED when `who` submitted `a`'s run and submitters are kept from deciding
+/// their own runs (`not_by_submitter`: authentication is on).
+pub fn check_not_submitter(a: &Approval, who: &str, not_by_submitter: bool) -> Result<(), Error> {
+    let submitter = &a.request.submitted_by;
+    match not_by_submitter && !submitter.is_empty() && submitter == who {
+        true => Err(Error::OwnRun {
+            principal: who.to_string(),
+            run_id: a.request.run_id.clone(),
+        }),
+        false => Ok(()),
+    }
+}
+
+/// The seat `who` votes in on `a`, governed by `g` (their own, or that of an eligible
+/// delegator they stand in for), or PERMISSION_DENIED naming who is eligible.
+fn seat_of(
+    a: &Approval,
+    g: &Governance,
+    who: &str,
+    delegations: &[Delegation],
+    now_ms: u64,
+) -> Result<String, Error> {
+    seat_for(g, who, delegations, now_ms, &names(a)).ok_or_else(|| Error::NotEligible {
+        principal: who.to_string(),
+        request_id: a.id().to_string(),
+        stage: g.stage().name.clone(),
+        eligible: g.eligible.join(", "),
+    })
+}
+
+/// Whether `who` may decide `a` as it stands at `now_ms`, and if not, why: the checks a
+/// person's decision meets in the store (the submitter, a decision already held, a claim,
+/// the open stage's seats), in that order. Pages use it to say why an item is not theirs to
+/// decide; the store runs the same functions when the decision is taken.
+pub fn may_decide(
+    a: &Approval,
+    who: &str,
+    not_by_submitter: bool,
+    delegations: &[Delegation],
+    now_ms: u64,
+) -> Result<(), Error> {
+    check_not_submitter(a, who, not_by_submitter)?;
+    if let Some(held) = &a.decision {
+        return Err(Error::AlreadyDecided {
+            request_id: a.id().to_string(),
+            existing: held.kind.as_str(),
+            decision_id: held.decision_id.clone(),
+        });
+    }
+    check_claim(a, who, now_ms)?;
+    match &a.ext.governance {
+        Some(g) => seat_of(a, g, who, delegations, now_ms).map(|_| ()),
+        None => Ok(()),
+    }
+}
+
 fn names(a: &Approval) -> [&str; 2] {
     [&a.request.tool_name, &a.request.node_name]
 }
@@ -80,14 +136,7 @@ pub fn vote(
             a.id()
         )));
     };
-    let Some(seat) = seat_for(g, &d.decided_by, delegations, now_ms, &names(a)) else {
-        return Err(Error::NotEligible {
-            principal: d.decided_by.clone(),
-            request_id: a.id().to_string(),
-            stage: g.stage().name.clone(),
-            eligible: g.eligible.join(", "),
-        });
-    };
+    let seat = seat_of(a, g, &d.decided_by, delegations, now_ms)?;
     let mut entries = Vec::new();
     match d.kind {
         DecisionKind::Approve | DecisionKind::Reject => {

@@ -54,6 +54,9 @@ pub enum RunnerError {
          through ApprovalService.Resolve"
     )]
     ApprovalNeedsService,
+    /// The caller is not among those who may answer a user-input or external request.
+    #[error("{0}")]
+    NotAnswerer(String),
     /// A state change the run's or the job's state machine does not allow.
     #[error("{0}")]
     InvalidTransition(String),
@@ -184,7 +187,7 @@ impl From<RunnerError> for Status {
             | E::DecisionNotOffered { .. }
             | E::InvalidTransition(_)
             | E::ServedByWorkers(_) => Status::failed_precondition(message),
-            E::ApprovalNeedsService => Status::permission_denied(message),
+            E::ApprovalNeedsService | E::NotAnswerer(_) => Status::permission_denied(message),
             E::ClaimLost(_) | E::StaleLease(_) | E::TaskClosed { .. } => Status::aborted(message),
             E::CursorCompacted { .. } | E::CursorAhead { .. } => Status::out_of_range(message),
             // The details may name files or hold record bytes: they go to the log, the caller

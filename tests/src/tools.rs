@@ -1,7 +1,9 @@
-//! The non-Rust tools the polyglot, worker, client and manifest tests run, installed by the tests
-//! themselves on first use under `target/` (never committed): Python virtual environments from
-//! pinned requirement files, the client packages of `clients/` built from their directories (a
-//! venv with `arbor-client` installed, a `node_modules` with the packed Node package).
+//! The non-Rust tools the polyglot, worker, client, manifest and browser tests run, installed by
+//! the tests themselves on first use under `target/` (never committed): Python virtual
+//! environments from pinned requirement files, the client packages of `clients/` built from their
+//! directories (a venv with `arbor-client` installed, a `node_modules` with the packed Node
+//! package), `npm ci` of the browser tests, and Debian's Chromium (installed with apt-get as
+//! PostgreSQL is).
 //! A missing interpreter or a failed install fails the test with the command and its output —
 //! no test skips silently.
 
@@ -228,4 +230,57 @@ pub fn node_client() -> PathBuf {
     );
     std::fs::write(&marker, stamp).unwrap();
     modules
+}
+
+/// `npm ci` in `dir` (from its committed package-lock.json) unless node_modules already
+/// matches it; returns `dir`. Playwright is never let download a browser.
+pub fn npm_ci(dir: &Path) -> PathBuf {
+    let _guard = install_lock();
+    let lock = std::fs::read_to_string(dir.join("package-lock.json"))
+        .unwrap_or_else(|e| panic!("{}: no package-lock.json: {e}", dir.display()));
+    let marker = dir.join("node_modules").join(".arbor-installed");
+    if !installed(&marker, &lock) {
+        run(
+            Command::new("npm")
+                .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+                // The browser tests use Debian's Chromium: never download one.
+                .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+                .current_dir(dir),
+            "npm ci (needs node and npm, and the npm registry)",
+        );
+        std::fs::write(&marker, lock).unwrap();
+    }
+    dir.to_path_buf()
+}
+
+/// What installs the browser the inbox tests drive.
+pub const CHROMIUM_INSTALL: &str = "apt-get install -y chromium";
+
+/// Debian's Chromium: `CHROMIUM` if set, else `chromium` on `PATH`. When it is missing and the
+/// tests run as root with apt-get, it is installed; otherwise this panics naming the command.
+/// Playwright is pointed at it (`executablePath`), so no browser is ever downloaded.
+pub fn chromium() -> PathBuf {
+    let find = || -> Option<PathBuf> {
+        if let Some(p) = std::env::var_os("CHROMIUM").map(PathBuf::from) {
+            return p.is_file().then_some(p);
+        }
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join("chromium"))
+                .find(|p| p.is_file())
+        })
+    };
+    if let Some(found) = find() {
+        return found;
+    }
+    {
+        let _guard = install_lock();
+        arbor_testkit::apt_install(&["chromium"]);
+    }
+    find().unwrap_or_else(|| {
+        panic!(
+            "Chromium is not installed (neither $CHROMIUM nor `chromium` on PATH); the browser \
+             tests need Debian's package: `{CHROMIUM_INSTALL}`"
+        )
+    })
 }

@@ -249,6 +249,17 @@ pub struct ServeArgs {
     /// metric and the log (ASCII, at most 41 bytes); default: host name and `--listen` port.
     #[arg(long, env = "ARBOR_REPLICA_NAME")]
     pub replica_name: Option<String>,
+    /// Serve the web inbox (HTTP) on this address; off unless given.
+    #[arg(long, env = "ARBOR_WEB_LISTEN")]
+    pub web_listen: Option<SocketAddr>,
+    /// Take the signed-in person's name from this request header, set by a trusted proxy in
+    /// front of the inbox (the proxy must remove it from what clients send).
+    #[arg(long, env = "ARBOR_WEB_IDENTITY_HEADER")]
+    pub web_identity_header: Option<String>,
+    /// Mark the inbox's session cookie `Secure` (set it when people reach the inbox over HTTPS
+    /// through a proxy that terminates TLS).
+    #[arg(long, env = "ARBOR_WEB_SECURE_COOKIE")]
+    pub web_secure_cookie: bool,
 }
 
 impl ServeArgs {
@@ -273,6 +284,17 @@ impl ServeArgs {
             cfg.runner_tls =
                 Some(arbor_shared::tls::client_config(ca).map_err(anyhow::Error::msg)?);
         }
+        cfg.web = arbor_approval_svc::web::WebConfig {
+            listen: self.web_listen,
+            identity_header: match &self.web_identity_header {
+                Some(h) => Some(
+                    http::HeaderName::from_bytes(h.trim().to_ascii_lowercase().as_bytes())
+                        .map_err(|e| anyhow::anyhow!("--web-identity-header {h:?}: {e}"))?,
+                ),
+                None => None,
+            },
+            secure_cookie: self.web_secure_cookie,
+        };
         if let Some(path) = &self.policy {
             cfg.policy = Policy::from_file(path)?;
         }

@@ -26,8 +26,8 @@ use crate::{
 /// Who reads approvals, their audit and their changes (docs/auth.md). Any approver may decide
 /// any approval but those of its own runs, and may see those too, so approvers read them all;
 /// submitters follow their runs (suspensions included) on the runner instead.
-const READERS: &[Role] = &[Role::Approver, Role::Operator, Role::Service, Role::Reader];
-const DECIDERS: &[Role] = &[Role::Approver, Role::Operator];
+pub const READERS: &[Role] = &[Role::Approver, Role::Operator, Role::Service, Role::Reader];
+pub const DECIDERS: &[Role] = &[Role::Approver, Role::Operator];
 
 /// The most ids one bulk decision names or selects: a page's worth.
 pub const MAX_PAGE_SIZE: usize = arbor_shared::page::MAX_SIZE;
@@ -82,7 +82,15 @@ impl<S: ApprovalStore> ApprovalApi<S> {
     }
 }
 
-fn require(p: &Principal, roles: &[Role], action: &'static str) -> Result<()> {
+/// Whether `p` holds a role that decides approvals (what else it may decide is the store's
+/// rule: see [`crate::voting::may_decide`]).
+pub fn may_decide_any(p: &Principal) -> bool {
+    p.has_any(DECIDERS)
+}
+
+/// PERMISSION_DENIED unless `p` holds one of `roles`: the role check of every handler, and of the web
+/// inbox's pages.
+pub fn require(p: &Principal, roles: &[Role], action: &'static str) -> Result<()> {
     if p.has_any(roles) {
         return Ok(());
     }

@@ -31,6 +31,20 @@ pub fn connect_lazy(
     token: Option<&str>,
     tls: Option<tonic::transport::ClientTlsConfig>,
 ) -> Result<RunnerClient> {
+    let token = BearerToken::new(token).map_err(|e| Error::BadRunnerSetting {
+        setting: "runner_token",
+        detail: e.message().to_string(),
+    })?;
+    Ok(
+        RunnerServiceClient::with_interceptor(channel_lazy(url, tls)?, token)
+            .max_decoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    )
+}
+
+/// The channel to the runner, connected on first use, without a token: for callers that
+/// present each request's own (the web inbox passes the signed-in person's).
+pub fn channel_lazy(url: &str, tls: Option<tonic::transport::ClientTlsConfig>) -> Result<Channel> {
     let mut endpoint = Channel::from_shared(url.to_string())
         .map_err(|e| Error::BadRunnerSetting {
             setting: "runner_url",
@@ -52,13 +66,5 @@ pub fn connect_lazy(
                 detail: e.to_string(),
             })?;
     }
-    let token = BearerToken::new(token).map_err(|e| Error::BadRunnerSetting {
-        setting: "runner_token",
-        detail: e.message().to_string(),
-    })?;
-    Ok(
-        RunnerServiceClient::with_interceptor(endpoint.connect_lazy(), token)
-            .max_decoding_message_size(arbor_shared::server::MAX_RESPONSE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES),
-    )
+    Ok(endpoint.connect_lazy())
 }

@@ -189,14 +189,7 @@ pub(super) fn resolve<R: Records>(
     decision_id: &str,
 ) -> Outcome<R, Resolved> {
     let a = load(tx, request_id)?;
-    let submitter = &a.request.submitted_by;
-    if decision.not_by_submitter && !submitter.is_empty() && *submitter == decision.decided_by {
-        return Err(Error::OwnRun {
-            principal: decision.decided_by.clone(),
-            run_id: a.request.run_id.clone(),
-        }
-        .into());
-    }
+    crate::voting::check_not_submitter(&a, &decision.decided_by, decision.not_by_submitter)?;
     if !a.allows(decision.kind) {
         return Err(
             Error::not_allowed(request_id, decision.kind, &a.request.allowed_decisions).into(),

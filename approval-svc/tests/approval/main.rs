@@ -15,4 +15,5 @@ mod retention;
 mod runner_loop;
 mod store_postgres;
 mod store_sled;
+mod web;
 mod webhooks;

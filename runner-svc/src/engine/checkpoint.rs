@@ -3,7 +3,8 @@
 //! spec, so it is not stored). Encoded with postcard behind a one-byte format version.
 //!
 //! Version 2 added the run's note of pruned suspensions (`Interaction::past`, see
-//! [`super::interaction::store`]); version 1 checkpoints are still read.
+//! [`super::interaction::store`]); version 3 how each node last finished (`outcomes`, what
+//! GetRunNodes shows of a subtree that has finished since). Versions 1 and 2 are still read.
 
 use arbor_shared::json::as_text;
 use serde::{Deserialize, Serialize};
@@ -14,7 +15,7 @@ use super::interaction::store::{Interaction, PastRequest};
 use super::interaction::{Decision, SuspensionRecord};
 use super::spec::{NodeKind, TreeSpec};
 
-const FORMAT_VERSION: u8 = 2;
+const FORMAT_VERSION: u8 = 3;
 
 /// Status of one node (and of the root, for the run).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -120,6 +121,11 @@ pub struct Checkpoint {
     #[serde(with = "as_text")]
     pub(crate) blackboard: Map<String, Json>,
     pub(crate) interaction: Interaction,
+    /// How each node last finished (`Success` or `Failure`; `Idle`: not since it was last
+    /// halted, or never). A node's status goes back to idle when its parent finishes; this
+    /// keeps that it was done. One byte a node; written with the statuses, read by nothing that
+    /// ticks. Checkpoints older than version 3 have none (every node `Idle`).
+    pub(crate) outcomes: Vec<NodeStatus>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -158,6 +164,7 @@ impl Checkpoint {
                 .collect(),
             blackboard: input,
             interaction: Interaction::default(),
+            outcomes: vec![NodeStatus::Idle; spec.nodes.len()],
         }
     }
 
@@ -175,13 +182,18 @@ impl Checkpoint {
     /// so re-entry picks up where it was).
     pub fn decode(bytes: &[u8]) -> Result<Self, CheckpointError> {
         let (&version, body) = bytes.split_first().ok_or(CheckpointError::Empty)?;
-        // Version 1 is version 2 without `Interaction::past`, the body's last field: postcard
-        // writes fields one after another without framing, so a version 1 body followed by an
-        // empty sequence (one 0 byte) is a version 2 body.
+        // Version 1 is version 2 without `Interaction::past`, version 2 is version 3 without
+        // `outcomes`, each the body's last field: postcard writes fields one after another
+        // without framing, so an older body followed by one empty sequence (one 0 byte) per
+        // missing field is a version 3 body.
         let upgraded;
         let body = match version {
             FORMAT_VERSION => body,
             1 => {
+                upgraded = [body, &[0, 0]].concat();
+                &upgraded[..]
+            }
+            2 => {
                 upgraded = [body, &[0]].concat();
                 &upgraded[..]
             }
@@ -200,6 +212,8 @@ impl Checkpoint {
                 node.status = NodeStatus::Idle;
             }
         }
+        // Older checkpoints know no outcomes; a damaged length must not index out of bounds.
+        ck.outcomes.resize(ck.nodes.len(), NodeStatus::Idle);
         if version == 1 {
             // Version 1 kept every call record; a call of an earlier attempt (`LOCATOR#ATTEMPT`)
             // can never come up again. Records naming no node are left for `check_matches`.
@@ -311,6 +325,11 @@ impl Checkpoint {
             .iter()
             .map(|(r, d)| (r.as_str(), d.as_str()))
             .chain(past)
+    }
+
+    /// How node `idx` (pre-order) last finished; `Idle` if it has not since it was last halted.
+    pub fn outcome(&self, idx: usize) -> NodeStatus {
+        self.outcomes.get(idx).copied().unwrap_or_default()
     }
 
     pub fn root_status(&self) -> NodeStatus {

@@ -1,7 +1,9 @@
-//! Who may read what on the runner (docs/auth.md): the one place the read rules live.
+//! Who may read what on the runner, and who may answer a run's questions (docs/auth.md): the one
+//! place these rules live.
 //!
 //! Operators, services and readers read everything. A submitter reads the runs it submitted;
-//! an approver reads the runs that wait for an approval (what it may decide). Anyone else reads
+//! an approver reads the runs that wait for an approval (what it may decide); anyone named as an
+//! answerer of a run's open question or external request reads that run. Anyone else reads
 //! no run. A run the caller may not read is PERMISSION_DENIED, after NOT_FOUND for a run that
 //! does not exist (as CancelRun does): run ids are no secret, blackboards are.
 
@@ -9,14 +11,79 @@ use std::{collections::HashMap, sync::Arc};
 
 use arbor_shared::{
     auth::{Principal, Role},
-    domain::SuspensionCategory,
+    domain::{SuspensionCategory, SuspensionState},
 };
+use serde_json::Value as Json;
 use tonic::Status;
 
 use crate::{
+    engine::SuspensionRecord,
     error::RunnerError,
     runs::{RunRecord, RunView, Runner, Visible},
 };
+
+/// Who may answer a user-input or external request (RunnerService.Resolve): services (approval-svc
+/// relaying a person's answer, integrations) and operators always; else those the node names in
+/// `answerers` (an identity, or `group:NAME` for the members of a group); a node that names no
+/// one is answered by the run's submitter. Checked by the runner inside the decision's step, so a
+/// refused caller changes nothing.
+#[derive(Debug, Clone)]
+pub struct Answerer {
+    name: String,
+    groups: Vec<String>,
+}
+
+impl Answerer {
+    /// `None` for callers every request accepts (services, operators).
+    pub fn of(p: &Principal) -> Option<Self> {
+        if p.has_any(&[Role::Service, Role::Operator]) {
+            return None;
+        }
+        Some(Self {
+            name: p.name.clone(),
+            groups: p.groups.clone(),
+        })
+    }
+
+    /// Whether this caller is among those the request names (`answerers` in its payload), or,
+    /// when it names no one, the run's submitter.
+    pub fn may_answer(&self, record: &SuspensionRecord, submitted_by: &str) -> bool {
+        match named(record) {
+            Some(names) => names.iter().any(|who| self.is(who)),
+            None => self.name == submitted_by,
+        }
+    }
+
+    /// PERMISSION_DENIED (as [`RunnerError::NotAnswerer`]) naming who may answer.
+    pub fn check(&self, run: &RunRecord, record: &SuspensionRecord) -> Result<(), RunnerError> {
+        if self.may_answer(record, &run.submitted_by) {
+            return Ok(());
+        }
+        let who = match named(record) {
+            Some(names) => names.join(", "),
+            None => format!("the run's submitter '{}'", run.submitted_by),
+        };
+        Err(RunnerError::NotAnswerer(format!(
+            "principal '{}' may not answer request '{}' of run {}: it may be answered by {who} \
+             (and operators)",
+            self.name, record.request_id, run.run_id
+        )))
+    }
+
+    fn is(&self, who: &str) -> bool {
+        match who.strip_prefix("group:") {
+            Some(group) => self.groups.iter().any(|g| g == group),
+            None => who == self.name,
+        }
+    }
+}
+
+/// The `answerers` a user-input or external request names; `None` when it names no one.
+fn named(record: &SuspensionRecord) -> Option<Vec<&str>> {
+    let list = record.payload.get("answerers")?.as_array()?;
+    let names: Vec<&str> = list.iter().filter_map(Json::as_str).collect();
+    (!names.is_empty()).then_some(names)
+}
 
 /// Roles that may read some runs: those that read all, and those that read their share.
 const SOME_RUNS: [Role; 5] = [
@@ -51,6 +118,8 @@ pub enum RunReads {
         own: bool,
         /// Approver: runs with an approval waiting.
         awaiting_approval: bool,
+        /// Runs with an open question or external request it may answer.
+        answerer: Answerer,
     },
 }
 
@@ -65,6 +134,10 @@ impl RunReads {
             name: p.name.clone(),
             own: p.has(Role::Submitter),
             awaiting_approval: p.has(Role::Approver),
+            answerer: Answerer {
+                name: p.name.clone(),
+                groups: p.groups.clone(),
+            },
         })
     }
 
@@ -79,7 +152,8 @@ impl RunReads {
             Self::Share { name, .. } if !self.view(view) => {
                 Err(Status::permission_denied(format!(
                     "principal '{name}' may not read run {}: submitters read the runs they \
-                     submitted, approvers the runs waiting for an approval",
+                     submitted, approvers the runs waiting for an approval, answerers the runs \
+                     waiting for their answer",
                     view.run.run_id
                 )))
             }
@@ -109,19 +183,31 @@ impl Visible for RunReads {
             Self::Share {
                 own: true, name, ..
             } if run.submitted_by == *name => Some(true),
-            Self::Share {
-                awaiting_approval: true,
-                ..
-            } => None,
-            Self::Share { .. } => Some(false),
+            // A finished run waits for nothing: settled without reading its checkpoint (most
+            // stored runs are finished, and a list filters them all).
+            Self::Share { .. } if run.status.is_terminal() => Some(false),
+            // Whether it waits for an approval or for this caller's answer: the checkpoint says.
+            Self::Share { .. } => None,
         }
     }
 
     fn view(&self, view: &RunView) -> bool {
         self.record(&view.run).unwrap_or_else(|| {
-            view.suspensions
-                .iter()
-                .any(|s| s.category == SuspensionCategory::RequireApproval)
+            let Self::Share {
+                awaiting_approval,
+                answerer,
+                ..
+            } = self
+            else {
+                return true;
+            };
+            view.suspensions.iter().any(|s| {
+                s.state == SuspensionState::Active
+                    && match s.category {
+                        SuspensionCategory::RequireApproval => *awaiting_approval,
+                        _ => answerer.may_answer(s, &view.run.submitted_by),
+                    }
+            })
         })
     }
 }

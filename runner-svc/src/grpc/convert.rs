@@ -11,8 +11,25 @@ use arbor_shared::{
 use crate::{
     engine::SuspensionRecord,
     mailbox::Job,
-    runs::{RunView, SubmitInput, TreeRecord},
+    runs::{NodeState, RunNode, RunView, SubmitInput, TreeRecord},
 };
+
+pub fn run_node(n: &RunNode) -> pb::RunNode {
+    let status = match n.state {
+        NodeState::Idle => pb::NodeStatus::Idle,
+        NodeState::Running => pb::NodeStatus::Running,
+        NodeState::Success => pb::NodeStatus::Success,
+        NodeState::Failure => pb::NodeStatus::Failure,
+        NodeState::Waiting => pb::NodeStatus::Waiting,
+    };
+    pb::RunNode {
+        locator: n.locator.clone(),
+        kind: n.kind.to_string(),
+        name: n.name.clone(),
+        depth: n.depth,
+        status: status.into(),
+    }
+}
 
 pub fn tree(t: &TreeRecord) -> pb::Tree {
     pb::Tree {

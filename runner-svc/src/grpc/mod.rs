@@ -1,7 +1,7 @@
 //! The `arbor.runner.v1.RunnerService` handlers: thin adapters that check roles, convert at the
 //! edge and call `Runner`.
 
-mod access;
+pub mod access;
 mod convert;
 pub mod worker;
 
@@ -181,6 +181,21 @@ impl RunnerService for RunnerGrpc {
         reads.check(&view)?;
         ok(pb::GetRunResponse {
             run: Some(convert::run(&view)),
+        })
+    }
+
+    async fn get_run_nodes(
+        &self,
+        req: Request<pb::GetRunNodesRequest>,
+    ) -> Res<pb::GetRunNodesResponse> {
+        // Same rule as GetRun: the node statuses show as much of the run as GetRun does.
+        let reads = access::RunReads::of(&principal_of(&req))?;
+        let run_id = &req.get_ref().run_id;
+        let view = self.view(run_id).await?;
+        reads.check(&view)?;
+        let nodes = self.runner.run_nodes(run_id)?;
+        ok(pb::GetRunNodesResponse {
+            nodes: nodes.iter().map(convert::run_node).collect(),
         })
     }
 
@@ -438,6 +453,7 @@ impl RunnerService for RunnerGrpc {
                 decided_by,
                 source,
                 may_resolve_approvals: principal.has(Role::Service),
+                answerer: access::Answerer::of(&principal),
                 trace,
                 args_digest: r.args_digest,
             })

@@ -3,6 +3,7 @@
 //! `Runner::process` for each claimed job.
 
 mod handoff;
+mod nodes;
 mod query;
 pub mod records;
 mod resolve;
@@ -23,6 +24,7 @@ use arbor_shared::domain::{Event, RunStatus};
 use tokio::sync::{Notify, watch};
 use tracing::Instrument;
 
+pub use nodes::{NodeState, RunNode};
 pub use query::{JobPage, RunFilter, RunPage, RunView, Visible};
 pub use records::{RunRecord, TreeRecord};
 pub use resolve::ResolveInput;

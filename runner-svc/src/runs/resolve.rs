@@ -37,6 +37,9 @@ pub struct ResolveInput {
     pub source: DecisionSource,
     /// Only the `service` role may resolve approval-category suspensions.
     pub may_resolve_approvals: bool,
+    /// User input and external results: the caller, checked against who the request names
+    /// (`crate::grpc::access::Answerer`); `None`: a caller every request accepts.
+    pub answerer: Option<crate::grpc::access::Answerer>,
     /// The caller's trace context: the run's next steps belong to it. `None` keeps the run's.
     pub trace: Option<arbor_shared::trace::TraceContext>,
     /// Approvals: the digest the decider approved; a decision whose arguments have another is
@@ -148,6 +151,13 @@ impl Runner {
                     (SuspensionState::Active, Some(record)) => record,
                     (SuspensionState::Active, None) => return abort(not_found(&input)),
                 };
+                // A refused answerer changes nothing: the step aborts before anything is written.
+                if let Some(answerer) = &input.answerer
+                    && record.category != SuspensionCategory::RequireApproval
+                    && let Err(e) = answerer.check(&run, record)
+                {
+                    return abort(e);
+                }
                 if let Some(pending) = ck.pending_decision(&input.request_id) {
                     return duplicate(&pending.decision_id);
                 }
@@ -350,6 +360,7 @@ mod tests {
             decided_by: "alice".into(),
             source: DecisionSource::Person,
             may_resolve_approvals: false,
+            answerer: None,
             trace: None,
             args_digest: String::new(),
         }

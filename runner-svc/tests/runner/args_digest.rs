@@ -99,6 +99,7 @@ impl Rig {
                 decided_by: "bob".into(),
                 source: DecisionSource::Person,
                 may_resolve_approvals: true,
+                answerer: None,
                 trace: None,
                 args_digest: args_digest.into(),
             })

@@ -5,6 +5,7 @@
 // Helpers outside #[test] functions may fail loudly too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod answerers;
 mod args_digest;
 mod common;
 mod docs_trees;

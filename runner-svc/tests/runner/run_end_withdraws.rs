@@ -124,6 +124,7 @@ async fn a_dead_lettered_run_withdraws_its_open_approval_in_the_same_step() {
             decided_by: "bob".into(),
             source: DecisionSource::Person,
             may_resolve_approvals: false,
+            answerer: None,
             trace: None,
             args_digest: String::new(),
         })

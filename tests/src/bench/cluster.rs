@@ -180,6 +180,8 @@ pub struct Spec<'a> {
     /// What the policy does with every `gate` node of `bench-*` trees.
     pub rules: Rules,
     pub runner_args: &'a [&'a str],
+    /// More flags of each approval-svc (the inbox section turns the web inbox on).
+    pub approval_args: &'a [&'a str],
     /// Names the database (PostgreSQL), so a slow configuration can be found in the server log.
     pub name: &'a str,
 }
@@ -257,6 +259,7 @@ impl BenchCluster {
             approval: true,
             rules,
             runner_args,
+            approval_args: &[],
             name: "bench",
         })
         .await
@@ -313,6 +316,7 @@ impl BenchCluster {
                 ];
                 args.extend(store_args.iter().cloned());
                 args.extend(super::otlp::args());
+                args.extend(spec.approval_args.iter().map(|s| s.to_string()));
                 let mut approval =
                     Service::new(ServiceKind::Approval, bins.approval.clone(), &root, args);
                 approval.start().await;

@@ -147,6 +147,7 @@ pub async fn run(
             Decider::TwoOfThree => Rules::TwoOfThree,
         },
         runner_args: &[],
+        approval_args: &[],
         name: &name,
     })
     .await;

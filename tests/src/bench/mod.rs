@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod cycle;
 pub mod fanout;
+pub mod inbox;
 pub mod langgraph;
 pub mod otlp;
 pub mod parked;
@@ -605,6 +606,35 @@ pub fn print_fanout(f: &fanout::FanoutResult) {
         f.pct_ms(0.5),
         f.pct_ms(0.99),
         f.latencies_ms.last().copied().unwrap_or(0)
+    );
+}
+
+pub fn print_inbox(r: &inbox::InboxResult) {
+    use inbox::pct_ms;
+    println!(
+        "\nweb inbox ({} pending approvals; {} requests of each page, one at a time, on loopback)",
+        r.pending, r.samples
+    );
+    println!(
+        "  for me, first page   p50 / p99   {:>7.1} / {:>7.1} ms",
+        pct_ms(&r.queue, 0.5),
+        pct_ms(&r.queue, 0.99)
+    );
+    println!(
+        "  item page            p50 / p99   {:>7.1} / {:>7.1} ms",
+        pct_ms(&r.item, 0.5),
+        pct_ms(&r.item, 0.99)
+    );
+    println!(
+        "  decision → SSE event p50 / p99   {:>7.1} / {:>7.1} ms ({} decisions through gRPC)",
+        pct_ms(&r.decision_to_event, 0.5),
+        pct_ms(&r.decision_to_event, 0.99),
+        r.decision_to_event.len()
+    );
+    let (html, css, js) = r.page_bytes;
+    println!(
+        "  page weight          {:>7.1} KB (HTML {html} B + CSS {css} B + JS {js} B; target < 150 KB)",
+        (html + css + js) as f64 / 1024.0
     );
 }
 

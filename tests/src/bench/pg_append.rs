@@ -95,6 +95,7 @@ pub async fn run(store: &Store, replicas: usize, runs: usize, concurrency: usize
         approval: false,
         rules: super::cluster::Rules::Ask,
         runner_args: &[],
+        approval_args: &[],
         name: &name,
     })
     .await;

@@ -4,7 +4,8 @@
 //!  [--store sled,postgres] [--runners 1,2] [--rounds N] [--parked N] [--fanout S]
 //!  [--fanout-cycles N]
 //!  [--appends N] [--append-concurrency K] [--task-latency N] [--tasks N] [--task-repeat M]
-//!  [--otlp] [--only cycle,langgraph,parked,fanout,pg-append,tasks]`
+//!  [--otlp] [--inbox-pending N] [--inbox-samples N]
+//!  [--only cycle,langgraph,parked,fanout,pg-append,tasks,inbox]`
 //!
 //! `--help` lists every flag with its default; an unknown flag or value is refused.
 //!
@@ -30,6 +31,10 @@
 //! - `--otlp` (cycle): each configuration runs a second time with both services exporting their
 //!   spans over OTLP/gRPC to a collector inside the bench; a line says what that costs per
 //!   cycle (throughput and CPU against the run without export) and how many spans a cycle makes.
+//! - `--only inbox` (not in the default set; sled): the web inbox with `--inbox-pending` runs
+//!   waiting at a gate (default 10000): the *for me* queue's first page and an item page, each
+//!   fetched `--inbox-samples` times (default 200), p50/p99; the time from a decision through
+//!   the gRPC API to its event on the inbox's stream; the page weight.
 //! - `--only tasks` (not in the default set; on every `--store`): task workers. `--task-latency`
 //!   tasks one at a time through a Python worker (default 2000), `--tasks` tasks at 64 in flight
 //!   through a Rust worker in the bench (default 20000), runs of `--task-repeat` tasks each
@@ -109,6 +114,12 @@ struct Args {
     /// Tasks at 64 in flight through a Rust worker (tasks).
     #[arg(long, default_value_t = 20_000)]
     tasks: usize,
+    /// Runs waiting at a gate (inbox).
+    #[arg(long, default_value_t = 10_000)]
+    inbox_pending: usize,
+    /// Requests of each page, and decisions timed to their event (inbox).
+    #[arg(long, default_value_t = 200)]
+    inbox_samples: usize,
     /// Tasks per run (tasks).
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
     task_repeat: u64,
@@ -122,6 +133,7 @@ enum Section {
     Fanout,
     PgAppend,
     Tasks,
+    Inbox,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -266,6 +278,11 @@ async fn main() {
         let n = args.parked;
         eprintln!("parked: {n} runs …");
         bench::print_parked(&bench::parked::run(n).await);
+    }
+    if wants(Section::Inbox) {
+        let (n, k) = (args.inbox_pending, args.inbox_samples);
+        eprintln!("inbox: {n} pending, {k} samples …");
+        bench::print_inbox(&bench::inbox::run(n, k).await);
     }
     if wants(Section::Fanout) {
         let (s, n, rate) = (args.fanout, args.fanout_cycles, args.fanout_rate);

@@ -17,6 +17,7 @@ mod database_stall;
 mod decisions;
 mod docs;
 mod governance;
+mod inbox;
 mod interaction;
 mod manifests;
 mod observability;

@@ -213,6 +213,12 @@ impl RunnerService for FakeRunner {
     ) -> Result<Response<pb::GetRunResponse>, Status> {
         unimplemented()
     }
+    async fn get_run_nodes(
+        &self,
+        _: Request<pb::GetRunNodesRequest>,
+    ) -> Result<Response<pb::GetRunNodesResponse>, Status> {
+        unimplemented()
+    }
     async fn list_runs(
         &self,
         _: Request<pb::ListRunsRequest>,

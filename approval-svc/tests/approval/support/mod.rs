@@ -75,6 +75,28 @@ impl Svc {
         }
     }
 
+    /// The service with its web inbox on a port of its own; answers the inbox's address.
+    pub async fn start_web(cfg: ServeConfig) -> (Self, SocketAddr) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let web = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (addr, web_addr) = (listener.local_addr().unwrap(), web.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(arbor_approval_svc::run_with_web(
+            cfg,
+            listener,
+            Some(web),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let svc = Self {
+            addr,
+            stop: Some(stop),
+            task,
+        };
+        (svc, web_addr)
+    }
+
     pub async fn client(&self) -> Client {
         self.client_as(None).await
     }

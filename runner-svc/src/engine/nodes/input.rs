@@ -24,6 +24,7 @@ pub(super) fn user_input(cx: &mut Ctx<'_>, idx: usize, spec: &InputSpec) -> Tick
             if !spec.options.is_empty() {
                 payload.insert("options".into(), Json::Array(spec.options.clone()));
             }
+            answerers(&mut payload, &spec.answerers);
             let record = record(
                 cx,
                 idx,
@@ -46,6 +47,17 @@ pub(super) fn user_input(cx: &mut Ctx<'_>, idx: usize, spec: &InputSpec) -> Tick
         return cx.fail(format!("user input '{loc}' cancelled: {}", decision.reason));
     }
     output(cx, idx, spec.output.as_deref(), input_value(decision))
+}
+
+/// Who may answer, for Resolve's check and for whoever shows the request; left out when the node
+/// names no one (the default rule applies).
+fn answerers(payload: &mut Map<String, Json>, answerers: &[String]) {
+    if !answerers.is_empty() {
+        payload.insert(
+            "answerers".into(),
+            Json::Array(answerers.iter().cloned().map(Json::String).collect()),
+        );
+    }
 }
 
 /// The answer's value; `validate_decision` has normally turned `{"text": s}` into `{"value": s}`.
@@ -78,6 +90,7 @@ pub(super) fn external(cx: &mut Ctx<'_>, idx: usize, spec: &ExternalSpec) -> Tic
     if let Some(hint) = &spec.callback_hint {
         payload.insert("callback_hint".into(), hint.clone().into());
     }
+    answerers(&mut payload, &spec.answerers);
     let ask = task::Ask {
         idempotency_key: format!("{}:{rid}", cx.env.run_id),
         request_id: rid,

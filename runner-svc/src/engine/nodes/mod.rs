@@ -142,6 +142,11 @@ fn halt_range(ck: &mut Checkpoint, range: Range<usize>, reason: &str, effects: &
         state.status = NodeStatus::Idle;
         state.data.reset();
     }
+    // A halted node did not finish: what it did before is no longer its outcome.
+    let end = range.end.min(ck.outcomes.len());
+    if let Some(outcomes) = ck.outcomes.get_mut(range.start.min(end)..end) {
+        outcomes.fill(NodeStatus::Idle);
+    }
     let nodes = range.start as u32..range.end as u32;
     ck.interaction.withdraw(nodes, reason, effects);
     // Pre-order indices, so `moved_on` is sorted.
@@ -212,6 +217,9 @@ impl<'t> Ctx<'t> {
         }
         state.attempt = state.attempt.wrapping_add(1);
         state.data.reset();
+        if let Some(outcome) = self.ck.outcomes.get_mut(idx) {
+            *outcome = status.into();
+        }
         let node = self.node(idx);
         for &child in &node.children {
             self.ck.nodes[child].status = NodeStatus::Idle;

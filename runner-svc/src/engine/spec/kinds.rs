@@ -86,12 +86,14 @@ pub(super) fn read_kind(ty: &str, f: &mut Fields<'_>) -> Option<NodeKind> {
             "default",
             "options",
             "output",
+            "answerers",
         ],
         "external" => &[
             "execution_kind",
             "task",
             "callback_hint",
             "output",
+            "answerers",
             "attempts",
             "backoff_ms",
             "error_output",
@@ -412,12 +414,14 @@ fn read_external(f: &mut Fields<'_>) -> Option<NodeKind> {
     let callback_hint = f.opt_string("callback_hint");
     let output = read_opt_key(f, "output");
     let options = read_task_options(f);
+    let answerers = read_answerers(f);
     Some(NodeKind::External(Box::new(ExternalSpec {
         execution_kind: execution_kind?,
         task: task?,
         callback_hint,
         output: output?,
         options: options?,
+        answerers,
     })))
 }
 
@@ -463,6 +467,7 @@ fn read_user_input(f: &mut Fields<'_>) -> Option<NodeKind> {
         f.violation("default", e);
     }
     let output = read_opt_key(f, "output");
+    let answerers = read_answerers(f);
     Some(NodeKind::UserInput(Box::new(InputSpec {
         input_kind: input_kind?,
         prompt: prompt?,
@@ -470,5 +475,34 @@ fn read_user_input(f: &mut Fields<'_>) -> Option<NodeKind> {
         default,
         options,
         output: output?,
+        answerers,
     })))
+}
+
+/// `answerers`: identities as the tokens file names them, or `group:NAME`.
+fn read_answerers(f: &mut Fields<'_>) -> Vec<String> {
+    let answerers = f.opt_string_list("answerers");
+    for (i, who) in answerers.iter().enumerate() {
+        let name = who.strip_prefix("group:").unwrap_or(who);
+        if !arbor_shared::auth::valid_name(name) {
+            f.violation(
+                &format!("answerers[{i}]"),
+                format!(
+                    "{who:?} is neither an identity nor `group:NAME` (letters, digits, '-', '_' \
+                     and '.')"
+                ),
+            );
+        }
+    }
+    // An empty list would read as "no one may answer" to some and "the default" to others.
+    if f.get("answerers")
+        .and_then(Json::as_array)
+        .is_some_and(Vec::is_empty)
+    {
+        f.violation(
+            "answerers",
+            "must name at least one identity or group (leave it out for the default rule)",
+        );
+    }
+    answerers
 }

@@ -194,6 +194,32 @@ pub(crate) enum NodeKind {
 }
 
 impl NodeKind {
+    /// The node type as a tree document spells it.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::Sequence => "sequence",
+            Self::Selector => "selector",
+            Self::Parallel { .. } => "parallel",
+            Self::ReactiveSequence => "reactive_sequence",
+            Self::Inverter => "inverter",
+            Self::ForceSuccess => "force_success",
+            Self::ForceFailure => "force_failure",
+            Self::Retry { .. } => "retry",
+            Self::Repeat { .. } => "repeat",
+            Self::Timeout { .. } => "timeout",
+            Self::Approval(_) => "approval",
+            Self::Condition(_) => "condition",
+            Self::Set { .. } => "set",
+            Self::Wait { .. } => "wait",
+            Self::Succeed => "succeed",
+            Self::Fail { .. } => "fail",
+            Self::Log { .. } => "log",
+            Self::Tool(_) => "tool",
+            Self::UserInput(_) => "user_input",
+            Self::External(_) => "external",
+        }
+    }
+
     /// Whether nodes of this kind own suspension or tool-call records.
     pub fn keeps_records(&self) -> bool {
         matches!(
@@ -377,6 +403,8 @@ pub(crate) struct InputSpec {
     pub default: Option<Json>,
     pub options: Vec<Json>,
     pub output: Option<String>,
+    /// Who may answer: identities and `group:NAME`s; empty: the default rule (docs/auth.md).
+    pub answerers: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -386,4 +414,6 @@ pub(crate) struct ExternalSpec {
     pub callback_hint: Option<String>,
     pub output: Option<String>,
     pub options: TaskOptions,
+    /// Who may supply the result: identities and `group:NAME`s; empty: the default rule.
+    pub answerers: Vec<String>,
 }

@@ -18,7 +18,7 @@ fn encode_decode_round_trips_mid_run() {
     let mut h = Harness::new(two_gates());
     h.tick();
     let bytes = h.ck.encode();
-    assert_eq!(bytes[0], 2, "format version byte");
+    assert_eq!(bytes[0], 3, "format version byte");
     let back = Checkpoint::decode(&bytes).unwrap();
     assert_eq!(back.blackboard(), h.ck.blackboard());
     assert_eq!(back.step(), 1);
@@ -126,4 +126,35 @@ fn replayed_runs_reproduce_request_ids() {
     c.run_id = "run-2".into();
     c.tick();
     assert_ne!(a.only_active(), c.only_active());
+}
+
+/// A gate's child that ran is still known to have succeeded once the gate has finished (its
+/// status is idle again); a version 2 checkpoint, from before outcomes were kept, reads with
+/// none.
+#[test]
+fn outcomes_outlive_the_status_reset_and_older_checkpoints_read_without_them() {
+    let mut h = Harness::new(two_gates());
+    let out = h.tick();
+    let first = suspended(&out.effects)[0].request_id.clone();
+    h.decide(vec![approve(&first)]);
+    // Pre-order: 0 sequence, 1 set a, 2 g1, 3 set b, 4 g2, 5 set c.
+    assert_eq!(
+        h.ck.nodes[3].status,
+        NodeStatus::Idle,
+        "reset when g1 finished"
+    );
+    let back = Checkpoint::decode(&h.ck.encode()).unwrap();
+    let outcomes: Vec<NodeStatus> = (0..6).map(|i| back.outcome(i)).collect();
+    use NodeStatus::{Idle, Success};
+    assert_eq!(outcomes, [Idle, Success, Success, Success, Idle, Idle]);
+
+    let mut ck = h.ck.clone();
+    ck.outcomes.clear();
+    let v3 = ck.encode();
+    let mut v2 = v3[..v3.len() - 1].to_vec();
+    v2[0] = 2;
+    let old = Checkpoint::decode(&v2).unwrap();
+    assert!((0..6).all(|i| old.outcome(i) == Idle));
+    assert_eq!(old.step(), h.ck.step());
+    old.check_matches(&h.spec).unwrap();
 }

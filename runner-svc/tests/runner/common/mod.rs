@@ -45,6 +45,7 @@ pub async fn approve_first(runner: &Runner, run_id: &str, decision_id: &str) {
             decided_by: "bob".into(),
             source: DecisionSource::Person,
             may_resolve_approvals: true,
+            answerer: None,
             trace: None,
             args_digest: String::new(),
         })
@@ -161,11 +162,22 @@ impl Backend {
 
     /// Serves the database standing for `dir` (new, or the one a stopped [`Served`] left).
     pub async fn serve(self, dir: &std::path::Path) -> Served {
+        self.serve_with_auth(dir, arbor_shared::auth::Authenticator::disabled())
+            .await
+    }
+
+    /// [`Backend::serve`] with authentication on: callers need a token of `auth`.
+    pub async fn serve_with_auth(
+        self,
+        dir: &std::path::Path,
+        auth: arbor_shared::auth::Authenticator,
+    ) -> Served {
         let cfg = arbor_runner_svc::ServeConfig {
             data_dir: dir.to_path_buf(),
             store_url: self.store_url(dir),
             workers: 2,
             drain: Duration::from_secs(5),
+            auth,
             ..arbor_runner_svc::ServeConfig::default()
         };
         let runner = arbor_runner_svc::open_runner(&cfg).await.unwrap();

@@ -198,6 +198,7 @@ pub async fn ended_tasks_are_compacted_and_waiting_ones_kept(b: Backend) {
             decided_by: "ci".into(),
             source: DecisionSource::Person,
             may_resolve_approvals: false,
+            answerer: None,
             trace: None,
             args_digest: String::new(),
         })

@@ -148,6 +148,7 @@ async fn start(store: &Store, name: &str, repeat: usize) -> (BenchCluster, Runne
         approval: true,
         rules: super::cluster::Rules::Ask,
         runner_args: &[],
+        approval_args: &[],
         name,
     };
     let cluster = BenchCluster::start_spec(&spec).await;
