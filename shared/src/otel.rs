@@ -95,7 +95,8 @@ impl Telemetry {
 
 /// Initialises the global tracing subscriber (`RUST_LOG` filter, `info` by default; with `json`
 /// every line is one JSON object whose `spans` carry fields such as `trace_id`), exporting spans
-/// over OTLP as `export` says. Call it inside the Tokio runtime (the gRPC exporter needs one).
+/// (those at `info` and above) over OTLP as `export` says. Call it inside the Tokio runtime (the
+/// gRPC exporter needs one).
 pub fn init_tracing(json: bool, export: Option<&Export>) -> Result<Telemetry, String> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -104,9 +105,11 @@ pub fn init_tracing(json: bool, export: Option<&Export>) -> Result<Telemetry, St
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
+    // `RUST_LOG` says what is logged; what is exported does not follow it (a service that logs
+    // only warnings still exports its spans).
     let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = vec![match json {
-        true => fmt.json().boxed(),
-        false => fmt.boxed(),
+        true => fmt.json().with_filter(filter).boxed(),
+        false => fmt.with_filter(filter).boxed(),
     }];
     let mut telemetry = Telemetry::default();
     if let Some(export) = export.filter(|e| e.enabled()) {
@@ -127,13 +130,14 @@ pub fn init_tracing(json: bool, export: Option<&Export>) -> Result<Telemetry, St
             tracing_opentelemetry::layer()
                 .with_tracer(tracer)
                 .with_tracked_inactivity(false)
+                .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
                 .boxed(),
         );
         telemetry.provider = Some(provider);
         crate::trace::set_exporting();
     }
     // A second initialisation (tests) keeps the first subscriber.
-    let _ = Registry::default().with(layers).with(filter).try_init();
+    let _ = Registry::default().with(layers).try_init();
     Ok(telemetry)
 }
 

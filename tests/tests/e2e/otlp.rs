@@ -75,6 +75,8 @@ fn child_of<'a>(candidates: &[&'a Received], parent: &Received, what: &str) -> &
 async fn one_trace_links_an_approval_cycle_across_a_restart_of_approval_svc() {
     let collector = Collector::start().await;
     let mut cluster = prepared(Some(&collector.endpoint()));
+    // What is logged does not decide what is exported.
+    cluster.runner.env.push(("RUST_LOG".into(), "warn".into()));
     let runner_url = cluster.runner.url();
     cluster.start_routed(&runner_url).await;
 
