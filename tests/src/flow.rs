@@ -6,10 +6,10 @@ use arbor_shared::proto::{approval::v1 as apb, runner::v1 as rpb};
 
 use crate::{Cluster, WAIT, eventually};
 
-/// Registers `tree` and submits a run of it; `traceparent` goes out as gRPC metadata.
-pub async fn submit(cluster: &Cluster, tree: String, traceparent: Option<&str>) -> rpb::Run {
+/// Registers `tree` (a JSON document).
+pub async fn register(cluster: &Cluster, tree: String) -> rpb::Tree {
     let mut runner = cluster.runner_client().await;
-    let tree = runner
+    runner
         .register_tree(rpb::RegisterTreeRequest {
             document: tree,
             format: 0,
@@ -18,7 +18,13 @@ pub async fn submit(cluster: &Cluster, tree: String, traceparent: Option<&str>) 
         .unwrap()
         .into_inner()
         .tree
-        .unwrap();
+        .unwrap()
+}
+
+/// Registers `tree` and submits a run of it; `traceparent` goes out as gRPC metadata.
+pub async fn submit(cluster: &Cluster, tree: String, traceparent: Option<&str>) -> rpb::Run {
+    let tree = register(cluster, tree).await;
+    let mut runner = cluster.runner_client().await;
     let mut request = tonic::Request::new(rpb::SubmitRunRequest {
         tree_id: tree.id,
         tree_version: tree.version,

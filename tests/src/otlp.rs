@@ -49,6 +49,14 @@ impl Received {
             .map(String::as_str)
             .unwrap_or("")
     }
+    /// The (trace id, span id) of every span this one links.
+    pub fn links(&self) -> Vec<(String, String)> {
+        self.span
+            .links
+            .iter()
+            .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
+            .collect()
+    }
     /// A string attribute of the span (`""`: none).
     pub fn attr(&self, key: &str) -> String {
         self.span
