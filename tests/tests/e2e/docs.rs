@@ -39,6 +39,8 @@ const NOT_METRICS: &[(&str, &str)] = &[
     ("arbor_schema", "shared/src/postgres/mod.rs"),
     // The Python client package's module name.
     ("arbor_client", "clients/python/pyproject.toml"),
+    // The web inbox's session cookie.
+    ("arbor_session", "approval-svc/src/web/session.rs"),
 ];
 
 /// The suffixes the samples of a family of each type add to its name (OpenMetrics).
