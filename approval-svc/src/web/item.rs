@@ -196,7 +196,13 @@ fn live_of(a: &pb::Approval, now_ms: u64, me: &str) -> LiveItem {
             })
             .unwrap_or_default(),
         progress: g.progress.clone(),
-        stage: g.stages.get(g.stage as usize).cloned().unwrap_or_default(),
+        // "1 of 2 in payments" names the stage already.
+        stage: g
+            .stages
+            .get(g.stage as usize)
+            .filter(|s| !g.progress.ends_with(&format!(" in {s}")))
+            .cloned()
+            .unwrap_or_default(),
         votes: g
             .votes
             .iter()
