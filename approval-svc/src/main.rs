@@ -3,6 +3,11 @@
 
 mod cli;
 
+/// With the `mimalloc` feature, the published mimalloc allocator instead of the system's.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -33,7 +38,20 @@ fn main() -> ExitCode {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let cfg = args.config()?;
-    arbor_shared::server::init_tracing(args.log_json);
+    let export = arbor_shared::otel::Export {
+        endpoint: args.otlp_endpoint.clone(),
+        service: "approval-svc",
+        version: env!("CARGO_PKG_VERSION"),
+    };
+    let mut telemetry = arbor_shared::otel::init_tracing(args.log_json, Some(&export))
+        .map_err(anyhow::Error::msg)?;
+    let served = serve_traced(args, cfg).await;
+    // The spans of the shutdown itself go out with the rest.
+    telemetry.shutdown().await;
+    served
+}
+
+async fn serve_traced(args: ServeArgs, cfg: arbor_approval_svc::ServeConfig) -> anyhow::Result<()> {
     arbor_shared::server::check_bind(args.listen, cfg.auth.is_enabled(), args.insecure)
         .map_err(anyhow::Error::msg)?;
     if let Some(web) = cfg.web.listen {

@@ -4,9 +4,14 @@
 //! the next step,
 //! exactly as an RPC answering OK would. The load is a closed loop: each producer lane keeps one job in
 //! flight and enqueues the next only once the last one's ack is durable, so "in-flight" is the
-//! number of jobs outstanding at any moment. Run: `cargo bench -p arbor-runner-svc --bench mailbox`.
+//! number of jobs outstanding at any moment. Last, the floor under one run at a time: one
+//! durable commit after another on the runner's store against a raw `pwrite` + `fdatasync` and
+//! against redb (`floor`). Run: `cargo bench -p arbor-runner-svc --bench mailbox`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "mailbox/floor.rs"]
+mod floor;
 
 use std::{
     io::Write,
@@ -300,7 +305,11 @@ fn main() {
         (16, 8, 32),
     ];
     // `ARBOR_MAILBOX_ROW=32,8,8` runs one row alone (workers, producers, lanes per producer),
-    // for a profiler.
+    // for a profiler; `ARBOR_MAILBOX_ROW=floor` the floor alone.
+    if std::env::var("ARBOR_MAILBOX_ROW").as_deref() == Ok("floor") {
+        floor::print(&rt);
+        return;
+    }
     if let Ok(only) = std::env::var("ARBOR_MAILBOX_ROW") {
         let n: Vec<usize> = only
             .split(',')
@@ -332,4 +341,5 @@ fn main() {
         ratios[0],
         ratios[ratios.len() - 1]
     );
+    floor::print(&rt);
 }

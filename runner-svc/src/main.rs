@@ -2,6 +2,11 @@
 
 mod cli;
 
+/// With the `mimalloc` feature, the published mimalloc allocator instead of the system's.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::Parser;
 
 #[tokio::main]

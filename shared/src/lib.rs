@@ -1,6 +1,7 @@
 //! Arbor's shared crate: the generated gRPC code, JSON/proto conversions, the one way errors
 //! become statuses, authentication, what both services' embedded backends share (group commit,
-//! fsync, damage detection), the serving plumbing both binaries use, Prometheus metrics and W3C trace context.
+//! fsync, damage detection), the serving plumbing both binaries use, Prometheus metrics, W3C trace context and
+//! its OpenTelemetry export.
 
 pub mod auth;
 pub mod convert;
@@ -9,6 +10,7 @@ pub mod domain;
 pub mod json;
 pub mod limits;
 pub mod metrics;
+pub mod otel;
 pub mod page;
 pub mod postgres;
 pub mod procstat;

@@ -25,21 +25,10 @@ pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// fetches big runs raises its receive limit to this.
 pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 
-/// Initialises the global tracing subscriber (`RUST_LOG` filter, `info` by default). With `json`
-/// every line is one JSON object whose `spans` carry span fields such as `trace_id`.
+/// Initialises the global tracing subscriber without exporting anything (see
+/// [`crate::otel::init_tracing`] for the serving commands).
 pub fn init_tracing(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colour codes only for a person at a terminal; in files and collectors they are noise.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    let _ = if json {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
+    let _ = crate::otel::init_tracing(json, None);
 }
 
 /// A future that resolves on SIGTERM or SIGINT. The handlers are installed when this is
@@ -317,6 +306,7 @@ where
         let server = tokio::spawn(
             builder
                 .layer(crate::limits::LoadShedLayer::new(max_in_flight))
+                .layer(crate::otel::RpcSpanLayer)
                 .add_service(health_service)
                 .add_service(reflection_v1)
                 .add_service(reflection_v1alpha)

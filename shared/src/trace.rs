@@ -1,101 +1,168 @@
-//! W3C trace context (`traceparent`, version 00) by hand: parse what a caller sends, start a
-//! trace when nothing arrives, and mint a child span id per step. Both services only pass the
-//! trace id along (in events, log lines and outgoing metadata); exporting spans is left to
-//! whatever collects the logs, so no tracing SDK is needed.
+//! W3C trace context through both services: what a caller sends in gRPC metadata, what is stored
+//! with a run or an approval to carry the trace across a durable hop, and what goes out with a
+//! call. Reading and writing `traceparent`/`tracestate` is the OpenTelemetry propagator's; while
+//! spans are exported (see [`crate::otel`]) a hop's context is the span that made it, otherwise
+//! the trace id is passed along with one new span id per hop, so log lines still join up.
 
-use std::fmt;
+use std::{
+    fmt,
+    sync::atomic::{AtomicBool, Ordering},
+};
+
+use opentelemetry::{
+    propagation::{Extractor, Injector, TextMapPropagator},
+    trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState},
+};
+use opentelemetry_sdk::{
+    propagation::TraceContextPropagator,
+    trace::{IdGenerator, RandomIdGenerator},
+};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// The gRPC metadata key (and event field) that carries the trace context.
 pub const TRACEPARENT: &str = "traceparent";
+/// The vendor part of the trace context, carried beside `traceparent` on calls (not stored).
+pub const TRACESTATE: &str = "tracestate";
 
-/// One `traceparent`: a 16-byte trace id, an 8-byte parent (span) id and the flags byte.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TraceContext {
-    trace_id: [u8; 16],
-    span_id: [u8; 8],
-    flags: u8,
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+
+/// Whether spans are exported over OTLP; the spans that exist only for the export are made only
+/// then, so a service that exports nothing does no extra work.
+pub fn exporting() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
 }
+
+pub(crate) fn set_exporting() {
+    EXPORTING.store(true, Ordering::Relaxed);
+}
+
+/// One span's place in a trace: trace id, span id, sampled flag (and, on calls, `tracestate`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceContext(SpanContext);
 
 impl TraceContext {
     /// A fresh trace (random ids, sampled), for work that arrived without a trace.
     pub fn new_root() -> Self {
-        Self {
-            trace_id: random_nonzero(),
-            span_id: random_nonzero(),
-            flags: 0x01,
-        }
+        let ids = RandomIdGenerator::default();
+        Self(SpanContext::new(
+            ids.new_trace_id(),
+            ids.new_span_id(),
+            TraceFlags::SAMPLED,
+            true,
+            TraceState::default(),
+        ))
     }
 
-    /// The same trace with a new span id: the context of a step this context caused.
+    /// The same trace with a new span id: the context of a hop this context caused.
     pub fn child(&self) -> Self {
-        Self {
-            span_id: random_nonzero(),
-            ..*self
-        }
+        let c = &self.0;
+        Self(SpanContext::new(
+            c.trace_id(),
+            RandomIdGenerator::default().new_span_id(),
+            c.trace_flags(),
+            true,
+            c.trace_state().clone(),
+        ))
     }
 
-    /// Parses `00-<32 hex>-<16 hex>-<2 hex>`. Anything else (another version's layout, upper-case
-    /// hex, all-zero ids) is `None`: the W3C rules say to ignore an invalid header and start over.
-    /// Future versions may append fields after the flags; their first four fields are read.
+    /// Parses `00-<32 hex>-<16 hex>-<2 hex>` (later versions: their first four fields). Anything
+    /// else (upper-case hex, all-zero ids, short fields) is `None`: the W3C rules say to ignore an
+    /// invalid header and start over.
     pub fn parse(text: &str) -> Option<Self> {
-        let text = text.trim();
-        let mut parts = text.split('-');
-        let version = parts.next()?;
-        let trace = parts.next()?;
-        let span = parts.next()?;
-        let flags = parts.next()?;
-        if version.len() != 2 || version == "ff" || !is_lower_hex(version) {
-            return None;
+        Self::extract(&One(text.trim()))
+    }
+
+    /// Reads `traceparent` (and `tracestate`) from a gRPC request's metadata, if valid.
+    pub fn from_metadata(metadata: &tonic::metadata::MetadataMap) -> Option<Self> {
+        Self::extract(&Metadata(metadata))
+    }
+
+    /// Reads `traceparent` (and `tracestate`) from HTTP/2 headers, if valid.
+    pub fn from_headers(headers: &http::HeaderMap) -> Option<Self> {
+        Self::extract(&Headers(headers))
+    }
+
+    fn extract(carrier: &dyn Extractor) -> Option<Self> {
+        // The propagator reads ids of any length up to theirs; the spec wants them exact.
+        let fields: Vec<&str> = carrier.get(TRACEPARENT)?.trim().split('-').collect();
+        match fields.as_slice() {
+            [v, t, s, f, ..] if v.len() == 2 && t.len() == 32 && s.len() == 16 && f.len() == 2 => {}
+            _ => return None,
         }
-        if version == "00" && parts.next().is_some() {
-            return None;
-        }
-        let trace_id: [u8; 16] = decode_hex(trace)?;
-        let span_id: [u8; 8] = decode_hex(span)?;
-        let [flags]: [u8; 1] = decode_hex(flags)?;
-        if trace_id == [0; 16] || span_id == [0; 8] {
-            return None;
-        }
-        Some(Self {
-            trace_id,
-            span_id,
-            flags,
-        })
+        let cx = TraceContextPropagator::new().extract(carrier);
+        let span = cx.span().span_context().clone();
+        span.is_valid().then_some(Self(span))
     }
 
     /// The trace id as 32 lower-case hex digits (what log lines carry as `trace_id`).
     pub fn trace_id(&self) -> String {
-        hex(&self.trace_id)
+        self.0.trace_id().to_string()
     }
 
     pub fn span_id(&self) -> String {
-        hex(&self.span_id)
+        self.0.span_id().to_string()
     }
 
-    /// Reads the `traceparent` metadata of a gRPC request, if present and valid.
-    pub fn from_metadata(metadata: &tonic::metadata::MetadataMap) -> Option<Self> {
-        metadata
-            .get(TRACEPARENT)
-            .and_then(|v| v.to_str().ok())
-            .and_then(Self::parse)
+    /// The OpenTelemetry span context.
+    pub fn span_context(&self) -> &SpanContext {
+        &self.0
     }
 
-    /// Sets this context as the `traceparent` metadata of an outgoing request.
+    /// Sets this context as the `traceparent` (and `tracestate`) metadata of an outgoing call.
     pub fn inject<T>(&self, request: &mut tonic::Request<T>) {
-        if let Ok(value) = self.to_string().parse() {
-            request.metadata_mut().insert(TRACEPARENT, value);
+        let cx = opentelemetry::Context::new().with_remote_span_context(self.0.clone());
+        TraceContextPropagator::new().inject_context(&cx, &mut MetadataMut(request.metadata_mut()));
+    }
+
+    /// The context of a `tracing` span while spans are exported (`None` otherwise, or for a
+    /// span no layer records).
+    pub fn of_span(span: &tracing::Span) -> Option<Self> {
+        if !exporting() {
+            return None;
         }
+        let cx = span.context();
+        let sc = cx.span().span_context().clone();
+        (sc.is_valid() && sc.trace_id() != TraceId::INVALID && sc.span_id() != SpanId::INVALID)
+            .then_some(Self(sc))
+    }
+
+    /// The context a hop made in `span` hands on: the span itself while spans are exported, else
+    /// `parent`'s trace with a new span id (a new trace without one).
+    pub fn hop(span: &tracing::Span, parent: Option<&Self>) -> Self {
+        Self::of_span(span).unwrap_or_else(|| parent.map_or_else(Self::new_root, Self::child))
+    }
+}
+
+/// Makes `parent` the parent of `span` while spans are exported; call it before the span is
+/// first entered. Without export (or a parent) the span stays where it is.
+pub fn adopt(span: &tracing::Span, parent: Option<&TraceContext>) {
+    if let (true, Some(parent)) = (exporting(), parent) {
+        let cx = opentelemetry::Context::new().with_remote_span_context(parent.0.clone());
+        // Fails only for a span that was entered already or is disabled: it then keeps its place.
+        let _ = span.set_parent(cx);
+    }
+}
+
+/// Links `span` to `to` (a span that led to it without being its parent) while spans are
+/// exported.
+pub fn link(span: &tracing::Span, to: Option<&TraceContext>) {
+    if let (true, Some(to)) = (exporting(), to) {
+        span.add_link(to.0.clone());
     }
 }
 
 impl fmt::Display for TraceContext {
+    /// The `traceparent` form, as stored and sent.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // What the propagator injects (version 00), written without its map: events are
+        // stamped with it on every step, exported or not.
+        let c = &self.0;
         write!(
             f,
             "00-{}-{}-{:02x}",
-            hex(&self.trace_id),
-            hex(&self.span_id),
-            self.flags
+            c.trace_id(),
+            c.span_id(),
+            c.trace_flags().to_u8() & TraceFlags::SAMPLED.to_u8()
         )
     }
 }
@@ -107,32 +174,49 @@ pub fn trace_id_of(traceparent: &str) -> String {
         .unwrap_or_default()
 }
 
-fn is_lower_hex(s: &str) -> bool {
-    s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
+/// A stored `traceparent` on its own.
+struct One<'a>(&'a str);
 
-fn decode_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
-    if s.len() != 2 * N || !is_lower_hex(s) {
-        return None;
+impl Extractor for One<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        (key == TRACEPARENT).then_some(self.0)
     }
-    let mut out = [0u8; N];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    fn keys(&self) -> Vec<&str> {
+        vec![TRACEPARENT]
     }
-    Some(out)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+struct Metadata<'a>(&'a tonic::metadata::MetadataMap);
+
+impl Extractor for Metadata<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+    fn keys(&self) -> Vec<&str> {
+        vec![TRACEPARENT, TRACESTATE]
+    }
 }
 
-fn random_nonzero<const N: usize>() -> [u8; N] {
-    loop {
-        let mut out = [0u8; N];
-        out.iter_mut().for_each(|b| *b = fastrand::u8(..));
-        // All-zero ids are invalid by the spec; astronomically rare, but cheap to rule out.
-        if out != [0u8; N] {
-            return out;
+struct Headers<'a>(&'a http::HeaderMap);
+
+impl Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+    fn keys(&self) -> Vec<&str> {
+        vec![TRACEPARENT, TRACESTATE]
+    }
+}
+
+struct MetadataMut<'a>(&'a mut tonic::metadata::MetadataMap);
+
+impl Injector for MetadataMut<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(key), Ok(value)) = (
+            tonic::metadata::MetadataKey::from_bytes(key.as_bytes()),
+            value.parse(),
+        ) {
+            self.0.insert(key, value);
         }
     }
 }
@@ -173,6 +257,7 @@ mod tests {
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
             "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1g",
+            "00-d1-01",
         ] {
             assert_eq!(TraceContext::parse(bad), None, "{bad:?}");
         }
@@ -193,5 +278,30 @@ mod tests {
         let b = TraceContext::new_root();
         assert_ne!(a.trace_id(), b.trace_id());
         assert_eq!(TraceContext::parse(&a.to_string()), Some(a));
+    }
+
+    #[test]
+    fn written_as_the_propagator_writes_it() {
+        let ctx = TraceContext::new_root().child();
+        let cx = opentelemetry::Context::new().with_remote_span_context(ctx.0.clone());
+        let mut out = std::collections::HashMap::new();
+        TraceContextPropagator::new().inject_context(&cx, &mut out);
+        assert_eq!(out[TRACEPARENT], ctx.to_string());
+    }
+
+    #[test]
+    fn metadata_round_trips_with_tracestate() {
+        let mut request = tonic::Request::new(());
+        request
+            .metadata_mut()
+            .insert(TRACEPARENT, EXAMPLE.parse().unwrap());
+        request
+            .metadata_mut()
+            .insert(TRACESTATE, "vendor=x".parse().unwrap());
+        let ctx = TraceContext::from_metadata(request.metadata()).unwrap();
+        let mut out = tonic::Request::new(());
+        ctx.inject(&mut out);
+        assert_eq!(out.metadata().get(TRACEPARENT).unwrap(), EXAMPLE);
+        assert_eq!(out.metadata().get(TRACESTATE).unwrap(), "vendor=x");
     }
 }

@@ -9,6 +9,7 @@ pub mod chaos;
 pub mod clients;
 pub mod deploy;
 pub mod flow;
+pub mod otlp;
 pub mod process;
 pub mod scrape;
 pub mod secured;

@@ -1,15 +1,19 @@
-//! The non-Rust tools the polyglot, manifest and browser tests run, installed by the tests
-//! themselves on first use under `target/` (never committed): Python virtual environments from
-//! pinned requirement files, Python stubs generated from `proto/`, `npm ci` of the Node clients
-//! and the browser tests, and Debian's Chromium (installed with apt-get as PostgreSQL is).
+//! The non-Rust tools the polyglot, worker, client, manifest and browser tests run, installed by
+//! the tests themselves on first use under `target/` (never committed): Python virtual
+//! environments from pinned requirement files, the client packages of `clients/` built from their
+//! directories (a venv with `arbor-client` installed, a `node_modules` with the packed Node
+//! package), `npm ci` of the browser tests, and Debian's Chromium (installed with apt-get as
+//! PostgreSQL is).
 //! A missing interpreter or a failed install fails the test with the command and its output —
 //! no test skips silently.
 
 use std::{
     path::{Path, PathBuf},
     process::Command,
-    sync::{Mutex, OnceLock},
+    sync::Mutex,
 };
+
+use arbor_shared::auth::hash_token;
 
 use crate::process::workspace_root;
 
@@ -83,55 +87,153 @@ pub fn python_venv(name: &str, requirements: &Path) -> PathBuf {
     python
 }
 
-/// Python stubs for every proto in `proto/`, generated with grpcio-tools into `target/py-gen`
-/// (once per test process, so they always match the protos of this checkout).
-pub fn python_stubs(python: &Path) -> PathBuf {
-    static GEN: OnceLock<PathBuf> = OnceLock::new();
-    GEN.get_or_init(|| {
-        let out = target_dir().join("py-gen");
-        let _ = std::fs::remove_dir_all(&out);
-        std::fs::create_dir_all(&out).unwrap();
-        let proto = workspace_root().join("proto");
-        let mut files = Vec::new();
-        collect_protos(&proto, &proto, &mut files);
-        assert!(
-            !files.is_empty(),
-            "no .proto files under {}",
-            proto.display()
-        );
-        run(
-            Command::new(python)
-                .args(["-m", "grpc_tools.protoc", "-I"])
-                .arg(&proto)
-                .arg(format!("--python_out={}", out.display()))
-                .arg(format!("--grpc_python_out={}", out.display()))
-                .args(&files),
-            "generating Python stubs from proto/",
-        );
-        out
-    })
-    .clone()
-}
-
-fn collect_protos(root: &Path, dir: &Path, out: &mut Vec<String>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .collect();
-    entries.sort();
-    for path in entries {
-        if path.is_dir() {
-            collect_protos(root, &path, out);
-        } else if path.extension().is_some_and(|e| e == "proto") {
-            let rel = path.strip_prefix(root).unwrap();
-            out.push(rel.to_string_lossy().into_owned());
+/// A digest of every file under `dirs` (relative to the workspace), skipping `skip` names:
+/// what a package install was made from.
+fn tree_stamp(dirs: &[&str], skip: &[&str]) -> String {
+    fn walk(dir: &Path, skip: &[&str], out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if skip.iter().any(|s| *s == name) {
+                continue;
+            }
+            if path.is_dir() {
+                walk(&path, skip, out);
+            } else {
+                out.push(path);
+            }
         }
     }
+    let root = workspace_root();
+    let mut files = Vec::new();
+    for dir in dirs {
+        walk(&root.join(dir), skip, &mut files);
+    }
+    files.sort();
+    let mut all = String::new();
+    for f in files {
+        all.push_str(&f.strip_prefix(&root).unwrap_or(&f).to_string_lossy());
+        all.push_str(&String::from_utf8_lossy(
+            &std::fs::read(&f).unwrap_or_default(),
+        ));
+    }
+    hash_token(&all)
+}
+
+/// The Python client package (`clients/python`) installed from its directory, with the `otel`
+/// extra, into a fresh virtualenv `target/py-client` that also holds its pinned tools
+/// (`requirements-dev.txt`: pytest, mypy, grpcio-tools…); returns its python. Reinstalled when
+/// the package's files change.
+pub fn python_client() -> PathBuf {
+    let root = workspace_root();
+    let dir = root.join("clients/python");
+    let python = python_venv("py-client", &dir.join("requirements-dev.txt"));
+    let _guard = install_lock();
+    let marker = target_dir().join("py-client").join(".arbor-package");
+    let stamp = tree_stamp(
+        &["clients/python"],
+        &[
+            "tests",
+            "__pycache__",
+            "build",
+            ".mypy_cache",
+            ".pytest_cache",
+        ],
+    );
+    if !installed(&marker, &stamp) {
+        // Its build backend (setuptools) is pinned in the venv: no isolated build env to fetch.
+        run(
+            Command::new(&python)
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                ])
+                .args(["--no-build-isolation", "--force-reinstall", "--no-deps"])
+                .arg(format!("{}[otel]", dir.display())),
+            "pip install ./clients/python (the arbor-client package)",
+        );
+        run(
+            Command::new(&python).args(["-m", "pip", "check"]),
+            "pip check: arbor-client's dependencies are installed",
+        );
+        // The package's build leaves `build/` and an egg-info next to its sources.
+        let _ = std::fs::remove_dir_all(dir.join("build"));
+        let _ = std::fs::remove_dir_all(dir.join("src/arbor_client.egg-info"));
+        std::fs::write(&marker, stamp).unwrap();
+    }
+    python
+}
+
+/// The Node client package (`clients/node`): its devDependencies installed (`npm ci`), built
+/// with `tsc`, packed with `npm pack` and installed from the tarball into a fresh
+/// `target/node-client` project; returns that project's `node_modules` (for `NODE_PATH`).
+/// Redone when the package's files change.
+pub fn node_client() -> PathBuf {
+    let dir = workspace_root().join("clients/node");
+    let lock = std::fs::read_to_string(dir.join("package-lock.json"))
+        .unwrap_or_else(|e| panic!("{}: no package-lock.json: {e}", dir.display()));
+    let _guard = install_lock();
+    let marker = dir.join("node_modules").join(".arbor-installed");
+    if !installed(&marker, &lock) {
+        run(
+            Command::new("npm")
+                .args(["ci", "--ignore-scripts", "--no-audit", "--no-fund"])
+                .args(["--loglevel=error"])
+                .current_dir(&dir),
+            "npm ci in clients/node (needs node and npm, and the npm registry)",
+        );
+        std::fs::write(&marker, &lock).unwrap();
+    }
+    let project = target_dir().join("node-client");
+    let modules = project.join("node_modules");
+    let marker = project.join(".arbor-package");
+    let stamp = tree_stamp(&["clients/node"], &["node_modules", "dist"]);
+    let built = dir.join("dist/src/index.js").exists() && dir.join("dist/test").exists();
+    if installed(&marker, &stamp) && built && modules.join("arbor-client").exists() {
+        return modules;
+    }
+    let _ = std::fs::remove_dir_all(&project);
+    std::fs::create_dir_all(&project).unwrap();
+    run(
+        Command::new("npm")
+            .args(["run", "build", "--silent"])
+            .current_dir(&dir),
+        "tsc: building clients/node",
+    );
+    let packed = run(
+        Command::new("npm")
+            .args(["pack", "--ignore-scripts", "--silent", "--pack-destination"])
+            .arg(&project)
+            .current_dir(&dir),
+        "npm pack of clients/node",
+    );
+    let tarball = project.join(packed.trim().lines().last().unwrap_or_default());
+    std::fs::write(
+        project.join("package.json"),
+        r#"{"name": "arbor-client-consumer", "private": true}"#,
+    )
+    .unwrap();
+    // @opentelemetry/api: the optional peer a traced application brings along.
+    run(
+        Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
+            .arg(&tarball)
+            .arg("@opentelemetry/api@1.10.0")
+            .current_dir(&project),
+        "npm install of the packed arbor-client into a fresh project",
+    );
+    std::fs::write(&marker, stamp).unwrap();
+    modules
 }
 
 /// `npm ci` in `dir` (from its committed package-lock.json) unless node_modules already
-/// matches it; returns `dir`.
+/// matches it; returns `dir`. Playwright is never let download a browser.
 pub fn npm_ci(dir: &Path) -> PathBuf {
     let _guard = install_lock();
     let lock = std::fs::read_to_string(dir.join("package-lock.json"))

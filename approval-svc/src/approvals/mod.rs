@@ -8,6 +8,7 @@ use std::{sync::Arc, time::Duration};
 use arbor_shared::{
     auth::{Directory, Principal},
     domain::ApprovalRequest,
+    trace::TraceContext,
 };
 use tokio::sync::{Notify, broadcast, watch};
 use tokio_util::sync::CancellationToken;
@@ -286,6 +287,13 @@ impl<S: ApprovalStore> Approvals<S> {
             // it. The puts answer in the order of the requests.
             let traces: Vec<String> = requests.iter().map(|(_, _, t)| t.clone()).collect();
             let puts = store.put_and_decide_requests(requests, decide).await?;
+            // The write is lazy (a request left to a person becomes durable with the next
+            // flush, at the latest the one before the event cursor moves), but a decision is
+            // never sent before it is durable: a crash would lose it after the run applied it.
+            // One group flush covers every decision of the batch.
+            if puts.iter().any(|p| p.decided) {
+                store.flush().await?;
+            }
             for (put, traceparent) in puts.iter().zip(traces) {
                 if put.decided && put.approval.needs_delivery() {
                     let traceparent = (!traceparent.is_empty()).then_some(traceparent);
@@ -362,6 +370,7 @@ impl<S: ApprovalStore> Approvals<S> {
             .iter()
             .map(|(id, decision, _)| (id.clone(), decision.clone()))
             .collect();
+        let decide_spans: Vec<tracing::Span> = batch.iter().map(decide_span).collect();
         let outcomes = match self.store.resolve_requests(decisions).await {
             Ok(outcomes) => outcomes,
             // Each alone, so that one which cannot be taken holds up no other.
@@ -380,18 +389,27 @@ impl<S: ApprovalStore> Approvals<S> {
                 outcomes
             }
         };
-        for ((_, _, span), outcome) in batch.iter().zip(&outcomes) {
+        for (((_, _, span), decide), outcome) in batch.iter().zip(decide_spans).zip(&outcomes) {
             if let Ok(resolved) = outcome
                 && !resolved.duplicate
             {
                 // A span of `span_to_trace` learns its trace id here, read with the decision.
-                if let Some(traceparent) = &resolved.traceparent {
-                    let trace_id = arbor_shared::trace::trace_id_of(traceparent);
-                    span.record("trace_id", tracing::field::display(trace_id));
+                let stored = resolved
+                    .traceparent
+                    .as_deref()
+                    .and_then(TraceContext::parse);
+                if let Some(stored) = &stored {
+                    span.record("trace_id", tracing::field::display(stored.trace_id()));
                 }
+                // The decision continues the approval's trace (from the span that stored it).
+                arbor_shared::trace::adopt(&decide, stored.as_ref());
+                let traceparent = TraceContext::of_span(&decide)
+                    .map(|c| c.to_string())
+                    .or_else(|| resolved.traceparent.clone());
                 let _entered = span.enter();
+                let _deciding = decide.enter();
                 self.observe_decision(&resolved.approval);
-                self.publish_traced(&resolved.approval, resolved.traceparent.clone());
+                self.publish_traced(&resolved.approval, traceparent);
                 if resolved.approval.state == ApprovalState::Pending {
                     // A vote that opened a stage has a new deadline to wait for.
                     self.deadlines.notify_one();
@@ -537,6 +555,18 @@ async fn to_the_end<T: Send + 'static>(
 
 /// A decision to take: request id, decision, and the span of the caller who asked for it.
 type Decision = (String, NewDecision, tracing::Span);
+
+/// While spans are exported, the `approval.decide` span of a decision about to be taken: made
+/// before the write so that it covers it, and given its parent (the approval's stored trace) once
+/// the write has read it; the caller's span (a Decide call's) is linked. None otherwise.
+fn decide_span((request_id, _, caller): &Decision) -> tracing::Span {
+    if !arbor_shared::trace::exporting() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(parent: caller, "approval.decide", request_id = %request_id);
+    arbor_shared::trace::link(&span, TraceContext::of_span(caller).as_ref());
+    span
+}
 
 /// The log span of one approval about to be decided: [`decide`](Approvals::decide) fills in
 /// the trace id, from the trace it reads with the decision, before it logs anything in it.

@@ -218,6 +218,10 @@ pub struct ServeArgs {
     /// Log as JSON lines (one object per line; an approval's lines carry its `trace_id`).
     #[arg(long, env = "ARBOR_LOG_JSON")]
     pub log_json: bool,
+    /// Export spans over OTLP/gRPC to this collector (e.g. `http://localhost:4317`); the other
+    /// standard `OTEL_*` variables are honoured too. Unset: nothing is exported.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     /// Where Prometheus scrapes `/metrics` (HTTP), or `off`.
     #[arg(long, env = "ARBOR_METRICS_LISTEN", default_value = "127.0.0.1:9465")]
     pub metrics_listen: MetricsListen,

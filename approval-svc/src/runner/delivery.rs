@@ -384,14 +384,22 @@ impl<S: ApprovalStore> Delivery<S> {
         };
         let mut request = tonic::Request::new(runner_resolve(approval, decision));
         request.set_timeout(self.tuning.rpc_timeout);
-        // The runner continues the run's trace with the steps this decision causes.
-        if let Some(ctx) = trace.and_then(TraceContext::parse) {
-            ctx.child().inject(&mut request);
+        // The runner continues the run's trace with the steps this decision causes; while
+        // spans are exported, from this attempt's `approval.deliver` span.
+        let parent = trace.and_then(TraceContext::parse);
+        let span = match arbor_shared::trace::exporting() {
+            true => tracing::info_span!("approval.deliver", request_id = %approval.id(),
+                decision_id = %decision.decision_id),
+            false => tracing::Span::none(),
+        };
+        arbor_shared::trace::adopt(&span, parent.as_ref());
+        if let Some(ctx) = TraceContext::of_span(&span).or_else(|| parent.map(|p| p.child())) {
+            ctx.inject(&mut request);
         }
         let mut client = self.client.clone();
         let call = tokio::select! {
             _ = self.shutdown.cancelled() => return Attempt::Failed("shutting down".into()),
-            r = client.resolve(request) => r,
+            r = client.resolve(request).instrument(span) => r,
         };
         match call {
             Ok(resp) => Attempt::Accepted {

@@ -38,6 +38,20 @@ const MAX_BATCH: usize = 512;
 /// Who the audit trail names for cancellations the runner caused.
 const ACTOR: &str = "runner";
 
+/// The kinds of event this service applies (see `apply_batch` and `handle`); the runner streams
+/// only these, so most of a run's events never cross the wire. The runner skips the others for
+/// this subscriber, and the cursor acked after an event covers the skipped ones before it (a
+/// replay after a crash skips them again).
+const USED_KINDS: [EventKind; 7] = [
+    EventKind::ApprovalRequested,
+    EventKind::ApprovalConsumed,
+    EventKind::SuspensionWithdrawn,
+    EventKind::RunSucceeded,
+    EventKind::RunFailed,
+    EventKind::RunCancelled,
+    EventKind::RunSuperseded,
+];
+
 enum SessionEnd {
     /// The runner ended the stream or was unreachable.
     Runner(Status),
@@ -128,7 +142,10 @@ impl<S: ApprovalStore> Subscriber<S> {
         let request = StreamEventsRequest {
             subscriber_id: SUBSCRIBER_ID.into(),
             after_seq: None,
-            filter: None,
+            filter: Some(runner_pb::EventFilter {
+                kinds: USED_KINDS.iter().map(|k| *k as i32).collect(),
+                ..Default::default()
+            }),
             follow: true,
         };
         let opened = tokio::select! {
@@ -201,17 +218,10 @@ impl<S: ApprovalStore> Subscriber<S> {
         let mut by_run: Vec<(String, Vec<runner_pb::Event>)> = Vec::new();
         let mut index: std::collections::HashMap<String, usize> = Default::default();
         for event in batch {
-            if let Some(done) = last {
-                if event.seq <= done {
-                    continue; // replayed after a reconnect; already applied
-                }
-                if event.seq > done + 1 {
-                    tracing::warn!(
-                        after = done,
-                        got = event.seq,
-                        "gap in the runner's event sequence"
-                    );
-                }
+            // Seqs skip the kinds this service does not ask for (`USED_KINDS`); the runner
+            // keeps its log gap-free and says so when our cursor fell behind its compaction.
+            if last.is_some_and(|done| event.seq <= done) {
+                continue; // replayed after a reconnect; already applied
             }
             last = Some(event.seq);
             let slot = *index.entry(event.run_id.clone()).or_insert_with(|| {
@@ -231,12 +241,17 @@ impl<S: ApprovalStore> Subscriber<S> {
             .filter(|e| matches!(e.detail, Some(Detail::ApprovalRequested(_))))
             .collect();
         requested.sort_by_key(|e| e.seq);
-        let (seqs, requests): (Vec<u64>, Vec<_>) = requested
+        let (seqs, mut requests): (Vec<u64>, Vec<_>) = requested
             .iter()
             .filter_map(|e| Some((e.seq, self.request_of(e)?)))
             .unzip();
+        let spans: Vec<tracing::Span> = requests
+            .iter_mut()
+            .map(|(request, _, traceparent)| store_span(&request.request_id, traceparent))
+            .collect();
         let puts = self.approvals.put_requests(requests).await?;
-        let stored: std::collections::HashMap<u64, Put> = seqs.into_iter().zip(puts).collect();
+        let stored: std::collections::HashMap<u64, (Put, tracing::Span)> =
+            seqs.into_iter().zip(puts.into_iter().zip(spans)).collect();
         let stored = &stored;
         // Then the consumptions, together: each is its approval's last event, so taking it
         // ahead of its run's later events changes nothing they see.
@@ -275,7 +290,11 @@ impl<S: ApprovalStore> Subscriber<S> {
         let results = futures_util::future::join_all(by_run.iter().map(|(_, events)| async move {
             for event in events {
                 match stored.get(&event.seq) {
-                    Some(put) => self.settle(put.clone(), &event.traceparent).await?,
+                    Some((put, span)) => {
+                        self.settle(put.clone(), &event.traceparent)
+                            .instrument(span.clone())
+                            .await?
+                    }
                     None if matches!(event.detail, Some(Detail::ApprovalRequested(_))) => {}
                     None if consumed.contains(&event.seq) => {}
                     None if matches!(event.detail, Some(Detail::RunFinished(_)))
@@ -425,4 +444,21 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending::<()>().await,
     }
+}
+
+/// While spans are exported, the `approval.store` span of a request from the runner: a child of
+/// the runner's suspension (`traceparent`, the event's), open until the request is stored and
+/// settled. The request is then stored with this span's context instead, so that its decision,
+/// however much later and after however many restarts, continues from it. None otherwise.
+fn store_span(request_id: &str, traceparent: &mut String) -> tracing::Span {
+    if !arbor_shared::trace::exporting() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!("approval.store", request_id);
+    let parent = arbor_shared::trace::TraceContext::parse(traceparent);
+    arbor_shared::trace::adopt(&span, parent.as_ref());
+    if let Some(ctx) = arbor_shared::trace::TraceContext::of_span(&span) {
+        *traceparent = ctx.to_string();
+    }
+    span
 }

@@ -277,8 +277,8 @@ pub trait ApprovalStore: Backend + WebhookOutbox {
         self.transact(true, move |tx| rules::ack(tx, &id, &decision_id))
     }
 
-    /// `ack_result` then `prune_result` as one durable step (the run consumed the decision):
-    /// `ack_and_prune_all` of it alone.
+    /// `ack_result` then `prune_result` as one step (the run consumed the decision), durable
+    /// with the next flush: `ack_and_prune_all` of it alone.
     fn ack_and_prune(
         &self,
         consumed: Consumed,

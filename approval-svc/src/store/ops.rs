@@ -8,7 +8,8 @@
 //! decided, not allowed, …) answers its error alone, having written nothing, since the rules
 //! check before they write; any other failure fails the whole batch and changes nothing. The
 //! batch answers once its one commit is durable (the embedded store shares that commit and its
-//! flush with whatever else is queued).
+//! flush with whatever else is queued), except the runner's requests and consumptions, which
+//! the event subscription makes durable before it moves its cursor (see each).
 
 use std::collections::HashMap;
 
@@ -62,7 +63,8 @@ fn ids_of<'a>(ids: impl Iterator<Item = &'a String>) -> Vec<&'a str> {
 }
 
 /// Every request (with its trace) in one transaction, the policy's decisions too: a request
-/// `decide` decides costs one record write. The first error fails them all.
+/// `decide` decides costs one record write. The first error fails them all. Answers before the
+/// write is durable: the caller flushes before a decision leaves this service.
 pub(super) async fn put_and_decide<B: Backend>(
     b: &B,
     requests: Vec<(ApprovalRequest, Option<i32>, String)>,
@@ -147,7 +149,10 @@ pub(super) async fn record_deliveries<B: Backend>(
     .await
 }
 
-/// The consumptions of a batch of the runner's events in one transaction.
+/// The consumptions of a batch of the runner's events in one transaction, durable with the next
+/// flush rather than a flush of their own: only the event subscription consumes, and it flushes
+/// before it moves its cursor past the events, so a crash before then replays them
+/// (`APPROVAL_CONSUMED` is idempotent: a replay finds the approval as it left it, or finishes it).
 pub(super) async fn ack_and_prune_all<B: Backend>(
     b: &B,
     consumed: Vec<Consumed>,
@@ -155,7 +160,7 @@ pub(super) async fn ack_and_prune_all<B: Backend>(
     if consumed.is_empty() {
         return Ok(Vec::new());
     }
-    b.transact(true, move |tx| {
+    b.transact(false, move |tx| {
         tx.lock_ahead(&ids_of(consumed.iter().map(|c| &c.request_id)), false)?;
         in_id_order(
             &consumed,

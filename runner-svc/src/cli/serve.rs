@@ -47,6 +47,10 @@ pub struct ServeArgs {
     /// Log as JSON lines (one object per line, span fields such as trace ids included).
     #[arg(long, env = "ARBOR_LOG_JSON")]
     pub log_json: bool,
+    /// Export spans over OTLP/gRPC to this collector (e.g. `http://localhost:4317`); the other
+    /// standard `OTEL_*` variables are honoured too. Unset: nothing is exported.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     /// Where Prometheus scrapes `/metrics` (HTTP), or `off`.
     #[arg(long, env = "ARBOR_METRICS_LISTEN", default_value = "127.0.0.1:9464")]
     pub metrics_listen: MetricsListen,
@@ -86,7 +90,19 @@ pub struct ServeArgs {
 
 /// Serves until SIGTERM/SIGINT.
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
-    arbor_shared::server::init_tracing(args.log_json);
+    let export = arbor_shared::otel::Export {
+        endpoint: args.otlp_endpoint.clone(),
+        service: "runner-svc",
+        version: env!("CARGO_PKG_VERSION"),
+    };
+    let mut telemetry = arbor_shared::otel::init_tracing(args.log_json, Some(&export))?;
+    let served = serve_traced(args).await;
+    // The spans of the shutdown itself go out with the rest.
+    telemetry.shutdown().await;
+    served
+}
+
+async fn serve_traced(args: ServeArgs) -> Result<(), String> {
     let auth = match &args.tokens {
         Some(path) => Authenticator::from_file(path).map_err(|e| e.to_string())?,
         None => Authenticator::disabled(),

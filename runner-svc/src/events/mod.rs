@@ -102,6 +102,17 @@ pub fn append<E: From<codec::Corrupt>>(
     time_ms: u64,
     traceparent: &str,
 ) -> TxResult<Vec<Event>, E> {
+    append_traced(tx, events, time_ms, |_| traceparent)
+}
+
+/// [`append`] with a `traceparent` per event (by its index; empty: the run's trace, as there):
+/// a step whose spans are exported stamps each event with the span that made it.
+pub fn append_traced<'t, E: From<codec::Corrupt>>(
+    tx: &Tx<'_>,
+    events: &[NewEvent],
+    time_ms: u64,
+    trace_of: impl Fn(usize) -> &'t str,
+) -> TxResult<Vec<Event>, E> {
     if events.is_empty() {
         return Ok(Vec::new());
     }
@@ -112,7 +123,8 @@ pub fn append<E: From<codec::Corrupt>>(
         .unwrap_or(1);
     let mut out = Vec::with_capacity(events.len());
     let mut steps: Vec<(&str, String)> = Vec::new();
-    for e in events {
+    for (i, e) in events.iter().enumerate() {
+        let traceparent = trace_of(i);
         let traceparent = if !traceparent.is_empty() {
             traceparent.to_string()
         } else if let Some((_, tp)) = steps.iter().find(|(run, _)| *run == e.run_id) {
@@ -346,14 +358,19 @@ impl EventLog {
 
     /// The trace id of a run's current trace context (`""` when it has none).
     pub fn run_trace_id(&self, run_id: &str) -> String {
+        self.run_trace(run_id)
+            .map(|c| c.trace_id())
+            .unwrap_or_default()
+    }
+
+    /// A run's current trace context: what its next step continues.
+    pub fn run_trace(&self, run_id: &str) -> Option<TraceContext> {
         self.store
             .tree(T::Meta)
             .get(tables::meta::trace_key(run_id))
             .ok()
             .flatten()
             .and_then(|b| std::str::from_utf8(&b).ok().and_then(TraceContext::parse))
-            .map(|c| c.trace_id())
-            .unwrap_or_default()
     }
 
     pub fn cursor(&self, subscriber: &str) -> Result<Option<u64>, EventLogError> {

@@ -138,7 +138,7 @@ impl RunnerService for RunnerGrpc {
         principal.require(&[Role::Submitter, Role::Operator], "submit runs")?;
         let mut input =
             convert::submit_input(req.get_ref(), &principal.name).map_err(RunnerError::from)?;
-        input.trace = TraceContext::from_metadata(req.metadata());
+        input.trace = incoming_trace(req.metadata());
         let initial_blackboard = input.input.clone();
         let may_exist = !input.run_id.is_empty();
         // Resubmitting an existing run id resumes that run and answers with it: only a caller
@@ -243,7 +243,7 @@ impl RunnerService for RunnerGrpc {
     ) -> Res<pb::InterruptThreadResponse> {
         let principal = principal_of(&req);
         principal.require(&[Role::Submitter, Role::Operator], "interrupt threads")?;
-        let trace = TraceContext::from_metadata(req.metadata());
+        let trace = incoming_trace(req.metadata());
         let r = req.into_inner();
         // An interrupt cancels every run of the thread, so a submitter may interrupt only a
         // thread whose runs are all its own (as with CancelRun); operators may interrupt any.
@@ -426,7 +426,7 @@ impl RunnerService for RunnerGrpc {
             ],
             "resolve suspensions",
         )?;
-        let trace = TraceContext::from_metadata(req.metadata());
+        let trace = incoming_trace(req.metadata());
         let r = req.into_inner();
         let action = Verdict::from_wire(r.action, r.decision_kind, ("action", "decision_kind"))
             .map_err(RunnerError::from)?;
@@ -439,7 +439,7 @@ impl RunnerService for RunnerGrpc {
             principal.name.clone()
         };
         let span = tracing::info_span!("resolve", run_id = %r.run_id, request_id = %r.request_id,
-            trace_id = %trace.map(|t| t.trace_id()).unwrap_or_default());
+            trace_id = %trace.as_ref().map(|t| t.trace_id()).unwrap_or_default());
         let decision_id = r.decision_id.clone();
         let resolved = self
             .runner
@@ -512,4 +512,11 @@ impl RunnerService for RunnerGrpc {
             job: Some(convert::job(&job)),
         })
     }
+}
+
+/// The trace a call's work continues: the call's own span while spans are exported (its parent
+/// is the caller's `traceparent`), else the caller's `traceparent` as sent.
+fn incoming_trace(metadata: &tonic::metadata::MetadataMap) -> Option<TraceContext> {
+    TraceContext::of_span(&tracing::Span::current())
+        .or_else(|| TraceContext::from_metadata(metadata))
 }

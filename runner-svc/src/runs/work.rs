@@ -4,6 +4,8 @@
 
 use std::{panic::AssertUnwindSafe, sync::Arc};
 
+use tracing::Instrument;
+
 use arbor_shared::domain::{EventDetail, JobKind, JobOrigin, RunStatus, SuspensionState};
 
 use super::{
@@ -63,7 +65,8 @@ struct Step {
 impl Runner {
     /// Processes one claimed job end to end.
     pub async fn process(self: &Arc<Self>, claim: &Claim) -> Processed {
-        let result = self.try_process(claim).await;
+        let span = self.step_span(&claim.job).await;
+        let result = self.try_process(claim).instrument(span).await;
         let job = &claim.job;
         match result {
             Ok(status) => {
@@ -99,6 +102,24 @@ impl Runner {
                 Processed::Failed(message)
             }
         }
+    }
+
+    /// The `run.step` span of a job while spans are exported, a child of the run's trace (the
+    /// SubmitRun or Resolve that caused the step); none otherwise. The trace is read on a
+    /// blocking thread, as every store read outside a transaction is (PostgreSQL waits).
+    async fn step_span(self: &Arc<Self>, job: &crate::mailbox::Job) -> tracing::Span {
+        if !arbor_shared::trace::exporting() {
+            return tracing::Span::none();
+        }
+        let span = tracing::info_span!("run.step", run_id = %job.run_id, job_id = %job.job_id,
+            job_kind = ?job.kind);
+        let (this, run_id) = (self.clone(), job.run_id.clone());
+        let parent = tokio::task::spawn_blocking(move || this.events().run_trace(&run_id))
+            .await
+            .ok()
+            .flatten();
+        arbor_shared::trace::adopt(&span, parent.as_ref());
+        span
     }
 
     /// Loading the run and ticking its tree run on a blocking thread: a tick calls tools, and a
@@ -327,6 +348,7 @@ impl Runner {
         if !job.dedupe_key.is_empty() {
             reads.push((T::Dedupe, job.dedupe_key.clone().into_bytes()));
         }
+        let (step_trace, suspensions) = step_traces(&step.events);
         self.commit_reading(reads, move |tx| {
             lift(mtx::check_fence(tx, &job.job_id, &token))?;
             let Some(mut run) = records::get_run(tx, &job.run_id)? else {
@@ -395,7 +417,11 @@ impl Runner {
             run.started = run.started || job.kind != JobKind::Cancel;
             run.updated_at_ms = now;
             records::put_run(tx, &run)?;
-            let appended = events::append(tx, &events_in, now, "")?;
+            let appended =
+                events::append_traced(tx, &events_in, now, |i| match suspensions.get(i) {
+                    Some((_, tp)) if !tp.is_empty() => tp,
+                    _ => &step_trace,
+                })?;
             lift(mtx::ack(tx, &job.job_id, &token, now))?;
             Ok(((), appended))
         })
@@ -423,6 +449,37 @@ impl Runner {
         self.wake_pool();
         Ok(())
     }
+}
+
+/// While spans are exported: the `traceparent` of the step's span, and for each of the step's
+/// events (by index) a `run.suspend` span, open until the step commits, with its `traceparent`
+/// when the event suspends the run (approval-svc's work on it is that span's child). Empty
+/// strings otherwise: the events then carry the run's trace as before.
+fn step_traces(events: &[NewEvent]) -> (String, Vec<(tracing::Span, String)>) {
+    if !arbor_shared::trace::exporting() {
+        return (String::new(), Vec::new());
+    }
+    let step = tracing::Span::current();
+    let Some(step_ctx) = arbor_shared::trace::TraceContext::of_span(&step) else {
+        return (String::new(), Vec::new());
+    };
+    let suspensions = events
+        .iter()
+        .map(|e| {
+            let request_id = match &e.detail {
+                EventDetail::ApprovalRequested(r) => &r.request_id,
+                EventDetail::ExecutionSuspended { request_id, .. } => request_id,
+                _ => return (tracing::Span::none(), String::new()),
+            };
+            let span = tracing::info_span!(parent: &step, "run.suspend", run_id = %e.run_id,
+                request_id = %request_id);
+            let tp = arbor_shared::trace::TraceContext::of_span(&span)
+                .map(|c| c.to_string())
+                .unwrap_or_default();
+            (span, tp)
+        })
+        .collect();
+    (step_ctx.to_string(), suspensions)
 }
 
 fn effects_to_events(

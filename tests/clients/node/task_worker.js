@@ -1,5 +1,6 @@
 #!/usr/bin/env node
-// The task worker of the end-to-end tests, built on arbor_worker.js.
+// The task worker of the end-to-end tests, built on the arbor-client package's Worker (run with
+// NODE_PATH pointing at a node_modules holding it).
 //
 //   node task_worker.js --runner 127.0.0.1:50051 --worker-id w1 --types 'node.*,x.upper'
 //                       [--max-in-flight 4] [--lease-ms 10000] [--effects FILE] [--token T]
@@ -21,7 +22,7 @@
 
 const fs = require('fs');
 const { setTimeout: delay } = require('timers/promises');
-const { Worker, BusinessError, RetryableError, FatalError } = require('./arbor_worker');
+const { Worker, BusinessError, RetryableError, FatalError } = require('arbor-client');
 
 function parseArgs(argv) {
   const count = (flag, value) => {

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The task worker of arbor-bench: arbor_worker.py as an application would use it, answering
-every task with a constant, and printing when each activation arrived and when its CompleteTask
-returned (time.perf_counter_ns, the monotonic clock), and when the handler returned in between
-(what the helper's hand-off to its handler thread took), one flushed line per task:
+"""The task worker of arbor-bench: the arbor_client package's Worker as an application would use
+it, answering every task with a constant, and printing when each activation arrived and when its
+CompleteTask returned (time.perf_counter_ns, the monotonic clock), and when the handler returned in between
+(what the Worker's hand-off to its handler thread took), one flushed line per task:
 
-    python bench_worker.py --stubs OUT --runner HOST:PORT --token T --types bench.echo
+    python bench_worker.py --runner HOST:PORT --token T --types bench.echo
 
     ready
     done run=<run_id> recv=<ns> handled=<ns> ack=<ns> accepted=<true|false>
@@ -12,23 +12,19 @@ returned (time.perf_counter_ns, the monotonic clock), and when the handler retur
 """
 
 import argparse
-import os
 import sys
 import time
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--stubs", required=True, help="directory holding the generated arbor/ package")
     p.add_argument("--runner", required=True)
     p.add_argument("--worker-id", default="bench-python")
     p.add_argument("--types", required=True, help="comma-separated task type globs")
     p.add_argument("--max-in-flight", type=int, default=1)
     p.add_argument("--token", help="bearer token for runner-svc")
     args = p.parse_args()
-    sys.path.insert(0, os.path.abspath(args.stubs))
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import arbor_worker as aw
+    import arbor_client as aw
 
     def say(line):
         sys.stdout.write(line + "\n")
@@ -42,7 +38,7 @@ def main():
                 self.ready = True
                 say("ready")
 
-        # The first hook after the helper decoded an activation, before its hand-off to a
+        # The first hook after the Worker decoded an activation, before its hand-off to a
         # handler thread.
         def _dispatch(self, task):
             task.received_ns = time.perf_counter_ns()

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The task worker of the end-to-end tests: arbor_worker.py with canned behaviours.
+"""The task worker of the end-to-end tests: the arbor_client package's Worker with canned
+behaviours.
 
-    python task_worker.py --stubs OUT --runner HOST:PORT --worker-id ID --types 'py.*,x.upper'
+    python task_worker.py --runner HOST:PORT --worker-id ID --types 'py.*,x.upper'
 
 The part of a task type after its last '.' picks the behaviour: upper, effect, slow, raise,
 flaky, resume (`steps` steps of `step_ms`, each heartbeated as details {"done": n}, going on
@@ -23,7 +24,6 @@ import argparse
 import fcntl
 import json
 import logging
-import os
 import sys
 import threading
 import time
@@ -39,7 +39,6 @@ def say(line):
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--stubs", required=True, help="directory holding the generated arbor/ package")
     p.add_argument("--runner", default="127.0.0.1:50051")
     p.add_argument("--worker-id", required=True)
     p.add_argument("--types", required=True, help="comma-separated task type globs")
@@ -54,10 +53,9 @@ def parse_args():
 
 def main():
     args = parse_args()
-    sys.path.insert(0, os.path.abspath(args.stubs))
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format=f"task_worker[{args.worker_id}] %(levelname)s %(message)s")
-    import arbor_worker as aw
+    import arbor_client as aw
 
     def upper(task):
         return {"text": task.args["text"].upper(), "worker": args.worker_id}

@@ -299,6 +299,7 @@ impl BenchCluster {
             let mut args: Vec<String> = vec!["--tokens".into(), tokens.display().to_string()];
             args.extend(store_args.iter().cloned());
             args.extend(spec.runner_args.iter().map(|s| s.to_string()));
+            args.extend(super::otlp::args());
             let mut runner = Service::new(ServiceKind::Runner, bins.runner.clone(), &root, args);
             runner.env.push(("RUST_LOG".into(), "warn".into()));
             runner.start().await;
@@ -314,6 +315,7 @@ impl BenchCluster {
                     runner.url(),
                 ];
                 args.extend(store_args.iter().cloned());
+                args.extend(super::otlp::args());
                 args.extend(spec.approval_args.iter().map(|s| s.to_string()));
                 let mut approval =
                     Service::new(ServiceKind::Approval, bins.approval.clone(), &root, args);

@@ -6,6 +6,7 @@ pub mod cycle;
 pub mod fanout;
 pub mod inbox;
 pub mod langgraph;
+pub mod otlp;
 pub mod parked;
 pub mod pg_append;
 pub mod procstat;
@@ -152,6 +153,8 @@ pub struct Options {
     pub replicas: Vec<usize>,
     /// Times every configuration is measured, round after round.
     pub rounds: usize,
+    /// Run each configuration again exporting traces over OTLP, and say what that cost.
+    pub otlp: bool,
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -503,6 +506,10 @@ async fn cycles_round(
                         pct_ms(&row.submit_to_done, 0.99),
                         row.unfinished
                     );
+                    if opts.otlp {
+                        let (_, line) = otlp::cost(store, *decider, opts.warmup, &row).await;
+                        println!("{line}");
+                    }
                     rows.push(row);
                 }
             }

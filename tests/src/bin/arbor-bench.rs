@@ -4,7 +4,7 @@
 //!  [--store sled,postgres] [--runners 1,2] [--rounds N] [--parked N] [--fanout S]
 //!  [--fanout-cycles N]
 //!  [--appends N] [--append-concurrency K] [--task-latency N] [--tasks N] [--task-repeat M]
-//!  [--inbox-pending N] [--inbox-samples N]
+//!  [--otlp] [--inbox-pending N] [--inbox-samples N]
 //!  [--only cycle,langgraph,parked,fanout,pg-append,tasks,inbox]`
 //!
 //! `--help` lists every flag with its default; an unknown flag or value is refused.
@@ -28,6 +28,9 @@
 //! - `--pg-stats` (cycle): the PostgreSQL server loads `pg_stat_statements`, and each
 //!   PostgreSQL configuration prints the statements it ran per cycle, most frequent first, and
 //!   each table's rows written per cycle.
+//! - `--otlp` (cycle): each configuration runs a second time with both services exporting their
+//!   spans over OTLP/gRPC to a collector inside the bench; a line says what that costs per
+//!   cycle (throughput and CPU against the run without export) and how many spans a cycle makes.
 //! - `--only inbox` (not in the default set; sled): the web inbox with `--inbox-pending` runs
 //!   waiting at a gate (default 10000): the *for me* queue's first page and an item page, each
 //!   fetched `--inbox-samples` times (default 200), p50/p99; the time from a decision through
@@ -83,6 +86,10 @@ struct Args {
     /// Print each PostgreSQL configuration's statements and rows written per cycle (cycle).
     #[arg(long)]
     pg_stats: bool,
+    /// Run each configuration again with both services exporting traces over OTLP to a
+    /// collector in the bench, and print what that costs per cycle (cycle).
+    #[arg(long)]
+    otlp: bool,
     /// Parked runs (parked).
     #[arg(long, default_value_t = 100_000)]
     parked: usize,
@@ -193,6 +200,7 @@ async fn main() {
             stores: stores.clone(),
             replicas: args.runners.clone().unwrap_or_else(|| vec![1]),
             rounds: args.rounds as usize,
+            otlp: args.otlp,
         };
         let (rounds, skipped) = bench::cycles(&opts).await;
         let ratios = bench::cycle_ratios(&rounds);

@@ -1,9 +1,10 @@
 //! The approval loop of DESIGN §6 through both real binaries: approve and reject paths, the
-//! event order, the approval acked and pruned, crash/restart of each service, bad input, and
+//! event order, the approval acked and pruned, crash/restart of each service (`consumed_crash` too), bad input, and
 //! what a runner that is away costs approval-svc (`runner_away`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod consumed_crash;
 mod runner_away;
 
 use arbor_shared::proto::{

@@ -23,8 +23,7 @@ use arbor_tests::{
         workers::{self, Evidence, Feed, WorkPlan, WorkerPool},
     },
     clients::{RunnerClient, lazy_channel, runner_as},
-    process::workspace_root,
-    tools::{python_stubs, python_venv},
+    tools::python_client,
 };
 use tonic::transport::Channel;
 
@@ -60,12 +59,7 @@ async fn sigkills_of_workers_and_runner_take_each_result_once_and_apply_each_eff
          workers, at least {} kills ({} of runner-svc)",
         scale.runs, scale.kills, scale.runner_kills
     );
-    let root = workspace_root();
-    let python = python_venv(
-        "py-venv",
-        &root.join("tests/clients/python/requirements.txt"),
-    );
-    let stubs = python_stubs(&python);
+    let python = python_client();
     let mut cluster = Cluster::start(Profile::Debug).await;
     let url = cluster.runner.url();
     let mut runner = runner_as(&url, None);
@@ -73,7 +67,6 @@ async fn sigkills_of_workers_and_runner_take_each_result_once_and_apply_each_eff
     let recorder = Recorder::start(runner_as(&url, None), "chaos-workers-auditor");
     let mut pool = WorkerPool::start(
         &python,
-        &stubs,
         &cluster.runner.addr.to_string(),
         cluster.dir.path(),
         WORKERS,

@@ -37,8 +37,8 @@ const NOT_METRICS: &[(&str, &str)] = &[
     ("arbor_approvals", "approval-svc/src/store/postgres/mod.rs"),
     // The table of schema versions.
     ("arbor_schema", "shared/src/postgres/mod.rs"),
-    // The task-worker helpers' module names.
-    ("arbor_worker", "tests/clients/python/arbor_worker.py"),
+    // The Python client package's module name.
+    ("arbor_client", "clients/python/pyproject.toml"),
 ];
 
 /// The suffixes the samples of a family of each type add to its name (OpenMetrics).

@@ -24,7 +24,7 @@ use arbor_shared::{
 use arbor_tests::{
     Binaries, Cluster, Profile, WAIT, flow,
     process::workspace_root,
-    tools::{npm_ci, python_stubs, python_venv},
+    tools::{node_client, python_client},
 };
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::{Value as Json, json};
@@ -65,33 +65,25 @@ struct Worker {
     err: Lines,
 }
 
-/// The Python interpreter of the test virtualenv and the generated stubs (installed once).
-fn python() -> &'static (PathBuf, PathBuf) {
-    static PY: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
-    PY.get_or_init(|| {
-        let reqs = workspace_root().join("tests/clients/python/requirements.txt");
-        let python = python_venv("py-venv", &reqs);
-        let stubs = python_stubs(&python);
-        (python, stubs)
-    })
+/// The Python interpreter of the virtualenv with the `arbor-client` package (installed once).
+fn python() -> &'static PathBuf {
+    static PY: OnceLock<PathBuf> = OnceLock::new();
+    PY.get_or_init(python_client)
 }
 
 impl Worker {
     /// `task_worker.py` serving `types` (comma-separated globs) with `extra` flags.
     async fn python(cluster: &Cluster, id: &str, types: &str, extra: &[&str]) -> Worker {
-        let (python, stubs) = python();
-        let mut cmd = Command::new(python);
-        cmd.arg(workspace_root().join("tests/clients/python/task_worker.py"))
-            .arg("--stubs")
-            .arg(stubs);
+        let mut cmd = Command::new(python());
+        cmd.arg(workspace_root().join("tests/clients/python/task_worker.py"));
         Self::start(cmd, cluster, id, types, extra).await
     }
 
     /// `task_worker.js` serving `types` with `extra` flags.
     async fn node(cluster: &Cluster, id: &str, types: &str, extra: &[&str]) -> Worker {
-        let dir = npm_ci(&workspace_root().join("tests/clients/node"));
         let mut cmd = Command::new("node");
-        cmd.arg(dir.join("task_worker.js"));
+        cmd.arg(workspace_root().join("tests/clients/node/task_worker.js"))
+            .env("NODE_PATH", node_client());
         Self::start(cmd, cluster, id, types, extra).await
     }
 

@@ -1,6 +1,6 @@
-//! Task workers: dispatch → completion latency with one task in flight (a Python worker over
-//! `tests/clients/python/arbor_worker.py`, and the bench's Rust worker next to it to show what
-//! is Python's), and throughput with 64 in flight (the Rust worker, so the figure measures
+//! Task workers: dispatch → completion latency with one task in flight (a Python worker on the
+//! `arbor-client` package's `Worker`, `clients/python`, and the bench's Rust worker next to it
+//! to show what is Python's), and throughput with 64 in flight (the Rust worker, so the figure measures
 //! Arbor, not Python), next to the policy-path approval cycle at K=64 of the same run. The runs
 //! are a `repeat` over one remote tool the tree declares in `task_types`, so each run asks for
 //! its tasks back to back.
@@ -71,7 +71,7 @@ pub struct LatencyResult {
     pub round_trip: Vec<Duration>,
     /// CompleteTask OK → the next activation of the same run: the runner's share.
     pub ack_next: Vec<Duration>,
-    /// Activation received → handler returned, where the worker says (the Python helper).
+    /// Activation received → handler returned, where the worker says (the Python Worker).
     pub handoff: Vec<Duration>,
     /// Wall time per task, a new run every `repeat` tasks included.
     pub mean: Duration,
@@ -184,7 +184,7 @@ fn ns(from: u64, to: u64) -> Duration {
 async fn latency(
     store: &Store,
     worker: Worker,
-    python: &(PathBuf, PathBuf),
+    python: &PathBuf,
     tasks: usize,
     repeat: usize,
 ) -> LatencyResult {

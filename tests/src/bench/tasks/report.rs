@@ -6,7 +6,7 @@ use super::*;
 pub fn print(rows: &[TaskRow], repeat: usize) {
     println!(
         "\ntask workers, one task in flight (runs of repeat×{repeat} over one remote tool, one run \
-         at a time; python = bench_worker.py on the arbor_worker.py helper, max_in_flight=1; \
+         at a time; python = bench_worker.py on the arbor-client package's Worker, max_in_flight=1; \
          rust = the bench's own worker, max_in_flight=1)"
     );
     println!(
@@ -47,7 +47,7 @@ pub fn print(rows: &[TaskRow], repeat: usize) {
     for r in rows {
         for l in r.latency.iter().filter(|l| !l.handoff.is_empty()) {
             println!(
-                "         {} {}: activation → its handler, in the helper: p50 {:.2} ms, p99 {:.2} ms",
+                "         {} {}: activation → its handler, in the Worker: p50 {:.2} ms, p99 {:.2} ms",
                 r.store,
                 l.worker,
                 pct_ms(&l.handoff, 0.5),

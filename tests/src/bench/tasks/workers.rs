@@ -1,4 +1,4 @@
-//! The bench's task workers: the Python helper's worker process and the bench's own Rust
+//! The bench's task workers: the Python package's worker process and the bench's own Rust
 //! worker, each reporting every finished task, and the keeper that keeps runs asking for tasks.
 
 use super::*;
@@ -7,7 +7,7 @@ use super::*;
 pub(super) struct Done {
     pub(super) run_id: String,
     pub(super) recv_ns: u64,
-    /// When the handler returned (the Python helper's hand-off to its handler thread before).
+    /// When the handler returned (the Python Worker's hand-off to its handler thread before).
     pub(super) handled_ns: Option<u64>,
     pub(super) ack_ns: u64,
     pub(super) accepted: bool,
@@ -62,24 +62,9 @@ impl Keeper {
     }
 }
 
-/// The venv of the polyglot tests, and stubs of the worker service in a directory of the
-/// bench's own (the tests regenerate `target/py-gen` per process and may be running).
-pub(super) fn python_setup() -> (PathBuf, PathBuf) {
-    let root = workspace_root();
-    let requirements = root.join("tests/clients/python/requirements.txt");
-    let python = tools::python_venv("py-venv", &requirements);
-    let out = tools::target_dir().join("bench-py-gen");
-    std::fs::create_dir_all(&out).expect("stub dir");
-    tools::run(
-        std::process::Command::new(&python)
-            .args(["-m", "grpc_tools.protoc", "-I"])
-            .arg(root.join("proto"))
-            .arg(format!("--python_out={}", out.display()))
-            .arg(format!("--grpc_python_out={}", out.display()))
-            .arg("arbor/runner/v1/worker_service.proto"),
-        "generating the Python worker stubs from proto/",
-    );
-    (python, out)
+/// The python of the virtualenv that has the `arbor-client` package (clients/python) installed.
+pub(super) fn python_setup() -> PathBuf {
+    tools::python_client()
 }
 
 /// One `done run=… recv=… ack=… accepted=…` line of bench_worker.py.
@@ -109,12 +94,10 @@ pub(super) fn parse_done(line: &str) -> Option<Done> {
 /// it has issued StreamTasks.
 pub(super) async fn python_worker(
     cluster: &BenchCluster,
-    (python, stubs): &(PathBuf, PathBuf),
+    python: &PathBuf,
 ) -> (tokio::process::Child, mpsc::UnboundedReceiver<Done>) {
     let mut child = tokio::process::Command::new(python)
         .arg(workspace_root().join("tests/clients/python/bench_worker.py"))
-        .arg("--stubs")
-        .arg(stubs)
         .args(["--runner", &cluster.runners[0].addr.to_string()])
         .args([
             "--token",

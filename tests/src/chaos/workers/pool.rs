@@ -28,7 +28,6 @@ pub struct Said {
 pub struct WorkerPool {
     python: PathBuf,
     script: PathBuf,
-    stubs: PathBuf,
     runner: String,
     pub effects: PathBuf,
     dir: PathBuf,
@@ -43,11 +42,10 @@ pub struct WorkerPool {
 impl WorkerPool {
     /// Starts `n` workers serving `py.*` with 1 s leases against `runner` (`host:port`); their
     /// stderr goes to `worker-{slot}.log` in `dir`, the effects file is `dir/effects.txt`.
-    pub fn start(python: &Path, stubs: &Path, runner: &str, dir: &Path, n: usize) -> WorkerPool {
+    pub fn start(python: &Path, runner: &str, dir: &Path, n: usize) -> WorkerPool {
         let mut pool = WorkerPool {
             python: python.to_path_buf(),
             script: crate::process::workspace_root().join("tests/clients/python/task_worker.py"),
-            stubs: stubs.to_path_buf(),
             runner: runner.to_string(),
             effects: dir.join("effects.txt"),
             dir: dir.to_path_buf(),
@@ -81,8 +79,6 @@ impl WorkerPool {
             .expect("worker log file");
         let mut child = Command::new(&self.python)
             .arg(&self.script)
-            .arg("--stubs")
-            .arg(&self.stubs)
             .args([
                 "--runner",
                 &self.runner,

@@ -1,0 +1,1 @@
+"""Generated from proto/ by clients/generate.sh; do not edit."""
