@@ -216,6 +216,64 @@ async fn a_node_naming_no_one_is_answered_by_the_runs_submitter_and_operators() 
 }
 
 #[tokio::test]
+async fn an_external_result_comes_only_from_those_the_node_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = Backend::Sled.serve_with_auth(dir.path(), tokens()).await;
+    let mut sub = as_(&served, "sub").await;
+    let doc = json!({"id": "ext", "version": 1, "root": {"type": "external", "name": "backup",
+        "execution_kind": "backup", "task": {"db": "billing"}, "output": "backup",
+        "answerers": ["group:writers"]}});
+    register(&mut sub, doc).await.unwrap();
+    let run = submit(&mut sub, "ext").await;
+    let view = suspended(&served, &run).await;
+    assert_eq!(
+        view.suspensions[0].payload["answerers"],
+        json!(["group:writers"])
+    );
+    let rid = view.suspensions[0].request_id.clone();
+    let report = |c: &mut Client| {
+        let mut c = c.clone();
+        let (run, rid) = (run.clone(), rid.clone());
+        async move {
+            c.resolve(pb::ResolveRequest {
+                run_id: run,
+                request_id: rid,
+                decision_id: "backup-done".into(),
+                action: pb::ResolveAction::Resume.into(),
+                result: Some(to_proto_value(
+                    &json!({"status": "succeeded", "result": {"bytes": 42}}),
+                )),
+                ..Default::default()
+            })
+            .await
+        }
+    };
+    // The submitter and a reader-group member are not writers.
+    for who in ["sub", "carol"] {
+        let mut c = as_(&served, who).await;
+        let err = report(&mut c).await.unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied, "{who}: {err:?}");
+        assert!(err.message().contains("group:writers"), "{}", err.message());
+    }
+    assert_eq!(
+        served.runner.get_run(&run).unwrap().run.status,
+        RunStatus::Suspended
+    );
+    let mut bob = as_(&served, "bob").await;
+    report(&mut bob).await.unwrap();
+    eventually("the run to succeed", WAIT, || async {
+        let view = served.runner.get_run(&run).unwrap();
+        (view.run.status == RunStatus::Succeeded).then_some(())
+    })
+    .await;
+    assert_eq!(
+        served.runner.get_run(&run).unwrap().blackboard["backup"],
+        json!({"bytes": 42})
+    );
+    served.stop().await;
+}
+
+#[tokio::test]
 async fn answerers_that_name_no_one_or_no_name_are_refused_at_registration() {
     let dir = tempfile::tempdir().unwrap();
     let served = Backend::Sled.serve_with_auth(dir.path(), tokens()).await;
