@@ -386,6 +386,21 @@ impl Actionable {
 }
 
 impl Filter {
+    /// Whether nothing but the states and `overdue` narrows this filter: what a store can count
+    /// from the state indexes it keeps, without reading a record.
+    pub fn by_state_alone(&self) -> bool {
+        self.run_id.is_empty()
+            && self.thread_id.is_empty()
+            && self.tool_glob.is_none()
+            && self.tree_id.is_empty()
+            && self.min_age_ms == 0
+            && self.max_age_ms == 0
+            && self.actionable_by.is_none()
+            && self.eligible_any.is_none()
+            && self.stage.is_empty()
+            && self.args_digest.is_empty()
+    }
+
     pub fn matches(&self, a: &Approval, now_ms: u64) -> bool {
         let r = &a.request;
         let age = now_ms.saturating_sub(a.created_at_ms);

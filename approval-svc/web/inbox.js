@@ -57,7 +57,7 @@
     if (link) link.focus();
   }
   function refresh(el) {
-    var url = el.getAttribute("data-fragment");
+    var url = el.getAttribute("data-fragment") || el.getAttribute("data-load");
     if (!url || busy[url]) return;
     busy[url] = true;
     fetch(url, { credentials: "same-origin", headers: { "Accept": "text/html" } })
@@ -114,6 +114,8 @@
       }).catch(function () {});
     };
   }
+  // Parts that take the server longer (a run's events) arrive after the page, once.
+  document.querySelectorAll("[data-load]").forEach(refresh);
   // Questions and external results come from the runner: refetched every second.
   setInterval(function () {
     if (document.hidden) return;

@@ -51,6 +51,20 @@ impl<S: ApprovalStore> ApprovalApi<S> {
         self.approvals.store()
     }
 
+    /// How many approvals `ListApprovals` would list for `caller` under `f`, counted no further
+    /// than `limit`: the same role check and filter, without building the records (the web
+    /// inbox's queue counts).
+    pub async fn count_approvals(
+        &self,
+        caller: &Principal,
+        f: &pb::ApprovalFilter,
+        limit: usize,
+    ) -> Result<usize> {
+        require(caller, READERS, "list approvals")?;
+        let filter = self.filter(Some(f), caller).await?;
+        self.store().count(&filter, limit, self.store().now_ms())
+    }
+
     /// A wire filter as this caller means it: "actionable" is what they may vote on now (their
     /// delegations read once, here), a group is its members now.
     async fn filter(&self, f: Option<&pb::ApprovalFilter>, caller: &Principal) -> Result<Filter> {

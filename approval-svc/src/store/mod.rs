@@ -411,6 +411,13 @@ pub trait ApprovalStore: Backend + WebhookOutbox {
         now_ms: u64,
     ) -> Result<Page<Approval>>;
 
+    /// How many approvals match `filter`, counted no further than `limit` (so `limit` means
+    /// that many or more). A filter by state alone is answered from the indexes the backend
+    /// keeps, without reading records; any other is counted by listing.
+    fn count(&self, filter: &Filter, limit: usize, now_ms: u64) -> Result<usize> {
+        Ok(self.list(filter, limit, None, now_ms)?.items.len())
+    }
+
     /// Audit entries of a request or a run, oldest first.
     fn audit(
         &self,

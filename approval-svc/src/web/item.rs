@@ -23,7 +23,7 @@ use super::{
     Shared, Web, forms,
     page::{self, Chrome, DiffRow, Pair},
     queue::state_name,
-    run::{self, EventRow, TreeRow},
+    run::{self, TreeRow},
     session::Person,
 };
 use crate::{model::Approval, store::ApprovalStore};
@@ -98,7 +98,6 @@ struct ItemPage {
     audit: Vec<AuditRow>,
     tree: Vec<TreeRow>,
     blackboard: Vec<Pair>,
-    timeline: Vec<EventRow>,
     run_note: String,
     live: LiveItem,
     message: String,
@@ -383,7 +382,6 @@ impl<S: ApprovalStore> Web<S> {
                 .collect(),
             tree: run.tree,
             blackboard: run.blackboard,
-            timeline: run.timeline,
             run_note: run.note,
             live: live_of(&pba, now, p.name()),
             message,

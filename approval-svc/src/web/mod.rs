@@ -141,6 +141,7 @@ pub fn router<S: ApprovalStore>(web: Shared<S>) -> Router {
         .route("/items/{id}", get(item::page::<S>))
         .route("/items/{id}/edit", get(item::edit_page::<S>))
         .route("/items/{id}/live", get(item::live_fragment::<S>))
+        .route("/items/{id}/timeline", get(run::timeline_fragment::<S>))
         .route("/items/{id}/decide", post(actions::decide::<S>))
         .route("/items/{id}/claim", post(actions::claim::<S>))
         .route("/items/{id}/comment", post(actions::comment::<S>))

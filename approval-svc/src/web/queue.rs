@@ -27,8 +27,8 @@ use crate::store::ApprovalStore;
 
 /// Rows per page of a queue.
 const PAGE: u32 = 50;
-/// Counts stop here ("1000+"): one page of the store.
-const COUNT_CAP: u32 = 1000;
+/// Counts stop here ("1000+").
+const COUNT_CAP: usize = 1000;
 
 #[derive(Debug, Default, Deserialize, Clone)]
 pub struct QueueQuery {
@@ -305,9 +305,13 @@ impl<S: ApprovalStore> Web<S> {
         let current = q.queue().0;
         let mut out = Vec::new();
         for (key, name) in QUEUES {
-            let count = match self.list(p, q.filter(key), COUNT_CAP, "").await {
-                Ok(r) if !r.next_page_token.is_empty() => format!("{COUNT_CAP}+"),
-                Ok(r) => r.approvals.len().to_string(),
+            let counted = self
+                .api
+                .count_approvals(&p.principal, &q.filter(key), COUNT_CAP + 1)
+                .await;
+            let count = match counted {
+                Ok(n) if n > COUNT_CAP => format!("{COUNT_CAP}+"),
+                Ok(n) => n.to_string(),
                 Err(_) => "–".into(),
             };
             out.push(CountLink {

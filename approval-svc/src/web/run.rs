@@ -1,5 +1,6 @@
 //! The run an item belongs to, read from the runner with the person's own token: its nodes with
-//! their statuses (the node the item waits at marked), a blackboard excerpt and its events.
+//! their statuses (the node the item waits at marked), a blackboard excerpt and, as a fragment of
+//! its own loaded after the page, its events.
 
 use arbor_shared::{
     json::from_proto_struct,
@@ -9,8 +10,15 @@ use arbor_shared::{
 use serde_json::Value as Json;
 use tokio_stream::StreamExt;
 
+use askama::Template;
+use axum::{
+    extract::{Path, State},
+    http::{HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+};
+
 use super::{
-    Web,
+    Shared, Web,
     page::{self, Pair},
     session::Person,
 };
@@ -34,8 +42,17 @@ pub struct TreeRow {
 pub struct RunView {
     pub tree: Vec<TreeRow>,
     pub blackboard: Vec<Pair>,
-    pub timeline: Vec<EventRow>,
     pub note: String,
+}
+
+/// The run's events, answered apart from the item's page: the runner finds a run's events by
+/// reading its log from the start, which takes longer the longer the log, and the page should
+/// not wait for that.
+#[derive(Template)]
+#[template(path = "timeline.html")]
+struct TimelineFragment {
+    timeline: Vec<EventRow>,
+    note: String,
 }
 
 /// One event of the run.
@@ -186,14 +203,47 @@ pub async fn run_view<S: ApprovalStore>(
     RunView {
         tree,
         blackboard,
-        timeline: timeline(w, &token, run_id).await,
         note,
     }
 }
 
-/// The run's first events (`StreamEvents` without following, filtered to the run); empty when
-/// the runner does not let the person read them.
-async fn timeline<S: ApprovalStore>(w: &Web<S>, token: &str, run_id: &str) -> Vec<EventRow> {
+/// `GET /items/{id}/timeline`: the first events of the item's run, read with the person's own
+/// token (the runner decides whether they may read them).
+pub async fn timeline_fragment<S: ApprovalStore>(
+    State(w): State<Shared<S>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let Some(p) = w.person(&headers) else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    let a = match w.read(&p.principal, &id) {
+        Ok(a) => a,
+        Err(res) => return res,
+    };
+    let (timeline, note) = match w.runner_token(&p) {
+        Some((token, _)) => match timeline(&w, &token, &a.request.run_id).await {
+            Ok(rows) => (rows, String::new()),
+            Err(s) => (
+                Vec::new(),
+                format!("The run's events cannot be shown: {}", s.message()),
+            ),
+        },
+        None => (
+            Vec::new(),
+            "The run's events cannot be shown: no token to read them with.".into(),
+        ),
+    };
+    page::render(StatusCode::OK, &TimelineFragment { timeline, note })
+}
+
+/// The run's first events (`StreamEvents` without following, filtered to the run); the runner's
+/// refusal when it does not let the person read them.
+async fn timeline<S: ApprovalStore>(
+    w: &Web<S>,
+    token: &str,
+    run_id: &str,
+) -> Result<Vec<EventRow>, tonic::Status> {
     let req = rpb::StreamEventsRequest {
         filter: Some(EventFilter {
             run_id: run_id.to_string(),
@@ -203,18 +253,17 @@ async fn timeline<S: ApprovalStore>(w: &Web<S>, token: &str, run_id: &str) -> Ve
         follow: false,
         ..Default::default()
     };
-    let Ok(stream) = w
+    let stream = w
         .runner_client()
         .stream_events(Web::<S>::runner_req(token, req))
-        .await
-    else {
-        return Vec::new();
-    };
+        .await?;
     let mut rows = Vec::new();
     let mut stream = stream.into_inner();
     while rows.len() < TIMELINE {
-        let Some(Ok(item)) = stream.next().await else {
-            break;
+        let item = match stream.next().await {
+            Some(Ok(item)) => item,
+            Some(Err(s)) if rows.is_empty() => return Err(s),
+            _ => break,
         };
         let Some(e) = item.event else { continue };
         rows.push(EventRow {
@@ -228,5 +277,5 @@ async fn timeline<S: ApprovalStore>(w: &Web<S>, token: &str, run_id: &str) -> Ve
                 .unwrap_or_default(),
         });
     }
-    rows
+    Ok(rows)
 }

@@ -198,6 +198,7 @@ async fn nothing_without_a_session_and_every_response_has_the_security_headers()
         "/fragments/queue?q=mine",
         "/fragments/counts",
         "/items/r1/live",
+        "/items/r1/timeline",
         "/events",
     ] {
         assert_eq!(anon.get(path).await.status, 401, "{path}");
@@ -398,6 +399,38 @@ async fn a_decision_through_the_web_is_recorded_as_one_through_grpc() {
         !decided.body.contains("id=\"decide\""),
         "a decided item offers no decision"
     );
+}
+
+#[tokio::test]
+async fn each_queue_is_counted_and_the_runs_events_come_after_the_item_page() {
+    let e = env().await;
+    for (id, run) in [("r1", "run-1"), ("r2", "run-2"), ("r3", "run-3")] {
+        seed(&e, node_request(id, run)).await;
+    }
+    e.client
+        .clone()
+        .resolve(resolve_req("r1", DecisionKind::Approve))
+        .await
+        .unwrap();
+    let ana = Browser::sign_in(e.web, "ana-token").await;
+    let counts = ana.get("/fragments/counts").await;
+    for (queue, n) in [("mine", 2), ("pending", 2), ("overdue", 0), ("decided", 1)] {
+        assert!(
+            counts
+                .body
+                .contains(&format!("data-count=\"{queue}\">{n}</span>")),
+            "{queue}: {}",
+            counts.body
+        );
+    }
+    // The page names where its run's events come from; they are not in it.
+    let item = ana.get("/items/r2").await;
+    assert!(
+        item.body.contains("data-load=\"/items/r2/timeline\""),
+        "{}",
+        item.body
+    );
+    assert_eq!(ana.get("/items/nope/timeline").await.status, 404);
 }
 
 #[tokio::test]

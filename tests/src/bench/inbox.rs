@@ -1,5 +1,6 @@
 //! The web inbox under load: N runs waiting at a gate, then, signed in as an approver, the
-//! *for me* queue's first page and an item page fetched over and over (the time each takes,
+//! *for me* queue's first page, an item page and the run's events it loads after it fetched over
+//! and over (the time each takes,
 //! measured on loopback: the server's time plus one local round trip), the page weight (the
 //! queue's HTML with its stylesheet and script), and the time from a decision through the gRPC
 //! API to its change on the inbox's event stream.
@@ -32,6 +33,8 @@ pub struct InboxResult {
     pub queue: Vec<Duration>,
     /// Sorted times of an item page.
     pub item: Vec<Duration>,
+    /// Sorted times of the item's run events, which the page loads after it.
+    pub timeline: Vec<Duration>,
     /// Sorted times from a decision (its RPC sent) to its event on the stream.
     pub decision_to_event: Vec<Duration>,
     /// HTML of the queue page, and its stylesheet and script, in bytes.
@@ -176,6 +179,7 @@ pub async fn run(pending: usize, samples: usize) -> InboxResult {
 
     let queue = timed(web, "/queue?q=mine", &cookie, samples).await;
     let item_times = timed(web, &format!("/items/{item}"), &cookie, samples).await;
+    let timeline = timed(web, &format!("/items/{item}/timeline"), &cookie, samples).await;
     let decision_to_event = decisions(web, &cookie, &cluster, samples.min(pending)).await;
     cluster.stop().await;
     InboxResult {
@@ -183,6 +187,7 @@ pub async fn run(pending: usize, samples: usize) -> InboxResult {
         samples,
         queue,
         item: item_times,
+        timeline,
         decision_to_event,
         page_bytes: (html.len(), css_body.len(), js_body.len()),
     }

@@ -258,6 +258,11 @@ pub fn print_inbox(r: &inbox::InboxResult) {
         pct_ms(&r.item, 0.99)
     );
     println!(
+        "  run events (after)   p50 / p99   {:>7.1} / {:>7.1} ms",
+        pct_ms(&r.timeline, 0.5),
+        pct_ms(&r.timeline, 0.99)
+    );
+    println!(
         "  decision → SSE event p50 / p99   {:>7.1} / {:>7.1} ms ({} decisions through gRPC)",
         pct_ms(&r.decision_to_event, 0.5),
         pct_ms(&r.decision_to_event, 0.99),

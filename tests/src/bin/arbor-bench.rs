@@ -32,8 +32,9 @@
 //!   spans over OTLP/gRPC to a collector inside the bench; a line says what that costs per
 //!   cycle (throughput and CPU against the run without export) and how many spans a cycle makes.
 //! - `--only inbox` (not in the default set; sled): the web inbox with `--inbox-pending` runs
-//!   waiting at a gate (default 10000): the *for me* queue's first page and an item page, each
-//!   fetched `--inbox-samples` times (default 200), p50/p99; the time from a decision through
+//!   waiting at a gate (default 10000): the *for me* queue's first page, an item page and the
+//!   run's events the item page loads after it, each fetched `--inbox-samples` times (default
+//!   200), p50/p99; the time from a decision through
 //!   the gRPC API to its event on the inbox's stream; the page weight.
 //! - `--only tasks` (not in the default set; on every `--store`): task workers. `--task-latency`
 //!   tasks one at a time through a Python worker (default 2000), `--tasks` tasks at 64 in flight

@@ -351,6 +351,10 @@ impl ApprovalStore for PgStore {
         self.list_approvals(filter, page_size, page_token, now_ms)
     }
 
+    fn count(&self, filter: &Filter, limit: usize, now_ms: u64) -> Result<usize> {
+        self.count_approvals(filter, limit, now_ms)
+    }
+
     fn audit(
         &self,
         query: &AuditQuery,

@@ -26,6 +26,39 @@ fn token_numbers<const N: usize>(list: &str, token: &str) -> Result<[i64; N]> {
 }
 
 impl PgStore {
+    /// `count`: a filter by state alone is counted in SQL over the state and deadline indexes
+    /// (no record is decoded); anything else by listing.
+    pub(super) fn count_approvals(
+        &self,
+        filter: &Filter,
+        limit: usize,
+        now_ms: u64,
+    ) -> Result<usize> {
+        if !filter.by_state_alone() {
+            return Ok(self
+                .list_approvals(filter, limit, None, now_ms)?
+                .items
+                .len());
+        }
+        let states: Vec<&str> = filter.states.iter().map(|s| s.as_str()).collect();
+        let params: [&(dyn ToSql + Sync); 4] = [
+            &states,
+            &filter.overdue,
+            &clamp(now_ms),
+            &i64::try_from(limit).unwrap_or(i64::MAX),
+        ];
+        let rows = self.rows(
+            "SELECT count(*) FROM (SELECT 1 FROM approval_records
+               WHERE (cardinality($1::text[]) = 0 OR state = ANY($1::text[]))
+                 AND (NOT $2 OR (state = 'PENDING' AND deadline_ms > 0 AND deadline_ms <= $3))
+               LIMIT $4) AS matched",
+            &params,
+        )?;
+        Ok(rows
+            .first()
+            .map_or(0, |r| r.get::<_, i64>(0).max(0) as usize))
+    }
+
     pub(super) fn list_approvals(
         &self,
         filter: &Filter,

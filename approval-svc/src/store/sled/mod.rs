@@ -478,6 +478,10 @@ impl ApprovalStore for SledStore {
         self.list_approvals(filter, page_size, page_token, now_ms)
     }
 
+    fn count(&self, filter: &Filter, limit: usize, now_ms: u64) -> Result<usize> {
+        self.count_approvals(filter, limit, now_ms)
+    }
+
     fn audit(
         &self,
         query: &AuditQuery,

@@ -1,11 +1,12 @@
-//! Reads over the sled indexes: filtered, paginated approval listings in creation order and the
-//! audit trail of a request or a run.
+//! Reads over the sled indexes: filtered, paginated approval listings in creation order, counts
+//! by state, and the audit trail of a request or a run.
 
 use std::ops::Bound;
 
 use super::{SledStore, codec};
 use crate::{
     error::Result,
+    lifecycle::ApprovalState,
     model::{Approval, AuditEntry, AuditQuery, Filter, Page},
     store::{APPROVALS, AUDIT, ApprovalStore, page_key, page_of},
 };
@@ -47,6 +48,55 @@ impl SledStore {
             Ok(approval.map(|a| (key.to_vec(), a)))
         });
         page_of(found.filter_map(Result::transpose), page_size, APPROVALS)
+    }
+
+    /// `count`: by state alone from the pending count kept with every write, the deadline index
+    /// (overdue) and the number of records (all, or all decided); anything else by listing.
+    pub(super) fn count_approvals(
+        &self,
+        filter: &Filter,
+        limit: usize,
+        now_ms: u64,
+    ) -> Result<usize> {
+        use ApprovalState as St;
+        const DECIDED: [St; 5] = [
+            St::Resolved,
+            St::Expired,
+            St::Acked,
+            St::Pruned,
+            St::Cancelled,
+        ];
+        let states = &filter.states;
+        let pending = || -> Result<usize> { Ok(self.pending_count()? as usize) };
+        let n = match filter.by_state_alone() {
+            false => None,
+            true if filter.overdue => match states.is_empty() || states.contains(&St::Pending) {
+                // Only PENDING approvals with a deadline are in the deadline index.
+                true => Some(
+                    self.trees
+                        .deadlines
+                        .range(..codec::deadline_key(now_ms.saturating_add(1), ""))
+                        .take(limit)
+                        .count(),
+                ),
+                false => Some(0),
+            },
+            true if states.is_empty() => Some(self.trees.approvals.len()),
+            true if states.as_slice() == [St::Pending] => Some(pending()?),
+            true if !states.contains(&St::Pending)
+                && DECIDED.iter().all(|s| states.contains(s)) =>
+            {
+                Some(self.trees.approvals.len().saturating_sub(pending()?))
+            }
+            true => None,
+        };
+        match n {
+            Some(n) => Ok(n.min(limit)),
+            None => Ok(self
+                .list_approvals(filter, limit, None, now_ms)?
+                .items
+                .len()),
+        }
     }
 
     pub(super) fn list_audit(

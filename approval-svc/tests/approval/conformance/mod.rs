@@ -27,6 +27,8 @@ use tonic::Code;
 
 use crate::support;
 
+mod counts;
+pub use counts::*;
 mod governance;
 pub use governance::*;
 mod webhooks;
@@ -71,6 +73,7 @@ macro_rules! suite {
             everything_answered_survives_a_reopen,
             the_pending_count_moves_with_every_transition,
             list_filters_and_pages_in_creation_order,
+            counts_agree_with_the_listing_and_stop_at_their_limit,
             the_audit_trail_pages_by_request_and_by_run,
             a_run_s_trail_read_while_it_grows_skips_nothing,
             cursor_and_traces_are_remembered,
