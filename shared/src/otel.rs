@@ -102,43 +102,54 @@ pub fn init_tracing(json: bool, export: Option<&Export>) -> Result<Telemetry, St
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Colour codes only for a person at a terminal; in files and collectors they are noise.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let Some(export) = export.filter(|e| e.enabled()) else {
+        // Nothing exported: one global filter, so a span `RUST_LOG` leaves out is never made
+        // (a per-layer filter still has the registry track every span it turns away).
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr);
+        let _ = match json {
+            true => builder.json().try_init(),
+            false => builder.try_init(),
+        };
+        return Ok(Telemetry::default());
+    };
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
     // `RUST_LOG` says what is logged; what is exported does not follow it (a service that logs
     // only warnings still exports its spans).
-    let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = vec![match json {
-        true => fmt.json().with_filter(filter).boxed(),
-        false => fmt.with_filter(filter).boxed(),
-    }];
-    let mut telemetry = Telemetry::default();
-    if let Some(export) = export.filter(|e| e.enabled()) {
-        let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic();
-        if let Some(endpoint) = export.endpoint.as_deref().filter(|e| !e.trim().is_empty()) {
-            exporter = exporter.with_endpoint(endpoint);
-        }
-        let exporter = exporter
-            .build()
-            .map_err(|e| format!("cannot set up the OTLP exporter: {e}"))?;
-        // The sampler, span limits and batch sizes come from the standard variables.
-        let provider = SdkTracerProvider::builder()
-            .with_batch_exporter(exporter)
-            .with_resource(export.resource())
-            .build();
-        let tracer = provider.tracer("arbor");
-        layers.push(
-            tracing_opentelemetry::layer()
-                .with_tracer(tracer)
-                .with_tracked_inactivity(false)
-                .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
-                .boxed(),
-        );
-        telemetry.provider = Some(provider);
-        crate::trace::set_exporting();
+    let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+    if let Some(endpoint) = export.endpoint.as_deref().filter(|e| !e.trim().is_empty()) {
+        exporter = exporter.with_endpoint(endpoint);
     }
+    let exporter = exporter
+        .build()
+        .map_err(|e| format!("cannot set up the OTLP exporter: {e}"))?;
+    // The sampler, span limits and batch sizes come from the standard variables.
+    let provider = SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(export.resource())
+        .build();
+    let tracer = provider.tracer("arbor");
+    let layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = vec![
+        match json {
+            true => fmt.json().with_filter(filter).boxed(),
+            false => fmt.with_filter(filter).boxed(),
+        },
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_tracked_inactivity(false)
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+            .boxed(),
+    ];
+    crate::trace::set_exporting();
     // A second initialisation (tests) keeps the first subscriber.
     let _ = Registry::default().with(layers).try_init();
-    Ok(telemetry)
+    Ok(Telemetry {
+        provider: Some(provider),
+    })
 }
 
 /// A tower layer giving each API call a server span named after its method, whose parent is the
