@@ -96,6 +96,69 @@ export function treeFormatToJSON(object: TreeFormat): string {
   }
 }
 
+/**
+ * Where a node stands: SUCCESS and FAILURE are how it last finished, also once its parent has
+ * finished too (in a loop, until it finishes again); IDLE is not entered yet, or halted.
+ */
+export enum NodeStatus {
+  NODE_STATUS_UNSPECIFIED = 0,
+  /** NODE_STATUS_IDLE - Not entered yet, or halted since it last finished. */
+  NODE_STATUS_IDLE = 1,
+  NODE_STATUS_RUNNING = 2,
+  NODE_STATUS_SUCCESS = 3,
+  NODE_STATUS_FAILURE = 4,
+  /** NODE_STATUS_WAITING - Waiting for a decision, an answer or an external result (it owns an active suspension). */
+  NODE_STATUS_WAITING = 5,
+  UNRECOGNIZED = -1,
+}
+
+export function nodeStatusFromJSON(object: any): NodeStatus {
+  switch (object) {
+    case 0:
+    case "NODE_STATUS_UNSPECIFIED":
+      return NodeStatus.NODE_STATUS_UNSPECIFIED;
+    case 1:
+    case "NODE_STATUS_IDLE":
+      return NodeStatus.NODE_STATUS_IDLE;
+    case 2:
+    case "NODE_STATUS_RUNNING":
+      return NodeStatus.NODE_STATUS_RUNNING;
+    case 3:
+    case "NODE_STATUS_SUCCESS":
+      return NodeStatus.NODE_STATUS_SUCCESS;
+    case 4:
+    case "NODE_STATUS_FAILURE":
+      return NodeStatus.NODE_STATUS_FAILURE;
+    case 5:
+    case "NODE_STATUS_WAITING":
+      return NodeStatus.NODE_STATUS_WAITING;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return NodeStatus.UNRECOGNIZED;
+  }
+}
+
+export function nodeStatusToJSON(object: NodeStatus): string {
+  switch (object) {
+    case NodeStatus.NODE_STATUS_UNSPECIFIED:
+      return "NODE_STATUS_UNSPECIFIED";
+    case NodeStatus.NODE_STATUS_IDLE:
+      return "NODE_STATUS_IDLE";
+    case NodeStatus.NODE_STATUS_RUNNING:
+      return "NODE_STATUS_RUNNING";
+    case NodeStatus.NODE_STATUS_SUCCESS:
+      return "NODE_STATUS_SUCCESS";
+    case NodeStatus.NODE_STATUS_FAILURE:
+      return "NODE_STATUS_FAILURE";
+    case NodeStatus.NODE_STATUS_WAITING:
+      return "NODE_STATUS_WAITING";
+    case NodeStatus.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
 export interface RegisterTreeRequest {
   /** The tree document; its `id` and `version` fields name it. */
   document: string;
@@ -157,6 +220,28 @@ export interface GetRunRequest {
 
 export interface GetRunResponse {
   run?: Run | undefined;
+}
+
+export interface GetRunNodesRequest {
+  runId: string;
+}
+
+export interface GetRunNodesResponse {
+  /** Depth-first, root first. */
+  nodes: RunNode[];
+}
+
+/** One node of a run's tree. */
+export interface RunNode {
+  /** Same format as Suspension.node_locator: the node's name, else its path (`0/2/1`, `root`). */
+  locator: string;
+  /** The node type as the tree document spells it (`sequence`, `tool`, `approval`, ...). */
+  kind: string;
+  /** The node's name ("" when it has none). */
+  name: string;
+  /** 0 for the root. */
+  depth: number;
+  status: NodeStatus;
 }
 
 export interface ListRunsRequest {
@@ -1129,6 +1214,279 @@ export const GetRunResponse: MessageFns<GetRunResponse> = {
   fromPartial<I extends Exact<DeepPartial<GetRunResponse>, I>>(object: I): GetRunResponse {
     const message = createBaseGetRunResponse();
     message.run = (object.run !== undefined && object.run !== null) ? Run.fromPartial(object.run) : undefined;
+    return message;
+  },
+};
+
+function createBaseGetRunNodesRequest(): GetRunNodesRequest {
+  return { runId: "" };
+}
+
+export const GetRunNodesRequest: MessageFns<GetRunNodesRequest> = {
+  encode(message: GetRunNodesRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.runId !== "") {
+      writer.uint32(10).string(message.runId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetRunNodesRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetRunNodesRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.runId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GetRunNodesRequest {
+    return {
+      runId: isSet(object.runId)
+        ? globalThis.String(object.runId)
+        : isSet(object.run_id)
+        ? globalThis.String(object.run_id)
+        : "",
+    };
+  },
+
+  toJSON(message: GetRunNodesRequest): unknown {
+    const obj: any = {};
+    if (message.runId !== "") {
+      obj.runId = message.runId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GetRunNodesRequest>, I>>(base?: I): GetRunNodesRequest {
+    return GetRunNodesRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GetRunNodesRequest>, I>>(object: I): GetRunNodesRequest {
+    const message = createBaseGetRunNodesRequest();
+    message.runId = object.runId ?? "";
+    return message;
+  },
+};
+
+function createBaseGetRunNodesResponse(): GetRunNodesResponse {
+  return { nodes: [] };
+}
+
+export const GetRunNodesResponse: MessageFns<GetRunNodesResponse> = {
+  encode(message: GetRunNodesResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.nodes) {
+      RunNode.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetRunNodesResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetRunNodesResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.nodes.push(RunNode.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GetRunNodesResponse {
+    return { nodes: globalThis.Array.isArray(object?.nodes) ? object.nodes.map((e: any) => RunNode.fromJSON(e)) : [] };
+  },
+
+  toJSON(message: GetRunNodesResponse): unknown {
+    const obj: any = {};
+    if (message.nodes?.length) {
+      obj.nodes = message.nodes.map((e) => RunNode.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GetRunNodesResponse>, I>>(base?: I): GetRunNodesResponse {
+    return GetRunNodesResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GetRunNodesResponse>, I>>(object: I): GetRunNodesResponse {
+    const message = createBaseGetRunNodesResponse();
+    message.nodes = object.nodes?.map((e) => RunNode.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseRunNode(): RunNode {
+  return { locator: "", kind: "", name: "", depth: 0, status: 0 };
+}
+
+export const RunNode: MessageFns<RunNode> = {
+  encode(message: RunNode, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.locator !== "") {
+      writer.uint32(10).string(message.locator);
+    }
+    if (message.kind !== "") {
+      writer.uint32(18).string(message.kind);
+    }
+    if (message.name !== "") {
+      writer.uint32(26).string(message.name);
+    }
+    if (message.depth !== 0) {
+      writer.uint32(32).uint32(message.depth);
+    }
+    if (message.status !== 0) {
+      writer.uint32(40).int32(message.status);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RunNode {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRunNode();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.locator = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.kind = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.name = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.depth = reader.uint32();
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.status = reader.int32() as any;
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RunNode {
+    return {
+      locator: isSet(object.locator) ? globalThis.String(object.locator) : "",
+      kind: isSet(object.kind) ? globalThis.String(object.kind) : "",
+      name: isSet(object.name) ? globalThis.String(object.name) : "",
+      depth: isSet(object.depth) ? globalThis.Number(object.depth) : 0,
+      status: isSet(object.status) ? nodeStatusFromJSON(object.status) : 0,
+    };
+  },
+
+  toJSON(message: RunNode): unknown {
+    const obj: any = {};
+    if (message.locator !== "") {
+      obj.locator = message.locator;
+    }
+    if (message.kind !== "") {
+      obj.kind = message.kind;
+    }
+    if (message.name !== "") {
+      obj.name = message.name;
+    }
+    if (message.depth !== 0) {
+      obj.depth = Math.round(message.depth);
+    }
+    if (message.status !== 0) {
+      obj.status = nodeStatusToJSON(message.status);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RunNode>, I>>(base?: I): RunNode {
+    return RunNode.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RunNode>, I>>(object: I): RunNode {
+    const message = createBaseRunNode();
+    message.locator = object.locator ?? "";
+    message.kind = object.kind ?? "";
+    message.name = object.name ?? "";
+    message.depth = object.depth ?? 0;
+    message.status = object.status ?? 0;
     return message;
   },
 };
@@ -2882,6 +3240,19 @@ export const RunnerServiceService = {
     responseSerialize: (value: ListRunsResponse): Buffer => Buffer.from(ListRunsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListRunsResponse => ListRunsResponse.decode(value),
   },
+  /**
+   * The status of each node of a run's tree as of its latest durable step, depth-first, root
+   * first. Same roles as GetRun.
+   */
+  getRunNodes: {
+    path: "/arbor.runner.v1.RunnerService/GetRunNodes" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: GetRunNodesRequest): Buffer => Buffer.from(GetRunNodesRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): GetRunNodesRequest => GetRunNodesRequest.decode(value),
+    responseSerialize: (value: GetRunNodesResponse): Buffer => Buffer.from(GetRunNodesResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): GetRunNodesResponse => GetRunNodesResponse.decode(value),
+  },
   /** Cancels a queued, running or suspended run; pending suspensions are withdrawn. */
   cancelRun: {
     path: "/arbor.runner.v1.RunnerService/CancelRun" as const,
@@ -2973,6 +3344,11 @@ export interface RunnerServiceServer extends UntypedServiceImplementation {
   getRun: handleUnaryCall<GetRunRequest, GetRunResponse>;
   /** Runs as GetRun shows them. A `page_token` this service did not hand out is INVALID_ARGUMENT. */
   listRuns: handleUnaryCall<ListRunsRequest, ListRunsResponse>;
+  /**
+   * The status of each node of a run's tree as of its latest durable step, depth-first, root
+   * first. Same roles as GetRun.
+   */
+  getRunNodes: handleUnaryCall<GetRunNodesRequest, GetRunNodesResponse>;
   /** Cancels a queued, running or suspended run; pending suspensions are withdrawn. */
   cancelRun: handleUnaryCall<CancelRunRequest, CancelRunResponse>;
   /** Bumps the thread's generation: queued jobs are superseded, the running run is cancelled. */
@@ -3074,6 +3450,25 @@ export interface RunnerServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListRunsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * The status of each node of a run's tree as of its latest durable step, depth-first, root
+   * first. Same roles as GetRun.
+   */
+  getRunNodes(
+    request: GetRunNodesRequest,
+    callback: (error: ServiceError | null, response: GetRunNodesResponse) => void,
+  ): ClientUnaryCall;
+  getRunNodes(
+    request: GetRunNodesRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: GetRunNodesResponse) => void,
+  ): ClientUnaryCall;
+  getRunNodes(
+    request: GetRunNodesRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: GetRunNodesResponse) => void,
   ): ClientUnaryCall;
   /** Cancels a queued, running or suspended run; pending suspensions are withdrawn. */
   cancelRun(

@@ -27,15 +27,17 @@ from arbor_client._gen.arbor.runner.v1 import types_pb2 as arbor_dot_runner_dot_
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$arbor/runner/v1/runner_service.proto\x12\x0f\x61rbor.runner.v1\x1a\x1c\x61rbor/runner/v1/events.proto\x1a\x1b\x61rbor/runner/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\"T\n\x13RegisterTreeRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12+\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x1b.arbor.runner.v1.TreeFormat\"W\n\x14RegisterTreeResponse\x12#\n\x04tree\x18\x01 \x01(\x0b\x32\x15.arbor.runner.v1.Tree\x12\x1a\n\x12\x61lready_registered\x18\x02 \x01(\x08\"2\n\x0eGetTreeRequest\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\"6\n\x0fGetTreeResponse\x12#\n\x04tree\x18\x01 \x01(\x0b\x32\x15.arbor.runner.v1.Tree\"\xcc\x02\n\x10SubmitRunRequest\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12\x14\n\x0ctree_version\x18\x02 \x01(\r\x12\x11\n\tthread_id\x18\x03 \x01(\t\x12&\n\x05input\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x12\n\ndedupe_key\x18\x06 \x01(\t\x12*\n\x06origin\x18\x07 \x01(\x0e\x32\x1a.arbor.runner.v1.JobOrigin\x12&\n\x04mode\x18\x08 \x01(\x0e\x32\x18.arbor.runner.v1.RunMode\x12\x0e\n\x06run_id\x18\t \x01(\t\x12\x36\n\x0erestore_policy\x18\n \x01(\x0e\x32\x1e.arbor.runner.v1.RestorePolicy\x12\x14\n\x0cmax_attempts\x18\x0b \x01(\r\"\\\n\x11SubmitRunResponse\x12!\n\x03run\x18\x01 \x01(\x0b\x32\x14.arbor.runner.v1.Run\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x03 \x01(\x08\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"3\n\x0eGetRunResponse\x12!\n\x03run\x18\x01 \x01(\x0b\x32\x14.arbor.runner.v1.Run\"\x8a\x01\n\x0fListRunsRequest\x12\x11\n\tthread_id\x18\x01 \x01(\t\x12\x0f\n\x07tree_id\x18\x02 \x01(\t\x12,\n\x08statuses\x18\x03 \x03(\x0e\x32\x1a.arbor.runner.v1.RunStatus\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\"O\n\x10ListRunsResponse\x12\"\n\x04runs\x18\x01 \x03(\x0b\x32\x14.arbor.runner.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"6\n\x11\x43\x61ncelRunResponse\x12!\n\x03run\x18\x01 \x01(\x0b\x32\x14.arbor.runner.v1.Run\"l\n\x16InterruptThreadRequest\x12\x11\n\tthread_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12/\n\x04next\x18\x03 \x01(\x0b\x32!.arbor.runner.v1.SubmitRunRequest\"w\n\x17InterruptThreadResponse\x12\x34\n\tinterrupt\x18\x01 \x01(\x0b\x32!.arbor.runner.v1.MailboxInterrupt\x12&\n\x08next_run\x18\x02 \x01(\x0b\x32\x14.arbor.runner.v1.Run\"\x90\x01\n\x13StreamEventsRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\x16\n\tafter_seq\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12,\n\x06\x66ilter\x18\x03 \x01(\x0b\x32\x1c.arbor.runner.v1.EventFilter\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\x42\x0c\n\n_after_seq\"=\n\x14StreamEventsResponse\x12%\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.arbor.runner.v1.Event\"\xc1\x02\n\x0eResolveRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x03 \x01(\t\x12.\n\x06\x61\x63tion\x18\x04 \x01(\x0e\x32\x1e.arbor.runner.v1.ResolveAction\x12&\n\x06result\x18\x05 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x12\n\ndecided_by\x18\x07 \x01(\t\x12/\n\x06source\x18\x08 \x01(\x0e\x32\x1f.arbor.runner.v1.DecisionSource\x12\x34\n\rdecision_kind\x18\t \x01(\x0e\x32\x1d.arbor.runner.v1.DecisionKind\x12\x13\n\x0b\x61rgs_digest\x18\n \x01(\t\"G\n\x0fResolveResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12!\n\x03run\x18\x02 \x01(\x0b\x32\x14.arbor.runner.v1.Run\"0\n\nAckRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\" \n\x0b\x41\x63kResponse\x12\x11\n\tacked_seq\x18\x01 \x01(\x04\"\x89\x01\n\x0fListJobsRequest\x12\x11\n\tthread_id\x18\x01 \x01(\t\x12,\n\x08statuses\x18\x02 \x03(\x0e\x32\x1a.arbor.runner.v1.JobStatus\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\"O\n\x10ListJobsResponse\x12\"\n\x04jobs\x18\x01 \x03(\x0b\x32\x14.arbor.runner.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"#\n\x11RequeueJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"7\n\x12RequeueJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.arbor.runner.v1.Job*U\n\nTreeFormat\x12\x1b\n\x17TREE_FORMAT_UNSPECIFIED\x10\x00\x12\x14\n\x10TREE_FORMAT_JSON\x10\x01\x12\x14\n\x10TREE_FORMAT_YAML\x10\x02\x32\xfb\x07\n\rRunnerService\x12[\n\x0cRegisterTree\x12$.arbor.runner.v1.RegisterTreeRequest\x1a%.arbor.runner.v1.RegisterTreeResponse\x12L\n\x07GetTree\x12\x1f.arbor.runner.v1.GetTreeRequest\x1a .arbor.runner.v1.GetTreeResponse\x12R\n\tSubmitRun\x12!.arbor.runner.v1.SubmitRunRequest\x1a\".arbor.runner.v1.SubmitRunResponse\x12I\n\x06GetRun\x12\x1e.arbor.runner.v1.GetRunRequest\x1a\x1f.arbor.runner.v1.GetRunResponse\x12O\n\x08ListRuns\x12 .arbor.runner.v1.ListRunsRequest\x1a!.arbor.runner.v1.ListRunsResponse\x12R\n\tCancelRun\x12!.arbor.runner.v1.CancelRunRequest\x1a\".arbor.runner.v1.CancelRunResponse\x12\x64\n\x0fInterruptThread\x12\'.arbor.runner.v1.InterruptThreadRequest\x1a(.arbor.runner.v1.InterruptThreadResponse\x12]\n\x0cStreamEvents\x12$.arbor.runner.v1.StreamEventsRequest\x1a%.arbor.runner.v1.StreamEventsResponse0\x01\x12L\n\x07Resolve\x12\x1f.arbor.runner.v1.ResolveRequest\x1a .arbor.runner.v1.ResolveResponse\x12@\n\x03\x41\x63k\x12\x1b.arbor.runner.v1.AckRequest\x1a\x1c.arbor.runner.v1.AckResponse\x12O\n\x08ListJobs\x12 .arbor.runner.v1.ListJobsRequest\x1a!.arbor.runner.v1.ListJobsResponse\x12U\n\nRequeueJob\x12\".arbor.runner.v1.RequeueJobRequest\x1a#.arbor.runner.v1.RequeueJobResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$arbor/runner/v1/runner_service.proto\x12\x0f\x61rbor.runner.v1\x1a\x1c\x61rbor/runner/v1/events.proto\x1a\x1b\x61rbor/runner/v1/types.proto\x1a\x1cgoogle/protobuf/struct.proto\"T\n\x13RegisterTreeRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12+\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x1b.arbor.runner.v1.TreeFormat\"W\n\x14RegisterTreeResponse\x12#\n\x04tree\x18\x01 \x01(\x0b\x32\x15.arbor.runner.v1.Tree\x12\x1a\n\x12\x61lready_registered\x18\x02 \x01(\x08\"2\n\x0eGetTreeRequest\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\"6\n\x0fGetTreeResponse\x12#\n\x04tree\x18\x01 \x01(\x0b\x32\x15.arbor.runner.v1.Tree\"\xcc\x02\n\x10SubmitRunRequest\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12\x14\n\x0ctree_version\x18\x02 \x01(\r\x12\x11\n\tthread_id\x18\x03 \x01(\t\x12&\n\x05input\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x12\n\ndedupe_key\x18\x06 \x01(\t\x12*\n\x06origin\x18\x07 \x01(\x0e\x32\x1a.arbor.runner.v1.JobOrigin\x12&\n\x04mode\x18\x08 \x01(\x0e\x32\x18.arbor.runner.v1.RunMode\x12\x0e\n\x06run_id\x18\t \x01(\t\x12\x36\n\x0erestore_policy\x18\n \x01(\x0e\x32\x1e.arbor.runner.v1.RestorePolicy\x12\x14\n\x0cmax_attempts\x18\x0b \x01(\r\"\\\n\x11SubmitRunResponse\x12!\n\x03run\x18\x01 \x01(\x0b\x32\x14.arbor.runner.v1.Run\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x03 \x01(\x08\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"3\n\x0eGetRunResponse\x12!\n\x03run\x18\x01 \x01(\x0b\x32\x14.arbor.runner.v1.Run\"$\n\x12GetRunNodesRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\">\n\x13GetRunNodesResponse\x12\'\n\x05nodes\x18\x01 \x03(\x0b\x32\x18.arbor.runner.v1.RunNode\"r\n\x07RunNode\x12\x0f\n\x07locator\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x04 \x01(\r\x12+\n\x06status\x18\x05 \x01(\x0e\x32\x1b.arbor.runner.v1.NodeStatus\"\x8a\x01\n\x0fListRunsRequest\x12\x11\n\tthread_id\x18\x01 \x01(\t\x12\x0f\n\x07tree_id\x18\x02 \x01(\t\x12,\n\x08statuses\x18\x03 \x03(\x0e\x32\x1a.arbor.runner.v1.RunStatus\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\"O\n\x10ListRunsResponse\x12\"\n\x04runs\x18\x01 \x03(\x0b\x32\x14.arbor.runner.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"6\n\x11\x43\x61ncelRunResponse\x12!\n\x03run\x18\x01 \x01(\x0b\x32\x14.arbor.runner.v1.Run\"l\n\x16InterruptThreadRequest\x12\x11\n\tthread_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12/\n\x04next\x18\x03 \x01(\x0b\x32!.arbor.runner.v1.SubmitRunRequest\"w\n\x17InterruptThreadResponse\x12\x34\n\tinterrupt\x18\x01 \x01(\x0b\x32!.arbor.runner.v1.MailboxInterrupt\x12&\n\x08next_run\x18\x02 \x01(\x0b\x32\x14.arbor.runner.v1.Run\"\x90\x01\n\x13StreamEventsRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\x16\n\tafter_seq\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12,\n\x06\x66ilter\x18\x03 \x01(\x0b\x32\x1c.arbor.runner.v1.EventFilter\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\x42\x0c\n\n_after_seq\"=\n\x14StreamEventsResponse\x12%\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.arbor.runner.v1.Event\"\xc1\x02\n\x0eResolveRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x03 \x01(\t\x12.\n\x06\x61\x63tion\x18\x04 \x01(\x0e\x32\x1e.arbor.runner.v1.ResolveAction\x12&\n\x06result\x18\x05 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x12\n\ndecided_by\x18\x07 \x01(\t\x12/\n\x06source\x18\x08 \x01(\x0e\x32\x1f.arbor.runner.v1.DecisionSource\x12\x34\n\rdecision_kind\x18\t \x01(\x0e\x32\x1d.arbor.runner.v1.DecisionKind\x12\x13\n\x0b\x61rgs_digest\x18\n \x01(\t\"G\n\x0fResolveResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12!\n\x03run\x18\x02 \x01(\x0b\x32\x14.arbor.runner.v1.Run\"0\n\nAckRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\" \n\x0b\x41\x63kResponse\x12\x11\n\tacked_seq\x18\x01 \x01(\x04\"\x89\x01\n\x0fListJobsRequest\x12\x11\n\tthread_id\x18\x01 \x01(\t\x12,\n\x08statuses\x18\x02 \x03(\x0e\x32\x1a.arbor.runner.v1.JobStatus\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\"O\n\x10ListJobsResponse\x12\"\n\x04jobs\x18\x01 \x03(\x0b\x32\x14.arbor.runner.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"#\n\x11RequeueJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"7\n\x12RequeueJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.arbor.runner.v1.Job*U\n\nTreeFormat\x12\x1b\n\x17TREE_FORMAT_UNSPECIFIED\x10\x00\x12\x14\n\x10TREE_FORMAT_JSON\x10\x01\x12\x14\n\x10TREE_FORMAT_YAML\x10\x02*\xa3\x01\n\nNodeStatus\x12\x1b\n\x17NODE_STATUS_UNSPECIFIED\x10\x00\x12\x14\n\x10NODE_STATUS_IDLE\x10\x01\x12\x17\n\x13NODE_STATUS_RUNNING\x10\x02\x12\x17\n\x13NODE_STATUS_SUCCESS\x10\x03\x12\x17\n\x13NODE_STATUS_FAILURE\x10\x04\x12\x17\n\x13NODE_STATUS_WAITING\x10\x05\x32\xd5\x08\n\rRunnerService\x12[\n\x0cRegisterTree\x12$.arbor.runner.v1.RegisterTreeRequest\x1a%.arbor.runner.v1.RegisterTreeResponse\x12L\n\x07GetTree\x12\x1f.arbor.runner.v1.GetTreeRequest\x1a .arbor.runner.v1.GetTreeResponse\x12R\n\tSubmitRun\x12!.arbor.runner.v1.SubmitRunRequest\x1a\".arbor.runner.v1.SubmitRunResponse\x12I\n\x06GetRun\x12\x1e.arbor.runner.v1.GetRunRequest\x1a\x1f.arbor.runner.v1.GetRunResponse\x12O\n\x08ListRuns\x12 .arbor.runner.v1.ListRunsRequest\x1a!.arbor.runner.v1.ListRunsResponse\x12X\n\x0bGetRunNodes\x12#.arbor.runner.v1.GetRunNodesRequest\x1a$.arbor.runner.v1.GetRunNodesResponse\x12R\n\tCancelRun\x12!.arbor.runner.v1.CancelRunRequest\x1a\".arbor.runner.v1.CancelRunResponse\x12\x64\n\x0fInterruptThread\x12\'.arbor.runner.v1.InterruptThreadRequest\x1a(.arbor.runner.v1.InterruptThreadResponse\x12]\n\x0cStreamEvents\x12$.arbor.runner.v1.StreamEventsRequest\x1a%.arbor.runner.v1.StreamEventsResponse0\x01\x12L\n\x07Resolve\x12\x1f.arbor.runner.v1.ResolveRequest\x1a .arbor.runner.v1.ResolveResponse\x12@\n\x03\x41\x63k\x12\x1b.arbor.runner.v1.AckRequest\x1a\x1c.arbor.runner.v1.AckResponse\x12O\n\x08ListJobs\x12 .arbor.runner.v1.ListJobsRequest\x1a!.arbor.runner.v1.ListJobsResponse\x12U\n\nRequeueJob\x12\".arbor.runner.v1.RequeueJobRequest\x1a#.arbor.runner.v1.RequeueJobResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'arbor.runner.v1.runner_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TREEFORMAT']._serialized_start=2511
-  _globals['_TREEFORMAT']._serialized_end=2596
+  _globals['_TREEFORMAT']._serialized_start=2729
+  _globals['_TREEFORMAT']._serialized_end=2814
+  _globals['_NODESTATUS']._serialized_start=2817
+  _globals['_NODESTATUS']._serialized_end=2980
   _globals['_REGISTERTREEREQUEST']._serialized_start=146
   _globals['_REGISTERTREEREQUEST']._serialized_end=230
   _globals['_REGISTERTREERESPONSE']._serialized_start=232
@@ -52,38 +54,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETRUNREQUEST']._serialized_end=889
   _globals['_GETRUNRESPONSE']._serialized_start=891
   _globals['_GETRUNRESPONSE']._serialized_end=942
-  _globals['_LISTRUNSREQUEST']._serialized_start=945
-  _globals['_LISTRUNSREQUEST']._serialized_end=1083
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1085
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1164
-  _globals['_CANCELRUNREQUEST']._serialized_start=1166
-  _globals['_CANCELRUNREQUEST']._serialized_end=1216
-  _globals['_CANCELRUNRESPONSE']._serialized_start=1218
-  _globals['_CANCELRUNRESPONSE']._serialized_end=1272
-  _globals['_INTERRUPTTHREADREQUEST']._serialized_start=1274
-  _globals['_INTERRUPTTHREADREQUEST']._serialized_end=1382
-  _globals['_INTERRUPTTHREADRESPONSE']._serialized_start=1384
-  _globals['_INTERRUPTTHREADRESPONSE']._serialized_end=1503
-  _globals['_STREAMEVENTSREQUEST']._serialized_start=1506
-  _globals['_STREAMEVENTSREQUEST']._serialized_end=1650
-  _globals['_STREAMEVENTSRESPONSE']._serialized_start=1652
-  _globals['_STREAMEVENTSRESPONSE']._serialized_end=1713
-  _globals['_RESOLVEREQUEST']._serialized_start=1716
-  _globals['_RESOLVEREQUEST']._serialized_end=2037
-  _globals['_RESOLVERESPONSE']._serialized_start=2039
-  _globals['_RESOLVERESPONSE']._serialized_end=2110
-  _globals['_ACKREQUEST']._serialized_start=2112
-  _globals['_ACKREQUEST']._serialized_end=2160
-  _globals['_ACKRESPONSE']._serialized_start=2162
-  _globals['_ACKRESPONSE']._serialized_end=2194
-  _globals['_LISTJOBSREQUEST']._serialized_start=2197
-  _globals['_LISTJOBSREQUEST']._serialized_end=2334
-  _globals['_LISTJOBSRESPONSE']._serialized_start=2336
-  _globals['_LISTJOBSRESPONSE']._serialized_end=2415
-  _globals['_REQUEUEJOBREQUEST']._serialized_start=2417
-  _globals['_REQUEUEJOBREQUEST']._serialized_end=2452
-  _globals['_REQUEUEJOBRESPONSE']._serialized_start=2454
-  _globals['_REQUEUEJOBRESPONSE']._serialized_end=2509
-  _globals['_RUNNERSERVICE']._serialized_start=2599
-  _globals['_RUNNERSERVICE']._serialized_end=3618
+  _globals['_GETRUNNODESREQUEST']._serialized_start=944
+  _globals['_GETRUNNODESREQUEST']._serialized_end=980
+  _globals['_GETRUNNODESRESPONSE']._serialized_start=982
+  _globals['_GETRUNNODESRESPONSE']._serialized_end=1044
+  _globals['_RUNNODE']._serialized_start=1046
+  _globals['_RUNNODE']._serialized_end=1160
+  _globals['_LISTRUNSREQUEST']._serialized_start=1163
+  _globals['_LISTRUNSREQUEST']._serialized_end=1301
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1303
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1382
+  _globals['_CANCELRUNREQUEST']._serialized_start=1384
+  _globals['_CANCELRUNREQUEST']._serialized_end=1434
+  _globals['_CANCELRUNRESPONSE']._serialized_start=1436
+  _globals['_CANCELRUNRESPONSE']._serialized_end=1490
+  _globals['_INTERRUPTTHREADREQUEST']._serialized_start=1492
+  _globals['_INTERRUPTTHREADREQUEST']._serialized_end=1600
+  _globals['_INTERRUPTTHREADRESPONSE']._serialized_start=1602
+  _globals['_INTERRUPTTHREADRESPONSE']._serialized_end=1721
+  _globals['_STREAMEVENTSREQUEST']._serialized_start=1724
+  _globals['_STREAMEVENTSREQUEST']._serialized_end=1868
+  _globals['_STREAMEVENTSRESPONSE']._serialized_start=1870
+  _globals['_STREAMEVENTSRESPONSE']._serialized_end=1931
+  _globals['_RESOLVEREQUEST']._serialized_start=1934
+  _globals['_RESOLVEREQUEST']._serialized_end=2255
+  _globals['_RESOLVERESPONSE']._serialized_start=2257
+  _globals['_RESOLVERESPONSE']._serialized_end=2328
+  _globals['_ACKREQUEST']._serialized_start=2330
+  _globals['_ACKREQUEST']._serialized_end=2378
+  _globals['_ACKRESPONSE']._serialized_start=2380
+  _globals['_ACKRESPONSE']._serialized_end=2412
+  _globals['_LISTJOBSREQUEST']._serialized_start=2415
+  _globals['_LISTJOBSREQUEST']._serialized_end=2552
+  _globals['_LISTJOBSRESPONSE']._serialized_start=2554
+  _globals['_LISTJOBSRESPONSE']._serialized_end=2633
+  _globals['_REQUEUEJOBREQUEST']._serialized_start=2635
+  _globals['_REQUEUEJOBREQUEST']._serialized_end=2670
+  _globals['_REQUEUEJOBRESPONSE']._serialized_start=2672
+  _globals['_REQUEUEJOBRESPONSE']._serialized_end=2727
+  _globals['_RUNNERSERVICE']._serialized_start=2983
+  _globals['_RUNNERSERVICE']._serialized_end=4092
 # @@protoc_insertion_point(module_scope)

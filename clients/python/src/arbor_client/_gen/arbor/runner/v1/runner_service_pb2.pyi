@@ -39,6 +39,36 @@ TREE_FORMAT_JSON: TreeFormat.ValueType  # 1
 TREE_FORMAT_YAML: TreeFormat.ValueType  # 2
 Global___TreeFormat: _TypeAlias = TreeFormat  # noqa: Y015
 
+class _NodeStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _NodeStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_NodeStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    NODE_STATUS_UNSPECIFIED: _NodeStatus.ValueType  # 0
+    NODE_STATUS_IDLE: _NodeStatus.ValueType  # 1
+    """Not entered yet, or halted since it last finished."""
+    NODE_STATUS_RUNNING: _NodeStatus.ValueType  # 2
+    NODE_STATUS_SUCCESS: _NodeStatus.ValueType  # 3
+    NODE_STATUS_FAILURE: _NodeStatus.ValueType  # 4
+    NODE_STATUS_WAITING: _NodeStatus.ValueType  # 5
+    """Waiting for a decision, an answer or an external result (it owns an active suspension)."""
+
+class NodeStatus(_NodeStatus, metaclass=_NodeStatusEnumTypeWrapper):
+    """Where a node stands: SUCCESS and FAILURE are how it last finished, also once its parent has
+    finished too (in a loop, until it finishes again); IDLE is not entered yet, or halted.
+    """
+
+NODE_STATUS_UNSPECIFIED: NodeStatus.ValueType  # 0
+NODE_STATUS_IDLE: NodeStatus.ValueType  # 1
+"""Not entered yet, or halted since it last finished."""
+NODE_STATUS_RUNNING: NodeStatus.ValueType  # 2
+NODE_STATUS_SUCCESS: NodeStatus.ValueType  # 3
+NODE_STATUS_FAILURE: NodeStatus.ValueType  # 4
+NODE_STATUS_WAITING: NodeStatus.ValueType  # 5
+"""Waiting for a decision, an answer or an external result (it owns an active suspension)."""
+Global___NodeStatus: _TypeAlias = NodeStatus  # noqa: Y015
+
 @_typing.final
 class RegisterTreeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -253,6 +283,84 @@ class GetRunResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetRunResponse: _TypeAlias = GetRunResponse  # noqa: Y015
+
+@_typing.final
+class GetRunNodesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunNodesRequest: _TypeAlias = GetRunNodesRequest  # noqa: Y015
+
+@_typing.final
+class GetRunNodesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunNode]:
+        """Depth-first, root first."""
+
+    def __init__(
+        self,
+        *,
+        nodes: _abc.Iterable[Global___RunNode] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRunNodesResponse: _TypeAlias = GetRunNodesResponse  # noqa: Y015
+
+@_typing.final
+class RunNode(_message.Message):
+    """One node of a run's tree."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LOCATOR_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    DEPTH_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    locator: _builtins.str
+    """Same format as Suspension.node_locator: the node's name, else its path (`0/2/1`, `root`)."""
+    kind: _builtins.str
+    """The node type as the tree document spells it (`sequence`, `tool`, `approval`, ...)."""
+    name: _builtins.str
+    """The node's name ("" when it has none)."""
+    depth: _builtins.int
+    """0 for the root."""
+    status: Global___NodeStatus.ValueType
+    def __init__(
+        self,
+        *,
+        locator: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        name: _builtins.str = ...,
+        depth: _builtins.int = ...,
+        status: Global___NodeStatus.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["depth", b"depth", "kind", b"kind", "locator", b"locator", "name", b"name", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunNode: _TypeAlias = RunNode  # noqa: Y015
 
 @_typing.final
 class ListRunsRequest(_message.Message):

@@ -60,6 +60,11 @@ class RunnerServiceStub:
                 request_serializer=arbor_dot_runner_dot_v1_dot_runner__service__pb2.ListRunsRequest.SerializeToString,
                 response_deserializer=arbor_dot_runner_dot_v1_dot_runner__service__pb2.ListRunsResponse.FromString,
                 _registered_method=True)
+        self.GetRunNodes = channel.unary_unary(
+                '/arbor.runner.v1.RunnerService/GetRunNodes',
+                request_serializer=arbor_dot_runner_dot_v1_dot_runner__service__pb2.GetRunNodesRequest.SerializeToString,
+                response_deserializer=arbor_dot_runner_dot_v1_dot_runner__service__pb2.GetRunNodesResponse.FromString,
+                _registered_method=True)
         self.CancelRun = channel.unary_unary(
                 '/arbor.runner.v1.RunnerService/CancelRun',
                 request_serializer=arbor_dot_runner_dot_v1_dot_runner__service__pb2.CancelRunRequest.SerializeToString,
@@ -133,6 +138,14 @@ class RunnerServiceServicer:
 
     def ListRuns(self, request, context):
         """Runs as GetRun shows them. A `page_token` this service did not hand out is INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRunNodes(self, request, context):
+        """The status of each node of a run's tree as of its latest durable step, depth-first, root
+        first. Same roles as GetRun.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -213,6 +226,11 @@ def add_RunnerServiceServicer_to_server(servicer, server):
                     servicer.ListRuns,
                     request_deserializer=arbor_dot_runner_dot_v1_dot_runner__service__pb2.ListRunsRequest.FromString,
                     response_serializer=arbor_dot_runner_dot_v1_dot_runner__service__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'GetRunNodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRunNodes,
+                    request_deserializer=arbor_dot_runner_dot_v1_dot_runner__service__pb2.GetRunNodesRequest.FromString,
+                    response_serializer=arbor_dot_runner_dot_v1_dot_runner__service__pb2.GetRunNodesResponse.SerializeToString,
             ),
             'CancelRun': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelRun,
@@ -386,6 +404,33 @@ class RunnerService:
             '/arbor.runner.v1.RunnerService/ListRuns',
             arbor_dot_runner_dot_v1_dot_runner__service__pb2.ListRunsRequest.SerializeToString,
             arbor_dot_runner_dot_v1_dot_runner__service__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRunNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arbor.runner.v1.RunnerService/GetRunNodes',
+            arbor_dot_runner_dot_v1_dot_runner__service__pb2.GetRunNodesRequest.SerializeToString,
+            arbor_dot_runner_dot_v1_dot_runner__service__pb2.GetRunNodesResponse.FromString,
             options,
             channel_credentials,
             insecure,

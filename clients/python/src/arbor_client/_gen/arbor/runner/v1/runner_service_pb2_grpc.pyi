@@ -47,6 +47,10 @@ class RunnerServiceStub:
     """
     ListRuns: _grpc.UnaryUnaryMultiCallable[_runner_service_pb2.ListRunsRequest, _runner_service_pb2.ListRunsResponse]
     """Runs as GetRun shows them. A `page_token` this service did not hand out is INVALID_ARGUMENT."""
+    GetRunNodes: _grpc.UnaryUnaryMultiCallable[_runner_service_pb2.GetRunNodesRequest, _runner_service_pb2.GetRunNodesResponse]
+    """The status of each node of a run's tree as of its latest durable step, depth-first, root
+    first. Same roles as GetRun.
+    """
     CancelRun: _grpc.UnaryUnaryMultiCallable[_runner_service_pb2.CancelRunRequest, _runner_service_pb2.CancelRunResponse]
     """Cancels a queued, running or suspended run; pending suspensions are withdrawn."""
     InterruptThread: _grpc.UnaryUnaryMultiCallable[_runner_service_pb2.InterruptThreadRequest, _runner_service_pb2.InterruptThreadResponse]
@@ -80,6 +84,10 @@ class RunnerServiceAsyncStub(RunnerServiceStub):
     """
     ListRuns: _aio.UnaryUnaryMultiCallable[_runner_service_pb2.ListRunsRequest, _runner_service_pb2.ListRunsResponse]  # type: ignore[assignment]
     """Runs as GetRun shows them. A `page_token` this service did not hand out is INVALID_ARGUMENT."""
+    GetRunNodes: _aio.UnaryUnaryMultiCallable[_runner_service_pb2.GetRunNodesRequest, _runner_service_pb2.GetRunNodesResponse]  # type: ignore[assignment]
+    """The status of each node of a run's tree as of its latest durable step, depth-first, root
+    first. Same roles as GetRun.
+    """
     CancelRun: _aio.UnaryUnaryMultiCallable[_runner_service_pb2.CancelRunRequest, _runner_service_pb2.CancelRunResponse]  # type: ignore[assignment]
     """Cancels a queued, running or suspended run; pending suspensions are withdrawn."""
     InterruptThread: _aio.UnaryUnaryMultiCallable[_runner_service_pb2.InterruptThreadRequest, _runner_service_pb2.InterruptThreadResponse]  # type: ignore[assignment]
@@ -140,6 +148,16 @@ class RunnerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runner_service_pb2.ListRunsResponse, _abc.Awaitable[_runner_service_pb2.ListRunsResponse]]:
         """Runs as GetRun shows them. A `page_token` this service did not hand out is INVALID_ARGUMENT."""
+
+    @_abc_1.abstractmethod
+    def GetRunNodes(
+        self,
+        request: _runner_service_pb2.GetRunNodesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runner_service_pb2.GetRunNodesResponse, _abc.Awaitable[_runner_service_pb2.GetRunNodesResponse]]:
+        """The status of each node of a run's tree as of its latest durable step, depth-first, root
+        first. Same roles as GetRun.
+        """
 
     @_abc_1.abstractmethod
     def CancelRun(
